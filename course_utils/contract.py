@@ -1,0 +1,548 @@
+"""Контракт роллаута (лекция, шаг 12.1.2): запись, её проверка и сериализация.
+
+Запись роллаута — событие с явной схемой, а не «ответ плюс число»: версия политики поведения,
+токены запроса и ответа, маска политики (какие токены выбрала политика, а какие пришли из запроса
+или от среды), логарифмы вероятностей политики поведения, настройки декодирования, награда,
+причина остановки и версия верификатора. ``validate_rollout`` возвращает список нарушений
+(пустой — запись пригодна для честного обновления политики), каждое сообщение начинается с ключа
+правила из ``RULES`` в квадратных скобках. JSONL и Parquet сохраняют все поля без потерь.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REQUIRED_FIELDS = (
+    "sample_id",
+    "policy_version",
+    "prompt_tokens",
+    "response_tokens",
+    "policy_mask",
+    "behavior_logprobs",
+    "decoding",
+    "reward",
+    "stop_reason",
+    "verifier_version",
+)
+
+RULES = {
+    "missing_field": "в записи нет обязательного поля",
+    "field_type": "поле имеет неверный тип (токены — списки неотрицательных целых и т. п.)",
+    "mask_values": "маска политики содержит значения, отличные от 0 и 1",
+    "mask_length": "длина маски не равна len(prompt_tokens) + len(response_tokens)",
+    "mask_prompt": "маска равна 1 на токене запроса: запрос политика не выбирала",
+    "logprob_count": "число логарифмов вероятностей не равно числу токенов политики (маска = 1)",
+    "logprob_finite": "логарифм вероятности не конечен (NaN или ±inf)",
+    "logprob_positive": "логарифм вероятности больше 0, то есть вероятность больше 1",
+    "policy_version": "версия политики не задана или не является неотрицательным целым",
+    "mixed_versions": "одна метка версии на ответ, чьи токены выбраны разными версиями политики",
+    "token_versions_length": "поточечные версии: не по одной неотрицательной целой на токен политики",
+    "decoding": "декодирование: нужен словарь с temperature > 0 и top_p из (0, 1]",
+    "reward": "награда: нужен непустой словарь конечных чисел",
+    "stop_reason": "причина остановки должна быть непустой строкой",
+    "verifier_version": "версия верификатора должна быть непустой строкой",
+}
+
+_OPTIONAL_STR = ("trace_id", "prompt_id", "group_id")
+
+
+@dataclass
+class RolloutRecord:
+    """Запись одного роллаута: поля шага 12.1.2 плюс идентификаторы трассировки."""
+
+    sample_id: str
+    policy_version: int | None
+    prompt_tokens: list[int]
+    response_tokens: list[int]
+    policy_mask: list[int]
+    behavior_logprobs: list[float]
+    decoding: dict
+    reward: dict[str, float]
+    stop_reason: str
+    verifier_version: str
+    trace_id: str = ""
+    prompt_id: str = ""
+    group_id: str = ""
+    token_policy_versions: list[int] | None = None
+
+    def to_dict(self) -> dict:
+        """Обычный словарь (копия) со всеми полями в порядке схемы; пригоден для JSON."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> RolloutRecord:
+        """Запись из словаря; ValueError называет отсутствующие и неизвестные поля.
+
+        Содержимое полей не проверяется: для этого есть ``validate_rollout``.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"from_dict ожидает словарь, получено {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [k for k in REQUIRED_FIELDS if k not in d]
+        unknown = [repr(k) for k in d if k not in names]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append("нет обязательных полей: " + ", ".join(missing))
+            if unknown:
+                parts.append("неизвестные поля: " + ", ".join(unknown))
+            raise ValueError("Запись роллаута: " + "; ".join(parts))
+        return cls(**{k: d[k] for k in names if k in d})
+
+    @property
+    def num_policy_tokens(self) -> int:
+        """Число токенов, выбранных политикой: позиций маски, равных 1."""
+        count = _count_ones(self.policy_mask)
+        if count is None:
+            raise ValueError("policy_mask должна быть списком, чтобы посчитать токены политики")
+        return count
+
+    def response_mask(self) -> list[int]:
+        """Маска политики на позициях ответа: policy_mask[len(prompt_tokens):]."""
+        return list(self.policy_mask[len(self.prompt_tokens) :])
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_nonneg_int(x) -> bool:
+    return _is_int(x) and x >= 0
+
+
+def _count_ones(mask) -> int | None:
+    if not isinstance(mask, list | tuple):
+        return None
+    return sum(1 for m in mask if _is_int(m) and m == 1)
+
+
+def _positions(idx: list[int], limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in idx[:limit])
+    return shown + (f" … (всего {len(idx)})" if len(idx) > limit else "")
+
+
+def _short(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_rollout(record) -> list[str]:
+    """Нарушения контракта роллаута (сообщения на русском); пустой список — запись пригодна.
+
+    Никогда не бросает исключение на плохом содержимом. Правила и их ключи — в ``RULES``.
+    Решения: ответ без токенов политики допустим; лишние ключи словаря не проверяются;
+    если все поточечные версии равны v, а policy_version — другое целое, это ``policy_version``.
+    """
+    try:
+        return _validate(record)
+    except Exception as exc:  # страховка: проверка не должна падать ни на каком мусоре
+        return [f"[field_type] запись не удалось разобрать: {type(exc).__name__}: {exc}"]
+
+
+def _validate(record) -> list[str]:
+    if isinstance(record, RolloutRecord):
+        rec = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    elif isinstance(record, Mapping):
+        rec = record
+    else:
+        return [f"[field_type] ожидается словарь или RolloutRecord, получено {_short(record)}"]
+    out: list[str] = []
+    out += [
+        f"[missing_field] в записи нет обязательного поля {k!r}"
+        for k in REQUIRED_FIELDS
+        if k not in rec
+    ]
+
+    sid = rec.get("sample_id", "")
+    if not isinstance(sid, str) or ("sample_id" in rec and not sid.strip()):
+        out.append(f"[field_type] sample_id должен быть непустой строкой, получено {_short(sid)}")
+    for k in _OPTIONAL_STR:
+        if not isinstance(rec.get(k, ""), str):
+            out.append(f"[field_type] {k} должен быть строкой, получено {_short(rec[k])}")
+
+    lengths = {}
+    for k in ("prompt_tokens", "response_tokens"):
+        if k not in rec:
+            continue
+        toks = rec[k]
+        if not isinstance(toks, list):
+            out.append(f"[field_type] {k} должен быть списком целых, получено {_short(toks)}")
+            continue
+        lengths[k] = len(toks)
+        bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
+        if bad:
+            out.append(f"[field_type] {k}: не неотрицательные целые на позициях {_positions(bad)}")
+
+    n_policy = None
+    mask = rec.get("policy_mask")
+    if "policy_mask" in rec and not isinstance(mask, list):
+        out.append(
+            f"[field_type] policy_mask должна быть списком из 0 и 1, получено {_short(mask)}"
+        )
+    elif "policy_mask" in rec:
+        bad = [i for i, m in enumerate(mask) if not (_is_int(m) and m in (0, 1))]
+        if bad:
+            out.append(f"[mask_values] маска политики не 0/1 на позициях {_positions(bad)}")
+        else:
+            n_policy = _count_ones(mask)
+        if len(lengths) == 2 and len(mask) != sum(lengths.values()):
+            out.append(
+                f"[mask_length] длина маски {len(mask)}, а запрос + ответ = "
+                f"{lengths['prompt_tokens']} + {lengths['response_tokens']}"
+            )
+        if "prompt_tokens" in lengths:
+            ones = [i for i, m in enumerate(mask[: lengths["prompt_tokens"]]) if m == 1]
+            if ones:
+                out.append(
+                    f"[mask_prompt] маска политики равна 1 на позиции {_positions(ones)} запроса: "
+                    "токены запроса не выбирались политикой"
+                )
+
+    lps = rec.get("behavior_logprobs")
+    if "behavior_logprobs" in rec and not isinstance(lps, list):
+        out.append(
+            f"[field_type] behavior_logprobs должен быть списком чисел, получено {_short(lps)}"
+        )
+    elif "behavior_logprobs" in rec:
+        if n_policy is not None and n_policy != len(lps):
+            out.append(
+                f"[logprob_count] токенов политики (маска = 1): {n_policy}, "
+                f"а логарифмов вероятностей: {len(lps)}"
+            )
+        not_num = [i for i, x in enumerate(lps) if not _is_real(x)]
+        nonfinite = [i for i, x in enumerate(lps) if _is_real(x) and not math.isfinite(x)]
+        positive = [i for i, x in enumerate(lps) if _is_real(x) and math.isfinite(x) and x > 0]
+        if not_num:
+            out.append(
+                f"[field_type] behavior_logprobs: не числа на позициях {_positions(not_num)}"
+            )
+        if nonfinite:
+            out.append(f"[logprob_finite] NaN или ±inf на позициях {_positions(nonfinite)}")
+        if positive:
+            out.append(
+                f"[logprob_positive] логарифм вероятности > 0 на позициях {_positions(positive)}: "
+                "вероятность не может превышать 1"
+            )
+
+    if "policy_version" in rec:
+        out += _check_versions(
+            rec.get("policy_version"), rec.get("token_policy_versions"), n_policy
+        )
+    out += _check_dicts(rec)
+    for k in ("stop_reason", "verifier_version"):
+        if k in rec and not (isinstance(rec[k], str) and rec[k].strip()):
+            out.append(f"[{k}] {k} должен быть непустой строкой, получено {_short(rec[k])}")
+    return out
+
+
+def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
+    out = []
+    distinct: list[int] = []
+    if tpv is not None and not isinstance(tpv, list):
+        out.append(
+            f"[field_type] token_policy_versions должен быть списком или None: {_short(tpv)}"
+        )
+    elif tpv is not None:
+        bad = [i for i, v in enumerate(tpv) if not _is_nonneg_int(v)]
+        if bad:
+            out.append(
+                "[token_versions_length] поточечные версии не неотрицательные целые на позициях "
+                + _positions(bad)
+            )
+        if n_policy is not None and len(tpv) != n_policy:
+            out.append(
+                f"[token_versions_length] поточечных версий {len(tpv)}, "
+                f"а токенов политики {n_policy}: нужна одна версия на токен"
+            )
+        distinct = list(dict.fromkeys(v for v in tpv if _is_nonneg_int(v)))
+    if len(distinct) > 1:
+        if pv is not None:
+            out.append(
+                f"[mixed_versions] версии политики внутри ответа различаются ({_positions(distinct)}), "
+                "одна метка policy_version неверна — лекция, шаг 12.1.4; "
+                "укажите policy_version=None и поточечные версии"
+            )
+    elif pv is None:
+        if not distinct:
+            out.append("[policy_version] policy_version = None, а поточечных версий нет")
+    elif not _is_nonneg_int(pv):
+        out.append(f"[policy_version] ожидается неотрицательное целое, получено {_short(pv)}")
+    elif distinct and pv != distinct[0]:
+        out.append(
+            f"[policy_version] policy_version = {pv}, а все поточечные версии = {distinct[0]}"
+        )
+    return out
+
+
+def _check_dicts(rec) -> list[str]:
+    out = []
+    if "decoding" in rec:
+        dec = rec["decoding"]
+        if not isinstance(dec, Mapping):
+            out.append(f"[decoding] decoding должен быть словарём, получено {_short(dec)}")
+        else:
+            t, p = dec.get("temperature"), dec.get("top_p")
+            if not (_is_real(t) and math.isfinite(t) and t > 0):
+                out.append(f"[decoding] temperature должна быть конечным числом > 0: {_short(t)}")
+            if not (_is_real(p) and 0 < p <= 1):
+                out.append(f"[decoding] top_p должен лежать в (0, 1]: {_short(p)}")
+    if "reward" in rec:
+        rew = rec["reward"]
+        if not isinstance(rew, Mapping) or not rew:
+            out.append(f"[reward] reward должен быть непустым словарём, получено {_short(rew)}")
+        else:
+            bad = [
+                _short(k)
+                for k, v in rew.items()
+                if not (isinstance(k, str) and _is_real(v) and math.isfinite(v))
+            ]
+            if bad:
+                out.append(f"[reward] компоненты награды не конечные числа: {', '.join(bad)}")
+    return out
+
+
+def violated_rules(record) -> list[str]:
+    """Ключи нарушенных правил (без повторов, в порядке сообщений validate_rollout)."""
+    keys = [m[1 : m.index("]")] for m in validate_rollout(record)]
+    return list(dict.fromkeys(keys))
+
+
+# ---------- сериализация ----------
+
+
+def _as_records(records, path) -> tuple[str, list[RolloutRecord]]:
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise ValueError(f"path: нужен непустой путь к файлу, получено {_short(path)}")
+    if not isinstance(records, list | tuple):
+        raise ValueError(f"records: ожидается список записей, получено {type(records).__name__}")
+    out = []
+    for i, r in enumerate(records):
+        if isinstance(r, RolloutRecord):
+            out.append(r)
+        elif isinstance(r, Mapping):
+            try:
+                out.append(RolloutRecord.from_dict(r))
+            except ValueError as exc:
+                raise ValueError(f"records[{i}]: {exc}") from None
+        else:
+            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {_short(r)}")
+    return os.fspath(path), out
+
+
+def _atomic_write(path: str, write) -> None:
+    """Пишет во временный файл рядом с path, fsync, затем os.replace; при ошибке убирает его."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # fsync каталога: чтобы само переименование пережило сбой питания (на Windows не нужно)
+    with contextlib.suppress(OSError, AttributeError):
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):  # скаляры numpy
+        return obj.item()
+    raise TypeError(f"значение {_short(obj)} не сериализуется в JSON")
+
+
+def write_jsonl(records, path) -> None:
+    """Атомарно пишет записи в JSONL: одна запись — одна строка JSON (NaN пишется как NaN).
+
+    Некорректные по содержимому записи сохраняются как есть, чтобы их можно было изучить.
+    """
+    path, recs = _as_records(records, path)
+
+    def write(f):
+        for i, r in enumerate(recs):
+            try:
+                line = json.dumps(r.to_dict(), ensure_ascii=False, default=_json_default)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"records[{i}]: запись не сериализуется в JSON: {exc}") from None
+            f.write(line.encode("utf-8") + b"\n")
+
+    _atomic_write(path, write)
+
+
+def read_jsonl(path) -> list[RolloutRecord]:
+    """Читает записи из JSONL; ValueError называет файл и строку с ошибкой."""
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8").strip()
+                if not text:
+                    continue
+                d = json.loads(text)
+                if not isinstance(d, dict):
+                    raise ValueError(f"ожидается объект JSON, получено {type(d).__name__}")
+                out.append(RolloutRecord.from_dict(d))
+            except ValueError as exc:  # сюда входят JSONDecodeError и UnicodeDecodeError
+                raise ValueError(f"{os.fspath(path)}, строка {lineno}: {exc}") from None
+    return out
+
+
+PARQUET_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("policy_version", pa.int64()),
+        ("prompt_tokens", pa.list_(pa.int64())),
+        ("response_tokens", pa.list_(pa.int64())),
+        ("policy_mask", pa.list_(pa.int8())),
+        ("behavior_logprobs", pa.list_(pa.float64())),
+        ("decoding", pa.string()),  # JSON: произвольные ключи и значения переживают запись
+        ("reward", pa.string()),  # JSON
+        ("stop_reason", pa.string()),
+        ("verifier_version", pa.string()),
+        ("trace_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("group_id", pa.string()),
+        ("token_policy_versions", pa.list_(pa.int64())),
+    ],
+    metadata={b"course_utils.contract": b"RolloutRecord/1"},
+)
+_INT_LISTS = ("prompt_tokens", "response_tokens", "policy_mask", "token_policy_versions")
+
+
+def _parquet_cell(name: str, value, i: int):
+    if name in ("decoding", "reward"):
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    # pyarrow молча усекает 1.5 до 1 в целочисленном столбце: проверяем сами
+    bad = (name == "policy_version" and value is not None and not _is_int(value)) or (
+        name in _INT_LISTS
+        and isinstance(value, list | tuple)
+        and not all(_is_int(x) for x in value)
+    )
+    if bad:
+        raise ValueError(f"records[{i}].{name}: нужны целые для Parquet, получено {_short(value)}")
+    return value
+
+
+def write_parquet(records, path) -> None:
+    """Атомарно пишет записи в Parquet с явной схемой ``PARQUET_SCHEMA``.
+
+    decoding и reward хранятся строками JSON; логарифмы вероятностей — float64 (целое 0 станет 0.0).
+    Поля неверного типа (строка вместо списка токенов) в схему не помещаются: ValueError.
+    """
+    path, recs = _as_records(records, path)
+    columns = []
+    for fld in PARQUET_SCHEMA:
+        try:
+            values = [_parquet_cell(fld.name, getattr(r, fld.name), i) for i, r in enumerate(recs)]
+            columns.append(pa.array(values, type=fld.type))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"write_parquet, поле {fld.name!r}: {exc}") from None
+    table = pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA)
+    _atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+def read_parquet(path) -> list[RolloutRecord]:
+    """Читает записи из Parquet; ValueError называет файл и строку (номер записи) с ошибкой."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise FileNotFoundError(f"Файл не найден: {name}")
+    try:
+        table = pq.read_table(name)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{name}: файл не читается как Parquet: {exc}") from None
+    missing = [f for f in REQUIRED_FIELDS if f not in table.column_names]
+    if missing:
+        raise ValueError(f"{name}: в таблице нет столбцов: {', '.join(missing)}")
+    out = []
+    for row, d in enumerate(table.to_pylist()):
+        try:
+            for k in ("decoding", "reward"):
+                if not isinstance(d[k], str):
+                    raise ValueError(f"поле {k} должно быть строкой JSON, получено {_short(d[k])}")
+                d[k] = json.loads(d[k])
+            out.append(RolloutRecord.from_dict(d))
+        except ValueError as exc:
+            raise ValueError(f"{name}, строка {row} (нумерация с 0): {exc}") from None
+    return out
+
+
+def records_to_frame(records):
+    """Таблица pandas: строка на запись, поля плюс n_prompt, n_response, n_policy_tokens."""
+    import pandas as pd
+
+    names = [f.name for f in dataclasses.fields(RolloutRecord)]
+    rows = []
+    for r in records:
+        d = r.to_dict() if isinstance(r, RolloutRecord) else dict(r)
+        row = {k: d.get(k) for k in names}
+        for col, k in (("n_prompt", "prompt_tokens"), ("n_response", "response_tokens")):
+            row[col] = len(d[k]) if isinstance(d.get(k), list | tuple) else None
+        row["n_policy_tokens"] = _count_ones(d.get("policy_mask"))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=names + ["n_prompt", "n_response", "n_policy_tokens"])
+
+
+def example_record() -> RolloutRecord:
+    """Пример записи из лекции (шаг 12.1.2): один ход, три токена политики, версия 127."""
+    return RolloutRecord(
+        sample_id="run42-p008-g03",
+        policy_version=127,
+        prompt_tokens=[101, 42, 17],
+        response_tokens=[314, 159, 2],
+        policy_mask=[0, 0, 0, 1, 1, 1],
+        behavior_logprobs=[-0.31, -1.07, -0.22],
+        decoding={"temperature": 0.8, "top_p": 1.0},
+        reward={"correctness": 1.0, "format": 0.0},
+        stop_reason="eos",
+        verifier_version="arith-v4",
+        trace_id="run42-p008-g03-v127",
+        prompt_id="p008",
+        group_id="run42-p008",
+    )
+
+
+def example_multiturn_record() -> RolloutRecord:
+    """Двухходовой роллаут с инструментом: токены ответа инструмента в ответе замаскированы (0).
+
+    Ход 1: политика пишет вызов инструмента (3 токена), среда возвращает 4 токена наблюдения;
+    ход 2: политика пишет ответ (3 токена, последний — EOS). Логарифмов вероятностей 6.
+    """
+    prompt = [101, 7, 42, 17]
+    call, observation, answer = [501, 502, 503], [900, 901, 902, 903], [314, 159, 2]
+    return RolloutRecord(
+        sample_id="run42-p011-g00",
+        policy_version=128,
+        prompt_tokens=prompt,
+        response_tokens=call + observation + answer,
+        policy_mask=[0] * len(prompt) + [1, 1, 1] + [0, 0, 0, 0] + [1, 1, 1],
+        behavior_logprobs=[-0.05, -0.41, -0.12, -0.73, -0.02, -0.19],
+        decoding={"temperature": 0.8, "top_p": 0.95},
+        reward={"correctness": 1.0, "format": 1.0},
+        stop_reason="eos",
+        verifier_version="arith-v4",
+        trace_id="run42-p011-g00-v128",
+        prompt_id="p011",
+        group_id="run42-p011",
+    )
