@@ -1,0 +1,586 @@
+"""Проверочные шаги модуля 12: реестр упражнений, варианты, проверка, разборы, прогресс.
+
+В ноутбуке: ``task = grading.task("12.2.6")`` — условие и данные текущего варианта; в ячейке ответа
+студент заменяет заглушку ``____``; ``grading.check("12.2.6", answer)`` печатает отзыв и никогда
+не падает на ответе; ``grading.solution(...)`` показывает разбор после первой попытки (по чести,
+как ответы в конце задачника); ``grading.new_variant(...)`` даёт новые числа; ``grading.progress()``
+— таблица всех 21 шагов. Прогресс — JSON по пути ``COURSE_PROGRESS_PATH`` (по умолчанию
+``~/.course_rl_infra_progress.json``), запись атомарная. Упражнения регистрируют модули
+``course_utils.exercises.lesson_12_*`` при первом обращении к реестру.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib
+import json
+import math
+import numbers
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COURSE_STEPS", "PLACEHOLDER", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
+    "____", "answers_match", "check", "evaluate", "exercise_ids", "hint", "misconceptions",
+    "new_variant", "progress", "reference", "register", "registry_override", "solution", "task",
+]  # fmt: skip
+
+
+class _Placeholder:
+    """Заглушка ответа: ячейка с ``____`` выполняется, а check отвечает «ещё не решено»."""
+
+    _course_placeholder = True  # узнаём и копии, и заглушку из перезагруженного модуля
+
+    def __repr__(self) -> str:
+        return "____ (заполните ответ)"
+
+
+____ = PLACEHOLDER = _Placeholder()
+
+COURSE_STEPS: dict[str, str] = {
+    "12.1.6": "Контракт роллаута: непригодные записи и нарушенное правило",
+    "12.1.7": "Профиль цикла: T_seq, узкое место, предел ускорения; размещение × синхронность",
+    "12.2.6": "B_state для рецепта; байты на ранг при DDP и ZeRO-1/2/3",
+    "12.2.7": "Бюджет KV-кэша: байты на токен, число одновременных последовательностей",
+    "12.2.8": "Пик памяти при совмещении фаз (и с LoRA); информативные группы в секунду",
+    "12.3.6": "C_seq, C_pipe, T_n; лучшее разбиение K устройств между генерацией и обучением",
+    "12.3.7": "Загрузка U при хвостах; влияние тайм-аута на U и на обрезанные задачи",
+    "12.3.8": "Устойчивость очереди λ<μ, скорость роста, порог backpressure в токенах",
+    "12.3.9": "Критический путь против суммы работы; загрузка пула; что ускорять",
+    "12.4.6": "Отношения вероятностей токенов и маскированный лог-коэффициент последовательности",
+    "12.4.7": "ESS, ESS/n, доля клиппинга со знаком преимущества, max |log w|",
+    "12.4.8": "Лаг или расхождение обучения и инференса; лог-вероятность при temperature и top-p",
+    "12.4.9": "Аудит журнала синхронизации весов: нарушения протокола",
+    "12.5.6": "Манифест контрольной точки: чего не хватает для честного возобновления",
+    "12.5.7": "Интервал Янга I* и накладные расходы H(I) против текущего интервала",
+    "12.5.8": "Связки трасс: осиротевшие роллауты, несовпадение версий верификатора",
+    "12.5.9": "p50/p95/p99, доля вырожденных групп, информативные группы/с по журналу",
+    "12.5.10": "Функция resume: ветка после сбоя совпадает с непрерывной",
+    "12.5.11": "Атомарный приём или отказ частично записанных батчей",
+    "12.5.12": "Выбор стеков по датированной карте под требования",
+    "12.5.13": "Итоговый диагноз: узкое место, память, риск устаревания, пробелы восстановления",
+}
+
+
+@dataclass(frozen=True)
+class Misconception:
+    """Типичная ошибка: ``answer(task)`` строит такой неверный ответ, ``message`` её называет."""
+
+    key: str
+    message: str
+    answer: Callable[[dict], Any]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """Проверочный шаг.
+
+    ``make_task(variant)`` детерминирован и возвращает dict с русским ``statement``;
+    ``reference(task)`` — верный ответ; ``solution(task)`` — разбор в Markdown;
+    ``compare(expected, given, rtol) -> bool`` — своё сравнение (по умолчанию answers_match);
+    ``validate_answer(answer, task)`` — сообщение о неверной форме ответа или None.
+    """
+
+    id: str
+    title: str
+    make_task: Callable[[int], dict]
+    reference: Callable[[dict], Any]
+    solution: Callable[[dict], str]
+    hint: str
+    misconceptions: list[Misconception]
+    rtol: float = 1e-3
+    compare: Callable[[Any, Any, float], bool] | None = None
+    validate_answer: Callable[[Any, dict], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        keys = [m.key for m in self.misconceptions if isinstance(m, Misconception)]
+        if not isinstance(self.id, str) or not self.id or len(keys) != len(self.misconceptions):
+            raise TypeError(f"Exercise {self.id!r}: id — строка, misconceptions — [Misconception]")
+        if len(set(keys)) != len(keys) or not self.rtol > 0:
+            raise ValueError(f"{self.id}: ключи ошибок повторяются ({keys}) или rtol ≤ 0")
+
+
+# ---------------------------------------------------------------- реестр
+_registry: dict[str, Exercise] = {}
+_override_depth = 0
+_loaded = False
+
+
+def _ensure_loaded() -> None:
+    """Один раз импортирует course_utils.exercises: модули уроков регистрируют упражнения."""
+    global _loaded
+    if not _loaded and not _override_depth:
+        _loaded = True
+        importlib.import_module("course_utils.exercises")
+
+
+def register(exercise: Exercise) -> Exercise:
+    """Добавляет упражнение в реестр; вне registry_override() — только id из COURSE_STEPS."""
+    if not isinstance(exercise, Exercise):
+        raise TypeError(f"register ждёт Exercise, получено {type(exercise).__name__}")
+    if not _override_depth and exercise.id not in COURSE_STEPS:
+        raise ValueError(f"Шага {exercise.id!r} нет в COURSE_STEPS: {', '.join(COURSE_STEPS)}")
+    if exercise.id in _registry:
+        raise ValueError(f"Упражнение {exercise.id!r} уже зарегистрировано")
+    _registry[exercise.id] = exercise
+    return exercise
+
+
+@contextlib.contextmanager
+def registry_override() -> Iterator[dict[str, Exercise]]:
+    """Временно подменяет реестр пустым (для тестов); настоящий возвращается на выходе."""
+    global _registry, _override_depth
+    _ensure_loaded()  # модули уроков успевают записаться в настоящий реестр
+    saved, _registry = _registry, {}
+    _override_depth += 1
+    try:
+        yield _registry
+    finally:
+        _registry, _override_depth = saved, _override_depth - 1
+
+
+def exercise_ids() -> list[str]:
+    """Зарегистрированные упражнения в порядке COURSE_STEPS."""
+    _ensure_loaded()
+    order = {key: i for i, key in enumerate(COURSE_STEPS)}
+    return sorted(_registry, key=lambda key: order.get(key, len(order)))
+
+
+def _get(exercise_id: str) -> Exercise:
+    _ensure_loaded()
+    key = exercise_id.strip() if isinstance(exercise_id, str) else None
+    if key in _registry:
+        return _registry[key]
+    known = ", ".join(exercise_ids()) or "пока ни одного"
+    if key in COURSE_STEPS:
+        raise ValueError(f"Упражнение {key} ещё не вошло в эту версию курса. Есть: {known}")
+    raise ValueError(f"Неизвестное упражнение {exercise_id!r}. Известные: {known}")
+
+
+def _make_task(ex: Exercise, variant: int) -> dict:
+    made = ex.make_task(variant)
+    if not isinstance(made, dict) or not isinstance(made.get("statement"), str):
+        raise TypeError(f"{ex.id}: make_task должен вернуть dict со строкой 'statement'")
+    return made
+
+
+def _entry(exercise_id: str) -> dict:
+    return _load()["exercises"].get(exercise_id, _blank())
+
+
+def task(exercise_id: str, variant: int | None = None) -> dict:
+    """Входные данные упражнения; variant=None — текущий вариант студента (в начале 0)."""
+    ex = _get(exercise_id)
+    return _make_task(ex, _entry(ex.id)["variant"] if variant is None else int(variant))
+
+
+def reference(exercise_id: str, variant: int | None = None) -> Any:
+    """Верный ответ для варианта (None — текущий). Для тестов и авторов упражнений."""
+    return _get(exercise_id).reference(task(exercise_id, variant))
+
+
+def misconceptions(exercise_id: str) -> list[Misconception]:
+    """Типичные ошибки упражнения."""
+    return list(_get(exercise_id).misconceptions)
+
+
+def new_variant(exercise_id: str) -> dict:
+    """Переходит к следующему варианту (новые числа), запоминает его и показывает условие."""
+    ex = _get(exercise_id)
+    data = _load()
+    entry = data["exercises"].setdefault(ex.id, _blank())
+    entry["variant"] += 1
+    _save(data)
+    fresh = _make_task(ex, entry["variant"])
+    _emit(f"🎲 {ex.id} «{ex.title}», вариант {entry['variant']}.", fresh["statement"])
+    return fresh
+
+
+def hint(exercise_id: str) -> None:
+    """Показывает подсказку."""
+    ex = _get(exercise_id)
+    text = ex.hint or "Для этого шага подсказки нет — перечитайте конспект."
+    _emit(f"💡 Подсказка к {ex.id}.", text)
+
+
+def solution(exercise_id: str) -> None:
+    """Показывает разбор текущего варианта, если записана хотя бы одна попытка."""
+    ex = _get(exercise_id)
+    if not _entry(ex.id)["attempts"]:
+        text = (
+            f"🔒 Разбор {ex.id} откроется после первой попытки: впишите свой ответ вместо ____ "
+            "и запустите grading.check. Засчитывается любая попытка, даже неверная."
+        )
+        return _emit("", text)
+    _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
+
+
+# ---------------------------------------------------------------- сравнение ответов
+_ATOL = 1e-9  # абсолютный допуск: важен, только когда верный ответ равен 0
+
+
+def _plain(x: Any) -> Any:
+    """numpy / torch / pandas → встроенные скаляры и списки Python."""
+    if type(x).__module__.split(".")[0] in ("numpy", "torch", "pandas") and hasattr(x, "tolist"):
+        return (x.detach().cpu() if hasattr(x, "detach") else x).tolist()
+    return x
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _norm_key(x: Any) -> Any:
+    x = _plain(x)
+    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
+
+
+def _close(e: Any, g: Any, rtol: float) -> bool:
+    if e == g:
+        return True
+    e, g = float(e), float(g)
+    if not (math.isfinite(e) and math.isfinite(g)):
+        return math.isnan(e) and math.isnan(g)
+    return abs(g - e) <= rtol * abs(e) + _ATOL
+
+
+def _match(e: Any, g: Any, rtol: float) -> bool:
+    e, g = _plain(e), _plain(g)
+    if isinstance(e, bool) or isinstance(g, bool):
+        return isinstance(e, bool) and isinstance(g, bool) and e == g
+    if _is_number(e):
+        return _is_number(g) and _close(e, g, rtol)
+    if isinstance(e, str):
+        return isinstance(g, str) and _norm_key(e) == _norm_key(g)
+    if isinstance(e, dict):
+        if not isinstance(g, dict):
+            return False
+        ne, ng = ({_norm_key(k): v for k, v in d.items()} for d in (e, g))
+        return ne.keys() == ng.keys() and all(_match(ne[k], ng[k], rtol) for k in ne)
+    if isinstance(e, (list, tuple)):
+        ok = isinstance(g, (list, tuple)) and len(e) == len(g)
+        return ok and all(_match(a, b, rtol) for a, b in zip(e, g))
+    if isinstance(e, (set, frozenset)):
+        ok = isinstance(g, (set, frozenset, list, tuple))
+        return ok and {_norm_key(x) for x in e} == {_norm_key(x) for x in g}
+    return g is None if e is None else bool(e == g)
+
+
+def answers_match(expected: Any, given: Any, rtol: float = 1e-3) -> bool:
+    """Совпадает ли ответ с верным; для чисел |given − expected| ≤ rtol·|expected| + 1e-9.
+
+    bool — точно; строки — без учёта регистра, лишних пробелов и «ё/е»; dict — те же ключи и
+    рекурсивно значения; list/tuple — та же длина и поэлементно; set — равенство после нормализации
+    (можно ответить списком). Скаляры и массивы numpy, тензоры torch, Series pandas сводятся к
+    числам и спискам. Не бросает исключений: непонятный ответ — False.
+    """
+    try:
+        return _match(expected, given, rtol)
+    except Exception:
+        return False
+
+
+def _kind(x: Any) -> str:
+    kinds = [(bool, "True/False"), (numbers.Real, "число"), (str, "строка"), (dict, "словарь"),
+             ((list, tuple), "список"), ((set, frozenset), "множество"),
+             (type(None), "None")]  # fmt: skip
+    if callable(x) and not isinstance(x, type):
+        return "функция (вызовите её и передайте результат)"
+    return next((name for t, name in kinds if isinstance(x, t)), f"объект {type(x).__name__}")
+
+
+_UNITS = "проверьте множители и единицы (байты и биты, ГБ = 10⁹ Б и ГиБ = 2³⁰ Б, мс и с)."
+_FACTORS = {2: "2", 4: "4", 8: "8", 1000: "1000", 1024: "1024", 10**6: "10⁶", 2**20: "2²⁰",
+            10**9: "10⁹", 2**30: "2³⁰", 2**30 / 10**9: "2³⁰/10⁹ (ГиБ против ГБ)"}  # fmt: skip
+
+
+def _describe_mismatch(e: Any, g: Any, rtol: float) -> str:
+    """Что не так с ответом, не раскрывая верного значения."""
+    e, g = _plain(e), _plain(g)
+    if _kind(e) != _kind(g) and not (isinstance(e, (set, frozenset)) and _kind(g) == "список"):
+        return f"Ожидается {_kind(e)}, а получено: {_kind(g)}."
+    if _is_number(e) and not math.isfinite(g):
+        return "Ответ — NaN или бесконечность: проверьте деление на ноль и log(0)."
+    if _is_number(e) and e != 0:
+        ratio = g / e
+        if ratio < 0 and abs(ratio + 1) <= rtol:
+            return "Модуль верный, а знак — нет."
+        for factor, label in _FACTORS.items():
+            for r, side in ((factor, "больше"), (1 / factor, "меньше")):
+                if abs(ratio / r - 1) <= 1e-3:
+                    return f"Ваш ответ {side} верного, отношение ровно {label}: {_UNITS}"
+        pct = abs(ratio - 1) * 100
+        if pct < 1:
+            return f"Ответ отличается от верного на {pct:.2g} %: не округляйте промежуточные шаги."
+        return f"Ваш ответ отличается от верного на {pct:.0f} %: {_UNITS}"
+    if isinstance(e, dict):
+        ne, ng = ({_norm_key(k): k for k in d} for d in (e, g))
+        missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "—"
+        extra = ", ".join(str(ng[k]) for k in ng if k not in ne) or "—"
+        if ne.keys() != ng.keys():
+            return f"Ключи не те: не хватает {missing}; лишние {extra}."
+        wrong = [str(ne[k]) for k in ne if not answers_match(e[ne[k]], g[ng[k]], rtol)]
+        return f"Неверны значения по ключам: {', '.join(wrong)}."
+    if isinstance(e, (list, tuple)):
+        if len(e) != len(g):
+            return f"Ожидается элементов: {len(e)}, получено: {len(g)}."
+        wrong = [str(i) for i, (a, b) in enumerate(zip(e, g)) if not answers_match(a, b, rtol)]
+        return f"Неверны элементы с номерами (с нуля): {', '.join(wrong[:8])}."
+    if isinstance(e, (set, frozenset)):
+        ne, ng = {_norm_key(x) for x in e}, {_norm_key(x) for x in g}
+        return f"Не хватает элементов: {len(ne - ng)}, лишних: {len(ng - ne)}."
+    return "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
+
+
+# ---------------------------------------------------------------- проверка
+_STATUS = {"correct": ("✅", "верно!"), "wrong": ("❌", "пока неверно."),
+           "misconception": ("❌", "типичная ошибка."), "malformed": ("⚠️", "ответ не в том виде."),
+           "not_attempted": ("✏️", "пока без ответа.")}  # fmt: skip
+
+
+@dataclass
+class CheckResult:
+    """Итог проверки; status ∈ correct, wrong, misconception, malformed, not_attempted.
+
+    Истинен только для correct. Если check уже показал отзыв в этой ячейке, объект как последнее
+    выражение ячейки второй раз его не выводит.
+    """
+
+    exercise_id: str
+    status: str
+    message: str
+    misconception: str | None = None
+    _shown_in: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __bool__(self) -> bool:
+        return self.status == "correct"
+
+    def __repr__(self) -> str:
+        extra = f", misconception={self.misconception!r}" if self.misconception else ""
+        return f"CheckResult({self.exercise_id}: {self.status}{extra} — {self.message})"
+
+    def _show(self) -> None:
+        icon, title = _STATUS.get(self.status, ("", self.status))
+        _emit(f"{icon} {self.exercise_id} — {title}", self.message)
+
+    def _ipython_display_(self) -> None:
+        just_shown = self._shown_in == ("shown", getattr(_shell(), "execution_count", None))
+        self._shown_in = None
+        if not just_shown:
+            self._show()
+
+
+def _contains_placeholder(x: Any, depth: int = 0) -> bool:
+    try:
+        if x is PLACEHOLDER or getattr(type(x), "_course_placeholder", False) is True:
+            return True
+        if isinstance(x, dict):
+            x = [*x.keys(), *x.values()]
+        if depth < 20 and isinstance(x, (list, tuple, set, frozenset)):
+            return any(_contains_placeholder(item, depth + 1) for item in x)
+    except Exception:
+        pass
+    return False
+
+
+def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
+    """Проверяет ответ на варианте без записи попытки и без вывода (для тестов упражнений)."""
+    ex = _get(exercise_id)
+    if _contains_placeholder(answer):
+        msg = f"Упражнение {ex.id} ещё не решено: замените ____ своим ответом и запустите ячейку."
+        return CheckResult(ex.id, "not_attempted", msg)
+    current = _make_task(ex, variant)
+    try:
+        problem = ex.validate_answer(answer, current) if ex.validate_answer else None
+    except Exception as exc:
+        problem = f"Ответ не удалось разобрать ({type(exc).__name__}); сверьтесь с условием."
+    if problem:
+        return CheckResult(ex.id, "malformed", str(problem))
+    expected, same = ex.reference(current), ex.compare or answers_match
+    try:
+        if bool(same(expected, answer, ex.rtol)):
+            return CheckResult(ex.id, "correct", f"Упражнение {ex.id} решено.")
+    except Exception as exc:
+        try:
+            why = f"{type(exc).__name__}: {exc}"[:200]
+        except Exception:
+            why = type(exc).__name__
+        msg = (
+            f"Ответ не удалось сравнить с верным ({why}). Проверьте тип и форму ответа по условию."
+        )
+        return CheckResult(ex.id, "malformed", msg)
+    for m in ex.misconceptions:
+        with contextlib.suppress(Exception):
+            if bool(same(m.answer(current), answer, ex.rtol)):
+                return CheckResult(ex.id, "misconception", m.message, misconception=m.key)
+    try:
+        detail = _describe_mismatch(expected, answer, ex.rtol)
+    except Exception:
+        detail = "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
+    return CheckResult(ex.id, "wrong", f"{detail} Подсказка: grading.hint({ex.id!r}).")
+
+
+def check(exercise_id: str, answer: Any) -> CheckResult:
+    """Проверяет ответ на текущем варианте, записывает попытку и показывает отзыв.
+
+    Не бросает исключений из-за ответа. ``____`` (и внутри списка или словаря) — «ещё не
+    решено», попытка не записывается.
+    """
+    ex = _get(exercise_id)
+    result = evaluate(ex.id, answer, _entry(ex.id)["variant"])
+    if result.status != "not_attempted":
+        data = _load()
+        entry = data["exercises"].setdefault(ex.id, _blank())
+        entry["attempts"] += 1
+        entry["solved"] = entry["solved"] or result.status == "correct"
+        entry["last_attempt"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        entry["last_status"] = result.status
+        _save(data)
+    result._show()
+    result._shown_in = ("shown", getattr(_shell(), "execution_count", None))
+    return result
+
+
+# ---------------------------------------------------------------- вывод
+def _shell() -> Any:
+    with contextlib.suppress(Exception):
+        return sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+
+
+def _emit(head: str, body: str) -> None:
+    """Markdown (заголовок жирным) в ядре Jupyter/Colab, обычный текст в консоли и в тестах."""
+    markdown, plain = (f"**{head}** {body}" if head else body), f"{head} {body}".strip()
+    shell = _shell()
+    if shell is not None and hasattr(shell, "kernel"):
+        from IPython.display import display
+
+        display({"text/markdown": markdown, "text/plain": plain}, raw=True)
+    else:
+        print(plain)
+
+
+# ---------------------------------------------------------------- прогресс
+_FORMAT = 1
+_memory: dict[str, dict] = {}  # путь → прогресс, когда файл не удаётся записать
+_warned: set[str] = set()
+
+
+class ProgressWarning(UserWarning):
+    """Файл прогресса повреждён или недоступен."""
+
+
+def _warn(message: str, once_key: str | None = None) -> None:
+    if once_key is None or once_key not in _warned:
+        _warned.add(once_key or message)
+        warnings.warn(message, ProgressWarning, stacklevel=3)
+
+
+def _progress_path() -> Path:
+    env = os.environ.get("COURSE_PROGRESS_PATH", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".course_rl_infra_progress.json"
+
+
+def _blank() -> dict:
+    return {"attempts": 0, "solved": False, "variant": 0, "last_attempt": None, "last_status": None}
+
+
+_FIELDS = {"attempts": int, "solved": bool, "variant": int, "last_attempt": str, "last_status": str}
+
+
+def _validated(raw: Any) -> dict:
+    if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+        raise ValueError(f"ожидается словарь с format = {_FORMAT}")
+    if not isinstance(raw.get("exercises"), dict):
+        raise ValueError("поле exercises должно быть словарём")
+    out = {}
+    for key, entry in raw["exercises"].items():
+        merged = _blank() | (entry if isinstance(entry, dict) else {"attempts": None})
+        for name, kind in _FIELDS.items():
+            value = merged[name]
+            ok = type(value) is kind and (kind is not int or value >= 0)
+            if not ok and not (value is None and kind is str):
+                raise ValueError(f"в записи {key!r} неверное поле {name!r}")
+        out[key] = {name: merged[name] for name in _FIELDS}
+    return {"format": _FORMAT, "exercises": out}
+
+
+def _load() -> dict:
+    """Читает прогресс; повреждённый файл откладывает в сторону и начинает заново."""
+    path, fresh = _progress_path(), {"format": _FORMAT, "exercises": {}}
+    if str(path) in _memory:
+        return _memory[str(path)]
+    try:
+        raw = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return fresh
+    except OSError as exc:
+        _memory[str(path)] = fresh
+        _warn(f"Не удалось прочитать прогресс {path} ({exc}); он хранится только в памяти.")
+        return fresh
+    try:
+        return _validated(json.loads(raw))
+    except Exception as exc:
+        aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+        try:
+            os.replace(path, aside)
+            where = f"он сохранён как {aside.name}"
+        except OSError:
+            _memory[str(path)] = fresh
+            where = "отложить его не удалось, прогресс хранится только в памяти"
+        _warn(f"Файл прогресса {path} повреждён ({exc}); {where}. Прогресс начат заново.")
+        return fresh
+
+
+def _save(data: dict) -> None:
+    """Атомарная запись: временный файл в той же папке, fsync, os.replace."""
+    path = _progress_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, ensure_ascii=False, indent=1)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        _memory[str(path)] = data
+        _warn(
+            f"Не удалось сохранить прогресс в {path} ({exc}). Он хранится только в памяти и "
+            "пропадёт при перезапуске ядра; задайте другой путь в COURSE_PROGRESS_PATH.",
+            once_key=str(path),
+        )
+    else:
+        _memory.pop(str(path), None)
+
+
+def progress():
+    """Таблица pandas по всем 21 проверочным шагам: статус, попытки, решено, вариант, время."""
+    import pandas as pd
+
+    _ensure_loaded()
+    stored, rows = _load()["exercises"], []
+    for key, topic in COURSE_STEPS.items():
+        entry = stored.get(key, _blank())
+        status = "решено" if entry["solved"] else "в работе" if entry["attempts"] else "не начато"
+        status = status if key in _registry else "нет в этой версии"
+        when = entry["last_attempt"] or "—"
+        with contextlib.suppress(ValueError):
+            when = dt.datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M")
+        rows.append(
+            {"id": key, "тема": topic, "статус": status,
+             "попыток": entry["attempts"], "решено": entry["solved"], "вариант": entry["variant"],
+             "последняя попытка": when}
+        )  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,455 @@
+"""Тесты движка проверочных шагов course_utils.grading."""
+
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course_utils import grading
+from course_utils.grading import Exercise, Misconception, ____, answers_match
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- упражнения-однодневки
+def _num_task(variant: int) -> dict:
+    rng = random.Random(variant)
+    n = rng.randint(1, 90) * 10**8
+    return {"statement": f"Сколько байт занимает состояние fp32 Adam для {n} параметров?", "n": n}
+
+
+NUMERIC = Exercise(
+    id="t.num",
+    title="B_state для fp32 Adam",
+    make_task=_num_task,
+    reference=lambda t: 16 * t["n"],
+    solution=lambda t: f"4 + 4 + 4 + 4 = 16 Б на параметр, итого **{16 * t['n']}** Б.",
+    hint="Веса, градиенты и два момента Adam — по 4 байта.",
+    misconceptions=[
+        Misconception("params_only", "Вы учли только веса: забыты градиенты и моменты Adam.",
+                      lambda t: 4 * t["n"]),
+    ],
+)  # fmt: skip
+
+KEYS = ("bytes_per_token", "total_gib")
+
+
+def _kv_task(variant: int) -> dict:
+    rng = random.Random(1000 + variant)
+    t = {"layers": rng.choice([24, 28, 32]), "kv_heads": rng.choice([2, 4, 8]),
+         "head_dim": rng.choice([64, 128]), "tokens": rng.choice([4096, 8192, 32768])}  # fmt: skip
+    return {"statement": "Сколько байт на токен и ГиБ на все токены занимает KV-кэш в bf16?", **t}
+
+
+def _kv(t: dict, kv_factor: int = 2, unit: float = 2**30) -> dict:
+    per_token = kv_factor * t["layers"] * t["kv_heads"] * t["head_dim"] * 2
+    return {"bytes_per_token": per_token, "total_gib": per_token * t["tokens"] / unit}
+
+
+def _kv_validate(answer, task):
+    if not isinstance(answer, dict) or set(answer) != set(KEYS):
+        return f"Ожидается словарь с ключами {', '.join(KEYS)}."
+    return None
+
+
+KV = Exercise(
+    id="t.kv",
+    title="Бюджет KV-кэша",
+    make_task=_kv_task,
+    reference=_kv,
+    solution=lambda t: f"2 · L · h_kv · d · 2 Б = {_kv(t)['bytes_per_token']} Б на токен.",
+    hint="В кэше лежат и ключи, и значения.",
+    misconceptions=[
+        Misconception("no_kv_factor", "Забыт множитель 2: в кэше лежат и K, и V.",
+                      lambda t: _kv(t, kv_factor=1)),
+        Misconception("gb_not_gib", "Вы поделили на 10⁹ (ГБ), а спрашивали ГиБ (2³⁰ байт).",
+                      lambda t: _kv(t, unit=1e9)),
+    ],
+    validate_answer=_kv_validate,
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def progress_path(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
+    return path
+
+
+@pytest.fixture
+def registry():
+    with grading.registry_override() as reg:
+        grading.register(NUMERIC)
+        grading.register(KV)
+        yield reg
+
+
+def _stored(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))["exercises"]
+
+
+# ---------------------------------------------------------------- заглушка и отзывы
+def test_placeholder_is_not_attempted(registry, progress_path, capsys):
+    assert repr(____) == "____ (заполните ответ)" and grading.PLACEHOLDER is ____
+    assert grading.check("t.num", copy.deepcopy(____)).status == "not_attempted"
+    for ex_id, answer in [("t.num", ____), ("t.kv", {"bytes_per_token": ____, "total_gib": 1.0}),
+                          ("t.kv", [[____]])]:  # fmt: skip
+        result = grading.check(ex_id, answer)
+        assert result.status == "not_attempted" and not result
+        assert "ещё не решено" in result.message
+    assert "ещё не решено" in capsys.readouterr().out
+    assert not progress_path.exists()
+    grading.solution("t.num")
+    assert "после первой попытки" in capsys.readouterr().out
+
+
+def test_wrong_answer_gives_feedback(registry, capsys):
+    ref = grading.reference("t.num")
+    result = grading.check("t.num", ref * 1.37)
+    assert result.status == "wrong" and not result
+    assert "37 %" in result.message and "grading.hint" in result.message
+    assert "37 %" in capsys.readouterr().out
+    assert "отношение ровно 2³⁰" in grading.check("t.num", ref / 2**30).message
+    assert "знак" in grading.check("t.num", -ref).message
+    assert "ожидается число" in grading.check("t.num", "много").message.lower()
+    kv = grading.reference("t.kv")
+    wrong = grading.check("t.kv", {**kv, "total_gib": kv["total_gib"] * 3})
+    assert wrong.status == "wrong" and "total_gib" in wrong.message
+
+
+@pytest.mark.parametrize("ex", [NUMERIC, KV], ids=lambda ex: ex.id)
+def test_each_misconception_named(registry, ex):
+    assert [m.key for m in grading.misconceptions(ex.id)] == [m.key for m in ex.misconceptions]
+    for m in ex.misconceptions:
+        result = grading.check(ex.id, m.answer(grading.task(ex.id)))
+        assert result.status == "misconception" and not result
+        assert result.misconception == m.key and result.message == m.message
+
+
+def test_correct_answer_is_truthy(registry, progress_path):
+    result = grading.check("t.num", np.float64(grading.reference("t.num")))
+    assert result and result.status == "correct" and result.misconception is None
+    assert grading.check("t.kv", grading.reference("t.kv"))
+    entry = _stored(progress_path)["t.num"]
+    assert entry["attempts"] == 1 and entry["solved"] and entry["last_status"] == "correct"
+    assert "CheckResult(t.num: correct" in repr(result)
+
+
+def test_malformed_answer(registry):
+    result = grading.check("t.kv", {"bytes_per_token": 1})
+    assert result.status == "malformed" and "ожидается словарь" in result.message.lower()
+
+
+def test_solution_locked_until_first_attempt(registry, capsys):
+    grading.solution("t.num")
+    out = capsys.readouterr().out
+    assert "после первой попытки" in out and "16 Б на параметр" not in out
+    grading.check("t.num", 1)
+    capsys.readouterr()
+    grading.solution("t.num")
+    out = capsys.readouterr().out
+    assert "16 Б на параметр" in out and f"{grading.reference('t.num')}" in out
+    grading.hint("t.kv")
+    assert "и ключи, и значения" in capsys.readouterr().out
+
+
+def test_progress_survives_restart(registry, progress_path):
+    grading.register(replace(NUMERIC, id="12.2.6"))
+    grading.check("12.2.6", 12345)
+    grading.new_variant("12.2.6")
+    script = textwrap.dedent("""
+        from course_utils import grading
+        ex = grading.Exercise("12.2.6", "t", lambda v: {"statement": "s"}, lambda t: 1,
+                              lambda t: "РАЗБОР ОТКРЫТ", "", [])
+        with grading.registry_override():
+            grading.register(ex)
+            grading.solution("12.2.6")
+        row = grading.progress().set_index("id").loc["12.2.6"]
+        print("attempts", row["попыток"], "variant", row["вариант"])
+    """)
+    env = {**os.environ, "COURSE_PROGRESS_PATH": str(progress_path)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "РАЗБОР ОТКРЫТ" in proc.stdout and "attempts 1 variant 1" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{не json", "[1, 2]", '{"format": 99, "exercises": {}}',
+     '{"format": 1, "exercises": {"t.num": {"attempts": -1}}}',
+     '{"format": 1, "exercises": {"t.num": {"solved": "yes"}}}'],
+)  # fmt: skip
+def test_corrupt_progress_is_set_aside(registry, progress_path, content):
+    progress_path.write_text(content, encoding="utf-8")
+    with pytest.warns(grading.ProgressWarning, match="повреждён"):
+        result = grading.check("t.num", 1)
+    assert result.status == "wrong"
+    aside = list(progress_path.parent.glob("progress.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text(encoding="utf-8") == content
+    assert _stored(progress_path)["t.num"]["attempts"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # новый файл исправен: больше никаких предупреждений
+        grading.check("t.num", 2)
+    assert _stored(progress_path)["t.num"]["attempts"] == 2
+
+
+def test_unwritable_location_keeps_progress_in_memory(registry, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(blocker / "progress.json"))
+    with pytest.warns(grading.ProgressWarning, match="Не удалось сохранить"):
+        grading.check("t.num", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # второй раз не предупреждаем
+        grading.check("t.num", 2)
+    capsys.readouterr()
+    grading.solution("t.num")
+    assert "16 Б на параметр" in capsys.readouterr().out
+    row = grading.progress().set_index("id")
+    assert len(row) == 21
+    grading._memory.clear()
+
+
+def test_unreadable_progress_path_does_not_crash(registry, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(tmp_path))  # это папка, а не файл
+    with pytest.warns(grading.ProgressWarning):
+        assert grading.check("t.num", grading.reference("t.num"))
+    capsys.readouterr()
+    grading.solution("t.num")
+    assert "16 Б на параметр" in capsys.readouterr().out
+    grading._memory.clear()
+
+
+def test_atomic_write_leaves_only_the_progress_file(registry, progress_path):
+    for answer in (1, 2, grading.reference("t.num")):
+        grading.check("t.num", answer)
+    assert sorted(p.name for p in progress_path.parent.iterdir()) == ["progress.json"]
+    data = json.loads(progress_path.read_text(encoding="utf-8"))
+    assert data["format"] == 1
+    assert set(data["exercises"]["t.num"]) == {
+        "attempts", "solved", "variant", "last_attempt", "last_status"
+    }  # fmt: skip
+
+
+def test_progress_path_read_at_call_time(registry, tmp_path, monkeypatch):
+    other = tmp_path / "sub" / "other.json"
+    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(other))
+    grading.check("t.num", 1)
+    assert _stored(other)["t.num"]["attempts"] == 1
+
+
+class _Nasty:
+    def __eq__(self, other):
+        raise RuntimeError("eq")
+
+    def __bool__(self):
+        raise RuntimeError("bool")
+
+    def __getattr__(self, name):
+        raise RuntimeError(name)
+
+    def __hash__(self):
+        return 1
+
+
+def _cyclic():
+    items = [1]
+    items.append(items)
+    return items
+
+
+GARBAGE = [object(), lambda: 1, [[{"a": object()}]], float("nan"), float("inf"), "строка", "",
+           None, b"bytes", {1, 2}, (), np.array([1.0, 2.0]), np.float64("nan"), _Nasty(),
+           [_Nasty()], {"bytes_per_token": _Nasty(), "total_gib": _Nasty()}, _cyclic(), 10**400,
+           1 + 2j, True, {"bytes_per_token": "a", "total_gib": None}, print]  # fmt: skip
+
+
+@pytest.mark.parametrize("answer", GARBAGE, ids=range(len(GARBAGE)))
+@pytest.mark.parametrize("ex_id", ["t.num", "t.kv"])
+def test_garbage_never_raises(registry, ex_id, answer, capsys):
+    result = grading.check(ex_id, answer)
+    assert result.status in {"wrong", "malformed"} and not result
+    assert result.message and capsys.readouterr().out
+
+
+def test_raising_compare_is_malformed(registry):
+    def bad_compare(expected, given, rtol):
+        raise KeyError("optimizer")
+
+    grading.register(replace(NUMERIC, id="t.bad", compare=bad_compare))
+    result = grading.check("t.bad", 5)
+    assert result.status == "malformed" and "не удалось сравнить" in result.message
+    assert "KeyError" in result.message and "optimizer" in result.message
+
+
+# ---------------------------------------------------------------- варианты
+def test_task_is_deterministic_per_variant(registry):
+    for variant in range(5):
+        assert grading.task("t.num", variant) == grading.task("t.num", variant)
+        assert grading.task("t.kv", variant) == grading.task("t.kv", variant)
+    assert len({grading.task("t.num", v)["n"] for v in range(10)}) > 1
+    assert grading.task("t.num") == grading.task("t.num", 0)
+
+
+def test_new_variant_changes_numbers_and_check_uses_it(registry, progress_path, capsys):
+    old_task, old_ref = grading.task("t.num"), grading.reference("t.num")
+    fresh = grading.new_variant("t.num")
+    assert "вариант 1" in capsys.readouterr().out
+    assert fresh == grading.task("t.num") == grading.task("t.num", 1)
+    assert fresh["n"] != old_task["n"]
+    assert _stored(progress_path)["t.num"]["variant"] == 1
+    assert not grading.check("t.num", old_ref)
+    assert grading.check("t.num", grading.reference("t.num"))
+    assert grading.reference("t.num", 0) == old_ref
+
+
+def test_evaluate_records_nothing(registry, progress_path):
+    assert grading.evaluate("t.kv", grading.reference("t.kv", 3), variant=3)
+    assert grading.evaluate("t.kv", ____).status == "not_attempted"
+    assert not progress_path.exists()
+
+
+# ---------------------------------------------------------------- реестр
+def test_unknown_id_is_value_error(registry):
+    for call in (lambda: grading.check("t.nope", 1), lambda: grading.task("t.nope"),
+                 lambda: grading.solution("t.nope"), lambda: grading.hint(None)):  # fmt: skip
+        with pytest.raises(ValueError, match="t.num"):
+            call()
+    with pytest.raises(ValueError, match="ещё не вошло"):
+        grading.check("12.5.13", 1)
+
+
+def test_register_rules(registry):
+    with pytest.raises(ValueError, match="уже зарегистрировано"):
+        grading.register(NUMERIC)
+    with pytest.raises(TypeError):
+        grading.register("t.num")
+    with pytest.raises(ValueError):
+        replace(KV, misconceptions=[KV.misconceptions[0], KV.misconceptions[0]])
+
+
+def test_register_outside_override_requires_course_id():
+    before = grading.exercise_ids()
+    with pytest.raises(ValueError, match="COURSE_STEPS"):
+        grading.register(replace(NUMERIC, id="t.outside"))
+    with grading.registry_override():
+        grading.register(replace(NUMERIC, id="t.inside"))
+        assert grading.exercise_ids() == ["t.inside"]
+    assert grading.exercise_ids() == before
+
+
+def test_registry_override_restores_after_error():
+    before = grading.exercise_ids()
+    with pytest.raises(RuntimeError), grading.registry_override():
+        grading.register(replace(NUMERIC, id="t.tmp"))
+        raise RuntimeError
+    assert grading.exercise_ids() == before
+    with pytest.raises(ValueError, match="Известные"):
+        grading.task("t.tmp")
+
+
+def test_shipped_registry_uses_course_ids():
+    from course_utils import exercises
+
+    assert exercises.LESSON_MODULES == tuple(f"lesson_12_{i}" for i in range(1, 6))
+    assert exercises.LOAD_ERRORS == {}, f"модули уроков не загрузились: {exercises.LOAD_ERRORS}"
+    ids = grading.exercise_ids()
+    assert set(ids) <= set(grading.COURSE_STEPS)
+    assert ids == [key for key in grading.COURSE_STEPS if key in ids]
+
+
+def test_course_steps_table():
+    expected = ["12.1.6", "12.1.7", *(f"12.2.{k}" for k in range(6, 9)),
+                *(f"12.3.{k}" for k in range(6, 10)), *(f"12.4.{k}" for k in range(6, 10)),
+                *(f"12.5.{k}" for k in range(6, 14))]  # fmt: skip
+    assert list(grading.COURSE_STEPS) == expected
+    assert all(topic and topic.strip() for topic in grading.COURSE_STEPS.values())
+
+
+def test_progress_table(registry):
+    grading.register(replace(NUMERIC, id="12.2.6"))
+    grading.register(replace(NUMERIC, id="12.2.7"))
+    grading.check("12.2.6", grading.reference("12.2.6"))
+    table = grading.progress()
+    assert len(table) == 21 and list(table["id"]) == list(grading.COURSE_STEPS)
+    assert {"id", "тема", "попыток", "решено", "вариант", "последняя попытка"} <= set(table.columns)
+    rows = table.set_index("id")
+    assert rows.loc["12.2.6", "статус"] == "решено" and rows.loc["12.2.6", "попыток"] == 1
+    assert rows.loc["12.2.7", "статус"] == "не начато"
+    assert rows.loc["12.5.13", "статус"] == "нет в этой версии"
+
+
+# ---------------------------------------------------------------- answers_match
+def test_answers_match_numbers():
+    assert answers_match(100.0, 100.09, rtol=1e-3)
+    assert not answers_match(100.0, 100.2, rtol=1e-3)
+    assert answers_match(100, 102, rtol=0.05)
+    assert answers_match(0.0, 1e-12) and not answers_match(0.0, 1e-3)
+    assert answers_match(3, 3.0) and answers_match(2**40, 2**40)
+    assert not answers_match(1.0, float("nan")) and not answers_match(1.0, float("inf"))
+    assert answers_match(float("inf"), float("inf"))
+    assert answers_match(True, True) and not answers_match(True, 1) and not answers_match(1, True)
+    assert not answers_match(1, "1")
+
+
+def test_answers_match_containers_and_strings():
+    assert answers_match("  Генерация ", "генерация") and answers_match("ЕЩЁ", "еще")
+    assert not answers_match("train", "generate")
+    assert answers_match({"a": 1.0, "b": [1, 2]}, {"A ": 1.0001, "b": (1, 2)})
+    assert not answers_match({"a": 1}, {"a": 1, "b": 2})
+    assert not answers_match({"a": 1}, {"a": 2})
+    assert not answers_match([1, 2], [1, 2, 3]) and not answers_match([1, 2], {1, 2})
+    assert answers_match({"Rule A", "rule b"}, {"rule a", "RULE B"})
+    assert answers_match({3, 5}, [5, 3]) and not answers_match({3, 5}, {3})
+    assert answers_match(None, None) and not answers_match(None, 0)
+
+
+def test_answers_match_numpy_and_torch():
+    assert answers_match(2.0, np.float32(2.0)) and answers_match(7, np.int64(7))
+    assert answers_match([1.0, 2.0], np.array([1.0, 2.0])) and answers_match(1.5, np.array(1.5))
+    assert answers_match({1, 2}, np.array([2, 1])) and answers_match(True, np.bool_(True))
+    assert not answers_match([1.0, 2.0], np.array([1.0, 2.5]))
+    assert not answers_match(1.0, _Nasty()) and not answers_match(_Nasty(), 1.0)
+    torch = pytest.importorskip("torch")
+    assert answers_match(0.25, torch.tensor(0.25)) and answers_match([1, 2], torch.tensor([1, 2]))
+
+
+# ---------------------------------------------------------------- показ в ноутбуке
+class _FakeShell:
+    execution_count = 5
+
+
+def test_check_result_is_not_displayed_twice(registry, monkeypatch, capsys):
+    shell = _FakeShell()
+    monkeypatch.setattr(grading, "_shell", lambda: shell)
+    result = grading.check("t.num", 1)
+    assert "пока неверно" in capsys.readouterr().out
+    result._ipython_display_()  # последнее выражение той же ячейки: не повторяем отзыв
+    assert capsys.readouterr().out == ""
+    shell.execution_count = 6
+    result._ipython_display_()  # показ в другой ячейке: отзыв виден
+    assert "пока неверно" in capsys.readouterr().out
+    result._ipython_display_()
+    assert "пока неверно" in capsys.readouterr().out
+
+
+def test_markdown_under_a_kernel(registry, monkeypatch):
+    display_mod = pytest.importorskip("IPython.display")
+    shown = []
+    shell = _FakeShell()
+    shell.kernel = object()
+    monkeypatch.setattr(grading, "_shell", lambda: shell)
+    monkeypatch.setattr(display_mod, "display", lambda obj, raw=False: shown.append((obj, raw)))
+    grading.check("t.num", ____)
+    ((bundle, raw),) = shown
+    assert raw and "**" in bundle["text/markdown"] and "ещё не решено" in bundle["text/plain"]
