@@ -1,0 +1,854 @@
+"""Уровень C: настоящие процессы ОС под ``torch.distributed`` и запускатель для ячейки ноутбука.
+
+``launch("пакет.модуль:функция", nprocs=2, args={...})`` запускает ``nprocs`` отдельных процессов
+Python (каждый в своей сессии и группе процессов), выдаёт им окружение как у ``torchrun``
+(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, свободный MASTER_PORT),
+ждёт их с дедлайном и возвращает ``LaunchResult``: словарь результата каждого ранга, время,
+а при сбое — ранг, код выхода и хвост его stderr (трассировку Python). По таймауту или после
+сбоя одного ранга остальные процессы убиваются целой группой (SIGKILL), сиротами ничего не
+остаётся. Родительский процесс группу ``torch.distributed`` не создаёт.
+
+Каждый процесс: читает окружение, вызывает ``dist.init_process_group(backend, timeout=...)``
+(init_method env://), затем ``fn(rank=..., world_size=..., backend=..., **args)``; функция
+возвращает JSON-сериализуемый словарь, он атомарно пишется в ``<result-dir>/rank_<r>.json``,
+после чего ``dist.destroy_process_group()``. stdout и stderr ранга пишутся в
+``<result-dir>/rank_<r>.stdout.txt`` и ``rank_<r>.stderr.txt``. Функция должна лежать в
+импортируемом модуле (не в ячейке ноутбука: ``__main__`` ноутбука из дочернего процесса не
+импортируется).
+
+Бэкенд по умолчанию: "nccl", если есть CUDA и GPU не меньше, чем процессов, иначе "gloo".
+
+Те же точки входа без изменений работают под ``torchrun`` (на нескольких GPU или узлах)::
+
+    torchrun --standalone --nproc_per_node=2 -m course_utils.multiproc \\
+        --entry course_utils.multiproc:smoke_allreduce --result-dir runs/smoke \\
+        --args '{"numel": 4096}'
+
+Без переменных RANK/WORLD_SIZE (запуск не из torchrun) ``python -m course_utils.multiproc
+--entry ... --nprocs 2`` сам работает как запускатель ``launch`` и печатает сводку.
+
+Для проверки есть точки входа ``smoke_allreduce`` (all-reduce с замером времени),
+``fail_on_rank`` (намеренная ошибка на одном ранге) и ``sleep_forever`` (для таймаута).
+Запускатель рассчитан на Linux и macOS (группы процессов POSIX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("gloo", "nccl")
+MAX_NPROCS = 64
+STDERR_TAIL_LINES = 30
+# Сколько ждать остальные ранги после первого сбоя, прежде чем убить их (они зависли бы в
+# коллективной операции), с.
+FAILURE_GRACE_S = 1.0
+# Сколько ждать, пока зависшие процессы напечатают стек по SIGUSR1 перед SIGKILL, с.
+STACK_DUMP_WAIT_S = 0.3
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_RESERVED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "COURSE_RUN_DIR",
+)
+_RESERVED_ARGS = ("rank", "world_size", "backend")
+
+
+# ----------------------------------------------------------------------------- результаты
+
+
+@dataclass
+class RankFailure:
+    """Сбой одного ранга: код выхода (отрицательный — убит сигналом) и хвост его stderr."""
+
+    rank: int
+    exitcode: int | None
+    stderr_tail: str
+    killed: bool = False  # True: ранг остановил запускатель (таймаут или сбой другого ранга)
+
+    def describe(self, max_lines: int | None = None, note: str = "") -> str:
+        """Описание по-русски: ранг, код выхода или сигнал, затем хвост stderr (≤ max_lines строк).
+
+        Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
+        """
+        if self.killed:
+            head = f"Ранг {self.rank}{note}: остановлен запускателем (SIGKILL)"
+            lines = _hang_frames(self.stderr_tail)
+            if lines:
+                head += ", где он ждал (самый глубокий вызов первым):"
+                lines = lines if max_lines is None else lines[:max_lines]
+        else:
+            if self.exitcode is not None and self.exitcode < 0:
+                head = f"Ранг {self.rank}{note}: убит сигналом {_signal_name(-self.exitcode)}"
+            elif self.exitcode == 0:
+                head = f"Ранг {self.rank}{note}: вышел с кодом 0, но не записал результат"
+            else:
+                head = f"Ранг {self.rank}{note}: код выхода {self.exitcode}"
+            lines = [ln for ln in self.stderr_tail.splitlines() if ln.strip()]
+            if max_lines is not None:
+                lines = lines[-max_lines:] if max_lines > 0 else []
+        return "\n".join([head, *("    " + ln for ln in lines)])
+
+
+@dataclass(repr=False)
+class LaunchResult:
+    """Итог запуска: статус "ok" | "failed" | "timeout", результаты по рангам и сбои."""
+
+    ok: bool
+    status: str
+    nprocs: int
+    backend: str
+    wall_s: float
+    results: list[dict | None]
+    failures: list[RankFailure] = field(default_factory=list)
+    entry: str = ""
+    run_dir: str = ""
+    pids: list[int] = field(default_factory=list)
+    exitcodes: list[int | None] = field(default_factory=list)
+    timeout_s: float = math.nan
+
+    def summary(self) -> str:
+        """Сводка по-русски: функция, число процессов, бэкенд, время; при сбое — ранги и ошибки."""
+        procs = f"{self.nprocs} {_plural(self.nprocs, 'процесс', 'процесса', 'процессов')}"
+        head = f"Запуск {self.entry}: {procs}, бэкенд {self.backend}"
+        if self.status == "ok":
+            return f"{head} — успешно за {self.wall_s:.2f} с."
+        if self.status == "timeout":
+            lines = [
+                f"{head} — ТАЙМАУТ: не уложились в {self.timeout_s:g} с, "
+                f"все процессы остановлены (SIGKILL)."
+            ]
+            lines += [f.describe(max_lines=3) for f in self.failures]
+        else:
+            lines = [f"{head} — ОШИБКА за {self.wall_s:.2f} с."]
+            for i, f in enumerate(self.failures):
+                if i == 0:
+                    lines.append(f.describe())
+                else:
+                    note = f" (после сбоя ранга {self.failures[0].rank})"
+                    lines.append(f.describe(max_lines=3, note=note))
+        if self.run_dir:
+            lines.append(f"Журналы процессов: {self.run_dir}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return (
+            f"LaunchResult(status={self.status!r}, nprocs={self.nprocs}, "
+            f"backend={self.backend!r}, wall_s={self.wall_s:.2f}, failures={len(self.failures)})"
+        )
+
+    def raise_for_status(self) -> LaunchResult:
+        """Бросает RuntimeError со сводкой, если запуск не успешен; иначе возвращает self."""
+        if not self.ok:
+            raise RuntimeError(self.summary())
+        return self
+
+    def log(self, rank: int, stream: str = "stdout") -> str:
+        """Текст журнала ранга: stream = "stdout" или "stderr"."""
+        if not isinstance(rank, int) or not 0 <= rank < self.nprocs:
+            raise ValueError(f"rank должен быть целым в [0, {self.nprocs - 1}], получено {rank!r}")
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream должен быть 'stdout' или 'stderr', получено {stream!r}")
+        path = Path(self.run_dir) / f"rank_{rank}.{stream}.txt"
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+    def results_frame(self):
+        """Таблица pandas: строка на ранг, столбец rank и скалярные поля верхнего уровня."""
+        import pandas as pd
+
+        rows = []
+        for rank, res in enumerate(self.results):
+            row: dict[str, Any] = {"rank": rank}
+            for key, value in (res or {}).items():
+                if key != "rank" and (value is None or isinstance(value, str | numbers.Number)):
+                    row[key] = value
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+_THREAD_HEADER = re.compile(
+    r"^(Current thread|Thread) 0x[0-9a-fA-F]+ .*\(most recent call first\):"
+)
+
+
+def _hang_frames(stderr_text: str) -> list[str]:
+    """Кадры главного потока из дампа faulthandler (самый глубокий вызов первым)."""
+    blocks: list[list[str]] = []
+    for line in stderr_text.splitlines():
+        if _THREAD_HEADER.match(line.strip()):
+            blocks.append([])
+        elif blocks and line.strip().startswith("File "):
+            blocks[-1].append(line.strip())
+    main_blocks = [b for b in blocks if any("_run_module_as_main" in ln for ln in b)]
+    if not main_blocks:
+        return []
+    frames = [ln for ln in main_blocks[-1] if "<frozen runpy>" not in ln]
+    internal = ("in <module>", "in main", "in _child_main")
+    return [ln for ln in frames if not any(k in ln for k in internal)] or frames
+
+
+def _plural(n: int, one: str, few: str, many: str) -> str:
+    if n % 10 == 1 and n % 100 != 11:
+        return one
+    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
+        return few
+    return many
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+# ----------------------------------------------------------------------------- проверки
+
+
+def _resolve_entry(entry: Any):
+    """Импортирует "пакет.модуль:функция" и возвращает функцию; ValueError с понятным текстом."""
+    if not isinstance(entry, str) or entry.count(":") != 1:
+        raise ValueError(
+            f"entry должно иметь вид 'пакет.модуль:функция' (ровно одно двоеточие), "
+            f"получено {entry!r}"
+        )
+    module_name, func_name = entry.split(":")
+    parts = module_name.split(".")
+    if not all(p.isidentifier() for p in parts) or not func_name.isidentifier():
+        raise ValueError(
+            f"entry: '{module_name}' должно быть именем модуля, '{func_name}' — именем функции "
+            f"(пример: 'course_utils.multiproc:smoke_allreduce')"
+        )
+    if module_name == "__main__":
+        raise ValueError(
+            "entry: функцию из ячейки ноутбука (__main__) дочерний процесс импортировать не "
+            "может; положите её в файл .py и укажите 'модуль:функция'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(
+            f"entry: не удалось импортировать модуль '{module_name}': {type(exc).__name__}: {exc}"
+        ) from exc
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        raise ValueError(f"entry: в модуле '{module_name}' нет функции '{func_name}'")
+    if not callable(fn):
+        raise ValueError(f"entry: '{entry}' не является функцией")
+    return module, fn
+
+
+def _check_args(args: Any) -> dict:
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise ValueError(f"args должно быть словарём или None, получено {type(args)}")
+    bad_keys = [k for k in args if not isinstance(k, str)]
+    if bad_keys:
+        raise ValueError(f"args: ключи должны быть строками, получено {bad_keys}")
+    reserved = sorted(set(args) & set(_RESERVED_ARGS))
+    if reserved:
+        raise ValueError(f"args не должен содержать {reserved}: их задаёт запускатель")
+    try:
+        json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"args должно быть JSON-сериализуемым (числа, строки, списки, словари): {exc}"
+        ) from exc
+    return dict(args)
+
+
+def _check_env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
+    out = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"env: имя переменной должно быть непустой строкой, получено {key!r}")
+        if key in _RESERVED_ENV:
+            raise ValueError(f"env: переменную {key} задаёт запускатель, её нельзя переопределить")
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ValueError(
+                f"env: значение {key} должно быть строкой или числом, получено {value!r}"
+            )
+        out[key] = str(value)
+    return out
+
+
+def default_backend(nprocs: int) -> str:
+    """Бэкенд по умолчанию: "nccl", если CUDA доступна и GPU ≥ nprocs, иначе "gloo"."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs должно быть целым ≥ 1, получено {nprocs!r}")
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs:
+        return "nccl"
+    return "gloo"
+
+
+def _check_backend(backend: Any, nprocs: int) -> str:
+    if backend is None:
+        return default_backend(nprocs)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend должен быть одним из {BACKENDS} или None, получено {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_gpu < nprocs:
+            raise ValueError(
+                f"backend='nccl' требует по GPU на процесс: nprocs={nprocs}, доступно GPU: {n_gpu}"
+                f"; на CPU используйте backend='gloo'"
+            )
+    return backend
+
+
+# ----------------------------------------------------------------------------- запускатель
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pythonpath(extra_dirs: list[str]) -> str:
+    dirs: list[str] = []
+    for d in [*extra_dirs, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if d and d not in dirs:
+            dirs.append(d)
+    return os.pathsep.join(dirs)
+
+
+def _module_root(module) -> str | None:
+    """Каталог, из которого импортируется пакет верхнего уровня модуля entry."""
+    top = sys.modules.get(module.__name__.split(".")[0])
+    path = getattr(top, "__file__", None)
+    if not path:
+        return None
+    p = Path(path).resolve()
+    return str(p.parent.parent if p.name == "__init__.py" else p.parent)
+
+
+def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-n:])
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _stop_all(procs: list[subprocess.Popen], dump_stacks: bool) -> list[int]:
+    """Убивает группы всех ещё живых процессов; возвращает ранги, которые пришлось убить."""
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    if alive and dump_stacks and hasattr(signal, "SIGUSR1"):
+        for r in alive:  # стек зависшего процесса попадёт в его stderr (faulthandler)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(procs[r].pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_WAIT_S)
+    for p in procs:  # и живые, и завершившиеся: в группе могли остаться их дочерние процессы
+        _kill_group(p.pid, signal.SIGKILL)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+    return alive
+
+
+def _run_once(
+    entry: str,
+    nprocs: int,
+    args: dict,
+    timeout_s: float,
+    backend: str,
+    env: dict[str, str],
+    run_dir: Path,
+    extra_paths: list[str],
+) -> LaunchResult:
+    port = _free_port()
+    base_env = dict(os.environ)
+    base_env.update(env)
+    base_env["PYTHONPATH"] = _pythonpath(extra_paths)
+    base_env.setdefault("PYTHONUNBUFFERED", "1")
+    if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+        base_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
+    cmd_tail = [
+        "--entry",
+        entry,
+        "--result-dir",
+        str(run_dir),
+        "--args",
+        json.dumps(args),
+        "--backend",
+        backend,
+        "--timeout-s",
+        repr(float(timeout_s)),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    for rank in range(nprocs):
+        for suffix in ("json", "stdout.txt", "stderr.txt"):
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / f"rank_{rank}.{suffix}").unlink()
+
+    procs: list[subprocess.Popen] = []
+    exit_at: list[float | None] = [None] * nprocs
+    changed = threading.Event()
+
+    def waiter(rank: int) -> None:
+        procs[rank].wait()
+        exit_at[rank] = time.monotonic()
+        changed.set()
+
+    start = time.monotonic()
+    deadline = start + timeout_s
+    status = "ok"
+    killed: list[int] = []
+    try:
+        for rank in range(nprocs):
+            child_env = dict(base_env)
+            child_env.update(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(nprocs),
+                LOCAL_WORLD_SIZE=str(nprocs),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                COURSE_RUN_DIR=str(run_dir),
+            )
+            with (
+                open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
+                open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
+            ):
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "course_utils.multiproc", *cmd_tail],
+                        env=child_env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
+                    )
+                )
+        for rank in range(nprocs):
+            threading.Thread(target=waiter, args=(rank,), daemon=True).start()
+
+        first_failure_at: float | None = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            if any(c not in (None, 0) for c in codes) and first_failure_at is None:
+                first_failure_at = now
+            if first_failure_at is not None and now >= first_failure_at + FAILURE_GRACE_S:
+                status = "failed"
+                killed = _stop_all(procs, dump_stacks=True)
+                break
+            if now >= deadline:
+                status = "timeout"
+                killed = _stop_all(procs, dump_stacks=True)
+                break
+            wake = deadline if first_failure_at is None else first_failure_at + FAILURE_GRACE_S
+            changed.wait(timeout=max(0.0, min(wake - now, 0.5)))
+            changed.clear()
+    finally:
+        # Исключение (в том числе KeyboardInterrupt в ноутбуке) не должно оставить процессы.
+        _stop_all(procs, dump_stacks=False)
+    wall_s = time.monotonic() - start
+
+    results: list[dict | None] = [None] * nprocs
+    failures: list[RankFailure] = []
+    for rank, p in enumerate(procs):
+        path = run_dir / f"rank_{rank}.json"
+        if p.returncode == 0 and path.exists():
+            results[rank] = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            failures.append(
+                RankFailure(
+                    rank=rank,
+                    exitcode=p.returncode,
+                    stderr_tail=_tail(run_dir / f"rank_{rank}.stderr.txt"),
+                    killed=rank in killed,
+                )
+            )
+    # Первым — ранг, упавший раньше всех: это причина, остальные — следствия.
+    failures.sort(
+        key=lambda f: (f.killed, 0.0 if f.killed else exit_at[f.rank] or math.inf, f.rank)
+    )
+    if status == "ok" and failures:
+        status = "failed"
+    return LaunchResult(
+        ok=status == "ok",
+        status=status,
+        nprocs=nprocs,
+        backend=backend,
+        wall_s=wall_s,
+        results=results,
+        failures=failures,
+        entry=entry,
+        run_dir=str(run_dir),
+        pids=[p.pid for p in procs],
+        exitcodes=[p.returncode for p in procs],
+        timeout_s=float(timeout_s),
+    )
+
+
+def _port_collision(result: LaunchResult) -> bool:
+    return any(
+        "EADDRINUSE" in f.stderr_tail or "address already in use" in f.stderr_tail.lower()
+        for f in result.failures
+    )
+
+
+def launch(
+    entry: str,
+    nprocs: int = 2,
+    args: dict | None = None,
+    timeout_s: float = 120,
+    backend: str | None = None,
+    env: dict | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> LaunchResult:
+    """Запускает fn из entry в nprocs процессах ОС под torch.distributed; время wall_s в секундах.
+
+    entry — "пакет.модуль:функция"; функция вызывается как fn(rank=, world_size=, backend=,
+    **args) и возвращает JSON-сериализуемый словарь. 1 ≤ nprocs ≤ 64, timeout_s > 0 (с) — общий
+    дедлайн; backend ∈ {"gloo", "nccl"} или None (выбор по наличию GPU); env — добавочные
+    переменные окружения; run_dir — каталог результатов и журналов (по умолчанию временный).
+    """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_NPROCS:
+        raise ValueError(f"nprocs должно быть целым в [1, {MAX_NPROCS}], получено {nprocs!r}")
+    if not isinstance(timeout_s, numbers.Real) or isinstance(timeout_s, bool):
+        raise ValueError(f"timeout_s должно быть числом секунд > 0, получено {timeout_s!r}")
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(
+            f"timeout_s должно быть конечным числом секунд > 0, получено {timeout_s!r}"
+        )
+    args = _check_args(args)
+    env = _check_env(env)
+    module, fn = _resolve_entry(entry)
+    backend = _check_backend(backend, nprocs)
+    try:
+        inspect.signature(fn).bind(rank=0, world_size=nprocs, backend=backend, **args)
+    except TypeError as exc:
+        raise ValueError(
+            f"entry '{entry}' нельзя вызвать как fn(rank=, world_size=, backend=, **args) "
+            f"с args={args}: {exc}"
+        ) from exc
+    except ValueError:
+        pass  # сигнатуру встроенной функции не прочитать — проверит дочерний процесс
+    if os.name != "posix":
+        raise RuntimeError("launch работает только в Linux и macOS (нужны группы процессов POSIX)")
+
+    if run_dir is None:
+        run_path = Path(tempfile.mkdtemp(prefix="course_launch_"))
+    else:
+        if not isinstance(run_dir, str | os.PathLike):
+            raise ValueError(f"run_dir должно быть путём или None, получено {run_dir!r}")
+        run_path = Path(run_dir).resolve()
+        run_path.mkdir(parents=True, exist_ok=True)
+    extra_paths = [str(_REPO_ROOT)]
+    root = _module_root(module)
+    if root:
+        extra_paths.append(root)
+    result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path, extra_paths)
+    if result.status == "failed" and _port_collision(result):
+        # Свободный порт успел занять кто-то другой: одна повторная попытка с новым портом.
+        result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path, extra_paths)
+    return result
+
+
+# ----------------------------------------------------------------------------- дочерний процесс
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Пишет файл атомарно: временный файл в том же каталоге, fsync, os.replace."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp создаёт 0600; результат должны читать и другие
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise RuntimeError(
+            f"переменная окружения {name} должна быть целым числом, получено {value!r}"
+        ) from None
+
+
+def local_device(backend: str):
+    """Устройство ранга: cuda:LOCAL_RANK для "nccl", иначе cpu (torch.device)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend должен быть одним из {BACKENDS}, получено {backend!r}")
+    import torch
+
+    if backend == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+class _ReportedError(Exception):
+    """Ошибка функции ранга, трассировка которой уже напечатана в stderr."""
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Если запускатель умер (процесс осиротел), ранг завершается сам."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+
+    threading.Thread(target=loop, daemon=True, name="parent-watchdog").start()
+
+
+def _child_main(ns: argparse.Namespace) -> int:
+    import datetime
+
+    if hasattr(signal, "SIGUSR1"):
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if ns.parent_pid:
+        _watch_parent(ns.parent_pid)
+    rank = _env_int("RANK")
+    world_size = _env_int("WORLD_SIZE")
+    if ns.result_dir:
+        os.environ.setdefault("COURSE_RUN_DIR", str(Path(ns.result_dir).resolve()))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    args = json.loads(ns.args) if ns.args else {}
+    _, fn = _resolve_entry(ns.entry)
+
+    import torch
+    import torch.distributed as dist
+
+    backend = ns.backend
+    if backend is None:
+        backend = (
+            "nccl"
+            if torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+            else "gloo"
+        )
+    init_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=ns.timeout_s)}
+    if backend == "nccl":
+        device = local_device(backend)
+        torch.cuda.set_device(device)
+        init_kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method="env://", **init_kwargs)
+    try:
+        result = fn(rank=rank, world_size=world_size, backend=backend, **args)
+    except Exception as exc:
+        # Трассировка начинается с кадра функции пользователя: кадры обёртки ему не нужны.
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.stderr.flush()
+        raise _ReportedError from exc
+    if not isinstance(result, dict):
+        raise TypeError(
+            f"функция {ns.entry} должна вернуть словарь (JSON), вернула {type(result).__name__}"
+        )
+    try:
+        text = json.dumps(result, ensure_ascii=False, indent=1)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"результат {ns.entry} не сериализуется в JSON: {exc}") from exc
+    if ns.result_dir:
+        out_dir = Path(ns.result_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(out_dir / f"rank_{rank}.json", text)
+    else:
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.multiproc",
+        description="Точка входа ранга (под launch или torchrun) или запускатель (без RANK).",
+    )
+    parser.add_argument("--entry", required=True, help="'пакет.модуль:функция'")
+    parser.add_argument("--result-dir", default=None, help="каталог для rank_<r>.json")
+    parser.add_argument("--args", default="{}", help="аргументы функции, JSON-словарь")
+    parser.add_argument("--backend", choices=BACKENDS, default=None)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="таймаут, с")
+    parser.add_argument("--nprocs", type=int, default=2, help="только в режиме запускателя")
+    parser.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ранг (если RANK и WORLD_SIZE заданы, как в torchrun) или запускатель launch."""
+    ns = _parse(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return _child_main(ns)
+        except _ReportedError:
+            return 1
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            return 1
+    result = launch(
+        ns.entry,
+        nprocs=ns.nprocs,
+        args=json.loads(ns.args),
+        timeout_s=ns.timeout_s,
+        backend=ns.backend,
+        run_dir=ns.result_dir,
+    )
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+# ----------------------------------------------------------------------------- точки входа
+
+
+def _sync_if_cuda(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def smoke_allreduce(
+    rank: int, world_size: int, backend: str, numel: int = 1024, repeats: int = 5
+) -> dict:
+    """Проверка связи: all_reduce(SUM) тензора из (rank+1); ожидается Σ_{r=1..W} r = W(W+1)/2.
+
+    Каждый из repeats замеров — время одного all_reduce в секундах (perf_counter, с
+    синхронизацией CUDA на GPU). bytes = numel · 4 (float32).
+    """
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+        raise ValueError(f"numel должно быть целым ≥ 1, получено {numel!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats должно быть целым ≥ 1, получено {repeats!r}")
+    import torch
+    import torch.distributed as dist
+
+    device = local_device(backend)
+    base = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
+    expected = world_size * (world_size + 1) / 2
+    times_s = []
+    value = math.nan
+    for _ in range(repeats):
+        t = base.clone()
+        _sync_if_cuda(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        _sync_if_cuda(device)
+        times_s.append(time.perf_counter() - t0)
+        if not bool(torch.all(t == expected)):
+            raise RuntimeError(
+                f"all_reduce дал неверную сумму на ранге {rank}: ожидалось {expected}, "
+                f"получено от {t.min().item()} до {t.max().item()}"
+            )
+        value = float(t[0].item())
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "backend": backend,
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "device": str(device),
+        "numel": numel,
+        "bytes": numel * 4,
+        "value": value,
+        "expected": expected,
+        "times_s": times_s,
+        "median_s": statistics.median(times_s),
+    }
+
+
+def fail_on_rank(rank: int, world_size: int, backend: str, bad_rank: int = 1) -> dict:
+    """Для проверки отчёта о сбое: ранг bad_rank бросает RuntimeError, остальные ждут в barrier.
+
+    Остальные ранги зависли бы (или упали) в barrier — запускатель должен их остановить.
+    0 ≤ bad_rank < world_size.
+    """
+    if (
+        isinstance(bad_rank, bool)
+        or not isinstance(bad_rank, int)
+        or not 0 <= bad_rank < world_size
+    ):
+        raise ValueError(
+            f"bad_rank должно быть целым в [0, {world_size - 1}], получено {bad_rank!r}"
+        )
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise RuntimeError(f"намеренная ошибка на ранге {bad_rank}")
+    dist.barrier()
+    return {"rank": rank, "pid": os.getpid()}
+
+
+def sleep_forever(rank: int, world_size: int, backend: str, spawn_grandchild: bool = False) -> dict:
+    """Для проверки таймаута: спит бесконечно (по желанию — с дочерним процессом-«внуком»).
+
+    Внук получает в командной строке путь COURSE_RUN_DIR, а его pid пишется в
+    ``COURSE_RUN_DIR/grandchild_<rank>.pid``: тест проверяет, что убит и он.
+    """
+    if spawn_grandchild:
+        run_dir = os.environ.get("COURSE_RUN_DIR", "")
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(3600)", run_dir],
+            stdin=subprocess.DEVNULL,
+        )
+        if run_dir:
+            _atomic_write_text(Path(run_dir) / f"grandchild_{rank}.pid", str(child.pid))
+    while True:
+        time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

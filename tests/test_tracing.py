@@ -1,0 +1,317 @@
+"""Тесты course_utils.tracing: таймер стадий, перцентили, сводка и диаграмма Ганта."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from course_utils import tracing  # noqa: E402
+from course_utils.tracing import (  # noqa: E402
+    StageTimer,
+    cuda_sync_or_none,
+    gantt,
+    percentiles,
+    stage_summary,
+)
+
+
+class FakeClock:
+    """Детерминированные часы: каждое чтение возвращает следующее значение из списка."""
+
+    def __init__(self, values):
+        self.values = list(values)
+        self.calls = 0
+
+    def __call__(self):
+        value = self.values[self.calls]
+        self.calls += 1
+        return value
+
+
+class SyncCounter:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+# ----------------------------------------------------------------------------- percentiles
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
+def test_percentiles_match_numpy(n):
+    rng = np.random.default_rng(n)
+    values = rng.lognormal(mean=0.0, sigma=1.0, size=n)
+    qs = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
+    got = percentiles(values.tolist(), qs)
+    assert list(got) == ["p0", "p1", "p25", "p50", "p90", "p95", "p99", "p99.9", "p100"]
+    for q in qs:
+        assert got[f"p{q:g}"] == pytest.approx(np.percentile(values, q), rel=1e-12, abs=1e-15)
+
+
+def test_percentiles_default_keys_and_known_values():
+    got = percentiles([4, 4, 5, 5, 5, 6, 6, 20])
+    assert list(got) == ["p50", "p95", "p99"]
+    assert got["p50"] == 5.0
+    # h = 7 * 0.95 = 6.65 → 6 + 0.65 * (20 - 6)
+    assert got["p95"] == pytest.approx(6 + 0.65 * 14)
+    assert percentiles(np.array([1.0, 2.0]), 50) == {"p50": 1.5}
+    assert percentiles(pd.Series([3.0]), (50,)) == {"p50": 3.0}
+
+
+@pytest.mark.parametrize(
+    "values, qs, fragment",
+    [
+        ([], (50,), "values"),
+        ([1.0, math.nan], (50,), "values"),
+        ([1.0, math.inf], (50,), "values"),
+        ([1.0, "2"], (50,), "values"),
+        ("123", (50,), "values"),
+        ([1.0, 2.0], (101,), "[0, 100]"),
+        ([1.0, 2.0], (-1,), "[0, 100]"),
+        ([1.0, 2.0], (), "qs"),
+    ],
+)
+def test_percentiles_bad_input(values, qs, fragment):
+    with pytest.raises(ValueError) as err:
+        percentiles(values, qs)
+    assert fragment in str(err.value)
+
+
+# ----------------------------------------------------------------------------- StageTimer
+
+
+def test_stage_timer_exact_times_with_fake_clock():
+    clock = FakeClock([100.0, 101.0, 103.5, 104.0, 104.25])
+    sync = SyncCounter()
+    timer = StageTimer(worker="gen", sync=sync, clock=clock)
+    with timer.stage("generate", trace_id="r-1", tokens=128):
+        pass
+    with timer.stage("score", trace_id="r-1"):
+        pass
+    assert sync.calls == 4  # по два вызова на стадию
+    assert timer.events == [
+        {
+            "trace_id": "r-1",
+            "worker": "gen",
+            "stage": "generate",
+            "start_s": 1.0,
+            "end_s": 3.5,
+            "tokens": 128,
+        },
+        {"trace_id": "r-1", "worker": "gen", "stage": "score", "start_s": 4.0, "end_s": 4.25},
+    ]
+    assert timer.totals() == {"generate": 2.5, "score": 0.25}
+
+
+def test_stage_timer_sync_before_clock_read():
+    order = []
+    timer = StageTimer(sync=lambda: order.append("sync"), clock=lambda: order.append("clock") or 0)
+    order.clear()
+    with timer.stage("x"):
+        order.append("body")
+    assert order == ["sync", "clock", "body", "sync", "clock"]
+
+
+def test_nested_stages_ordered_by_start_and_counted_in_totals():
+    clock = FakeClock([0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 9.0, 9.5, 10.0])
+    timer = StageTimer(clock=clock)
+    with timer.stage("step"):  # 1 .. 10
+        with timer.stage("forward"):  # 2 .. 5
+            pass
+        with timer.stage("backward"):  # 6 .. 7
+            pass
+        with timer.stage("forward"):  # 9 .. 9.5
+            pass
+    # Внешняя стадия закрывается последней, но стоит первой (порядок начала).
+    assert [e["stage"] for e in timer.events] == ["step", "forward", "backward", "forward"]
+    assert timer.events[0]["start_s"] == 1.0
+    assert timer.totals() == {"step": 9.0, "forward": 3.5, "backward": 1.0}
+    assert clock.calls == 9  # t0 и по два чтения на каждую из четырёх стадий
+
+
+def test_stage_recorded_even_if_block_raises():
+    timer = StageTimer(clock=FakeClock([0.0, 1.0, 3.0]))
+    with pytest.raises(KeyError), timer.stage("load"):
+        raise KeyError("нет файла")
+    assert timer.totals() == {"load": 2.0}
+
+
+def test_record_external_events_and_to_frame_columns():
+    timer = StageTimer(worker="trainer", clock=FakeClock([0.0, 0.5, 1.5]))
+    timer.record("generate", 0.0, 2.0, trace_id="r-7", worker="rank1", tokens=64)
+    with timer.stage("train", trace_id="b-1", step=3):
+        pass
+    frame = timer.to_frame()
+    assert list(frame.columns) == [
+        "trace_id",
+        "worker",
+        "stage",
+        "start_s",
+        "end_s",
+        "duration_s",
+        "tokens",
+        "step",
+    ]
+    assert frame["duration_s"].tolist() == [2.0, 1.0]
+    assert frame["worker"].tolist() == ["rank1", "trainer"]
+    assert len(timer) == 2
+    empty = StageTimer().to_frame()
+    assert list(empty.columns) == list(tracing.BASE_COLUMNS) and len(empty) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"stage": "", "start_s": 0, "end_s": 1}, "stage"),
+        ({"stage": "a", "start_s": 2, "end_s": 1}, "end_s"),
+        ({"stage": "a", "start_s": math.nan, "end_s": 1}, "start_s"),
+        ({"stage": "a", "start_s": 0, "end_s": 1, "duration_s": 5}, "основные столбцы"),
+        ({"stage": "a", "start_s": 0, "end_s": 1, "worker": ""}, "worker"),
+    ],
+)
+def test_record_bad_input(kwargs, fragment):
+    timer = StageTimer()
+    with pytest.raises(ValueError) as err:
+        timer.record(**kwargs)
+    assert fragment in str(err.value)
+
+
+def test_stage_timer_bad_constructor_and_stage_name():
+    with pytest.raises(ValueError, match="worker"):
+        StageTimer(worker="")
+    with pytest.raises(ValueError, match="sync"):
+        StageTimer(sync=1)
+    timer = StageTimer()
+    with pytest.raises(ValueError, match="name"), timer.stage(""):
+        pass
+
+
+def test_cuda_sync_or_none_on_cpu():
+    assert cuda_sync_or_none(None) is None
+    assert cuda_sync_or_none("cpu") is None
+    import torch
+
+    assert cuda_sync_or_none(torch.device("cpu")) is None
+    sync = cuda_sync_or_none("cuda:0")  # только связывает функцию, CUDA не трогает
+    assert callable(sync) and sync.args[0] == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="device"):
+        cuda_sync_or_none("not-a-device")
+    with pytest.raises(ValueError, match="device"):
+        cuda_sync_or_none(3.5)
+
+
+# ----------------------------------------------------------------------------- summary, Gantt
+
+
+def _sample_events(n_workers=4, per_worker=25, seed=0):
+    rng = np.random.default_rng(seed)
+    events = []
+    for w in range(n_workers):
+        t = 0.0
+        for i in range(per_worker):
+            stage = ["generate", "score", "train"][i % 3]
+            d = float(rng.uniform(0.1, 1.0))
+            events.append(
+                {
+                    "trace_id": f"t{i}",
+                    "worker": f"rank{w}",
+                    "stage": stage,
+                    "start_s": t,
+                    "end_s": t + d,
+                }
+            )
+            t += d + 0.05
+    return events
+
+
+def test_stage_summary_shares_add_to_100():
+    frame = pd.DataFrame(_sample_events())
+    summary = stage_summary(frame)
+    assert list(summary.index) == ["generate", "score", "train"]
+    assert list(summary.columns) == ["count", "total_s", "mean_s", "p50_s", "p95_s", "share_pct"]
+    assert summary["share_pct"].sum() == pytest.approx(100.0)
+    assert summary["count"].sum() == len(frame)
+    gen = frame[frame["stage"] == "generate"]
+    dur = gen["end_s"] - gen["start_s"]
+    assert summary.loc["generate", "total_s"] == pytest.approx(dur.sum())
+    assert summary.loc["generate", "p95_s"] == pytest.approx(np.percentile(dur, 95))
+
+
+def test_stage_summary_accepts_timer_and_rejects_bad_input():
+    timer = StageTimer(clock=FakeClock([0.0, 1.0, 2.0, 2.0, 5.0]))
+    with timer.stage("a"):
+        pass
+    with timer.stage("b"):
+        pass
+    summary = stage_summary(timer)
+    assert summary["share_pct"].tolist() == pytest.approx([25.0, 75.0])
+    with pytest.raises(ValueError, match="нет ни одного события"):
+        stage_summary(pd.DataFrame(columns=list(tracing.BASE_COLUMNS)))
+    with pytest.raises(ValueError, match="нет столбцов"):
+        stage_summary(pd.DataFrame({"stage": ["a"]}))
+    with pytest.raises(ValueError, match="end_s < start_s"):
+        stage_summary([{"worker": "w", "stage": "a", "start_s": 2.0, "end_s": 1.0}])
+    with pytest.raises(ValueError, match="frame"):
+        stage_summary(42)
+
+
+@pytest.mark.parametrize("n_workers, per_worker", [(2, 3), (8, 40)])
+def test_gantt_bars_rows_and_labels(n_workers, per_worker):
+    events = _sample_events(n_workers, per_worker)
+    ax = gantt(pd.DataFrame(events), title="профиль")
+    try:
+        assert len(ax.patches) == len(events)
+        assert [t.get_text() for t in ax.get_yticklabels()] == [
+            f"rank{w}" for w in range(n_workers)
+        ]
+        assert ax.get_xlabel() == "время, с"
+        assert ax.get_title() == "профиль"
+        legend = ax.get_legend()
+        assert legend is not None
+        assert [t.get_text() for t in legend.get_texts()] == ["generate", "score", "train"]
+        colors = {}
+        for patch, ev in zip(_patches_by_stage(ax, events), events):
+            colors.setdefault(ev["stage"], set()).add(patch.get_facecolor())
+        assert all(len(c) == 1 for c in colors.values())  # один цвет на стадию
+        assert len({next(iter(c)) for c in colors.values()}) == len(colors)  # разные стадии
+    finally:
+        plt.close(ax.figure)
+
+
+def _patches_by_stage(ax, events):
+    stages = list(dict.fromkeys(e["stage"] for e in events))
+    by_stage = {s: list(c.patches) for s, c in zip(stages, ax.containers)}
+    out = []
+    for e in events:
+        out.append(by_stage[e["stage"]].pop(0))
+    return out
+
+
+def test_gantt_nested_events_drawn_thinner_on_top_and_time_unit():
+    clock = FakeClock([0.0, 0.0, 0.001, 0.002, 0.003])
+    timer = StageTimer(worker="trainer", clock=clock)
+    with timer.stage("step"), timer.stage("forward"):
+        pass
+    fig, ax = plt.subplots()
+    try:
+        out = gantt(timer, ax=ax, time_unit="мс")
+        assert out is ax
+        step_bar, forward_bar = ax.patches
+        assert forward_bar.get_height() < step_bar.get_height()
+        assert forward_bar.get_zorder() > step_bar.get_zorder()
+        assert step_bar.get_width() == pytest.approx(3.0)  # 3 мс
+        assert ax.get_xlabel() == "время, мс"
+        with pytest.raises(ValueError, match="time_unit"):
+            gantt(timer, ax=ax, time_unit="h")
+        with pytest.raises(ValueError, match="нет ни одного события"):
+            gantt([], ax=ax)
+    finally:
+        plt.close(fig)
