@@ -1,0 +1,102 @@
+"""Арифметическая задача курса и её проверяющая система (verifier).
+
+Задача нарочно простая: ответ проверяется точно, поэтому награда — не мнение модели-судьи,
+а детерминированная функция текста. Уровни сложности:
+
+* 1 — сложение однозначных чисел (``7+5``);
+* 2 — сложение или вычитание двузначных чисел (``48-19``);
+* 3 — умножение однозначного на двузначное (``7*38``).
+
+Ответ модели засчитывается, если в нём ровно один тег ``<answer>целое</answer>``.
+Награда — словарь ``{"correctness": 0/1, "format": 0/1}``; версия проверяющей системы
+записывается в каждый роллаут (``VERIFIER_VERSION``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass
+
+VERIFIER_VERSION = "arith-v1"
+DIFFICULTIES = (1, 2, 3)
+DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
+PROMPT_TEMPLATE = "Вычисли: {expression}. Ответ дай в виде <answer>число</answer>."
+
+_ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+_ANY_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ArithTask:
+    """Одна задача: идентификатор, уровень, выражение, верный ответ и текст запроса."""
+
+    task_id: str
+    difficulty: int
+    expression: str
+    answer: int
+    prompt: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_task(rng: random.Random, difficulty: int, task_id: str) -> ArithTask:
+    """Случайная задача уровня ``difficulty`` из генератора ``rng``."""
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty должен быть одним из {DIFFICULTIES}, получено {difficulty!r}")
+    if difficulty == 1:
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        op = "+"
+    elif difficulty == 2:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        op = rng.choice("+-")
+    else:
+        a, b = rng.randint(2, 9), rng.randint(10, 99)
+        op = "*"
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    expression = f"{a}{op}{b}"
+    return ArithTask(
+        task_id, difficulty, expression, value, PROMPT_TEMPLATE.format(expression=expression)
+    )
+
+
+def make_tasks(n: int, seed: int = 0, mix: dict[int, float] | None = None) -> list[ArithTask]:
+    """``n`` задач, детерминированно по ``seed``; уровень выбирается с вероятностями ``mix``.
+
+    По умолчанию ``mix = DEFAULT_MIX`` (30 % / 40 % / 30 % для уровней 1 / 2 / 3).
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n должно быть целым ≥ 1, получено {n!r}")
+    mix = dict(DEFAULT_MIX if mix is None else mix)
+    if not mix or any(k not in DIFFICULTIES for k in mix) or any(w < 0 for w in mix.values()):
+        raise ValueError(f"mix: ключи из {DIFFICULTIES}, веса ≥ 0; получено {mix!r}")
+    if sum(mix.values()) <= 0:
+        raise ValueError(f"mix: сумма весов должна быть > 0, получено {mix!r}")
+    rng = random.Random(seed)
+    levels, weights = zip(*sorted(mix.items()))
+    return [make_task(rng, rng.choices(levels, weights)[0], f"s{seed}-t{i:04d}") for i in range(n)]
+
+
+def target_response(task: ArithTask) -> str:
+    """Эталонный ответ в нужном формате: ``<answer>значение</answer>``."""
+    return f"<answer>{task.answer}</answer>"
+
+
+def verify(response_text: str, task: ArithTask) -> dict[str, float]:
+    """Награда за ответ: ``{"correctness": 1.0 если число верно, "format": 1.0 если формат верен}``.
+
+    Формат верен, если в ответе ровно один тег ``<answer>…</answer>`` и внутри целое число.
+    Правильность засчитывается только при верном формате (иначе ответ нельзя разобрать однозначно).
+    """
+    if not isinstance(response_text, str):
+        raise ValueError(
+            f"response_text должен быть строкой, получено {type(response_text).__name__}"
+        )
+    if not isinstance(task, ArithTask):
+        raise ValueError(f"task должен быть ArithTask, получено {type(task).__name__}")
+    tags = _ANY_TAG_RE.findall(response_text)
+    match = _ANSWER_RE.fullmatch(f"<answer>{tags[0]}</answer>") if len(tags) == 1 else None
+    if match is None:
+        return {"correctness": 0.0, "format": 0.0}
+    return {"correctness": float(int(match.group(1)) == task.answer), "format": 1.0}

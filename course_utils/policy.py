@@ -1,0 +1,783 @@
+"""Уровень B: настоящая причинная языковая модель в RL-контуре.
+
+Что здесь есть:
+
+* ``load_policy`` — модель и токенизатор: ``COURSE_MODEL``, иначе на Colab с GPU
+  ``Qwen/Qwen2.5-0.5B-Instruct``, иначе крошечная модель курса ``data/tiny_arith_lm``;
+  без сети — быстрый откат на крошечную модель с сообщением;
+* арифметическая задача и её проверяющая система (из ``course_utils.arith_task``);
+* ``generate_rollouts`` — семплирование с температурой и top-p, которое записывает
+  логарифм вероятности каждого выбранного токена под тем распределением, из которого он
+  действительно выбран (после температуры и отсечения top-p с перенормировкой);
+* ``recompute_logprobs`` — пересчёт тех же величин тренером (teacher forcing);
+* ``grpo_step`` — групповые преимущества и клиппированная функция потерь по токенам политики;
+* ``sequential_loop`` — однопроцессный эталонный цикл с таймерами всех этапов.
+
+Таймеры на GPU синхронизируют устройство, память на GPU — ``torch.cuda.max_memory_allocated``,
+на CPU — пиковый RSS процесса (так и подписано в результатах).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import os
+import socket
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from course_utils.arith_task import (
+    DEFAULT_MIX,
+    VERIFIER_VERSION,
+    ArithTask,
+    make_tasks,
+    target_response,
+    verify,
+)
+from course_utils.contract import RolloutRecord
+from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
+from course_utils.tracing import StageTimer
+
+__all__ = [
+    "DEFAULT_HUB_MODEL",
+    "TINY_MODEL_DIR",
+    "VERIFIER_VERSION",
+    "ArithTask",
+    "DEFAULT_MIX",
+    "PolicyInfo",
+    "RolloutBatch",
+    "LoopResult",
+    "make_tasks",
+    "target_response",
+    "verify",
+    "resolve_model_name",
+    "pick_device",
+    "pick_dtype",
+    "load_policy",
+    "sampling_logprobs",
+    "generate_rollouts",
+    "recompute_logprobs",
+    "group_advantages",
+    "grpo_step",
+    "sync_weights",
+    "informative_group_fraction",
+    "sequential_loop",
+    "LOOP_STAGES",
+]
+
+DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+TINY_MODEL_NAME = "tiny"
+LOOP_STAGES = (
+    "prepare",
+    "prefill",
+    "decode",
+    "reward",
+    "logprob_recompute",
+    "forward_backward",
+    "optimizer_step",
+    "weight_sync",
+)
+
+
+# --------------------------------------------------------------------------- загрузка модели
+
+
+@dataclass
+class PolicyInfo:
+    """Что именно загружено: модель, число параметров, устройство, тип, был ли откат."""
+
+    model_id: str
+    num_params: int
+    device: str
+    dtype: str
+    is_tiny: bool
+    fell_back: bool = False
+    reason: str = ""
+
+    def describe(self) -> str:
+        """Одна строка для подписей к измерениям уровня B."""
+        name = "крошечная модель курса (data/tiny_arith_lm)" if self.is_tiny else self.model_id
+        return (
+            f"модель: {name}, {self.num_params / 1e6:.2f} млн параметров, "
+            f"устройство: {self.device}, тип: {self.dtype}"
+        )
+
+
+def _on_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def resolve_model_name(name: str | None = None) -> str:
+    """Какую модель берёт уровень B: ``name``, иначе ``COURSE_MODEL``, иначе по окружению.
+
+    На Colab с GPU — ``Qwen/Qwen2.5-0.5B-Instruct``, в остальных случаях — ``"tiny"``
+    (крошечная модель из ``data/tiny_arith_lm``).
+    """
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name должно быть непустой строкой или None, получено {name!r}")
+    if name:
+        return name.strip()
+    env = os.environ.get("COURSE_MODEL", "").strip()
+    if env:
+        return env
+    if _on_colab() and torch.cuda.is_available():
+        return DEFAULT_HUB_MODEL
+    return TINY_MODEL_NAME
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """Устройство: заданное, иначе ``cuda``, если есть GPU, иначе ``cpu``."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: не понимаю устройство {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda', но GPU недоступен; используйте device='cpu'")
+    return dev
+
+
+def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
+    """Тип весов: на CPU float32; на GPU bfloat16, если вычислительная способность ≥ 8.0, иначе float16.
+
+    ``torch.cuda.is_bf16_supported()`` на T4 (7.5) отвечает «да» через эмуляцию, поэтому
+    решение принимается по ``torch.cuda.get_device_capability``.
+    """
+    if dtype is not None:
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, None)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype: допустимы float32, float16, bfloat16; получено {dtype!r}")
+        return dtype
+    if device.type != "cuda":
+        return torch.float32
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
+def _hub_reachable(host: str = "huggingface.co", timeout_s: float = 1.5) -> bool:
+    """Быстрая проверка сети: TCP-соединение с хабом за ``timeout_s`` секунд."""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _load_pretrained(source: str, device: torch.device, dtype: torch.dtype, local_only: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def load_policy(
+    name: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+):
+    """Загружает модель уровня B. Возвращает ``(model, tokenizer, info: PolicyInfo)``.
+
+    Модель с хаба, которую нельзя загрузить (нет сети, ``HF_HUB_OFFLINE=1`` без кэша),
+    заменяется крошечной моделью курса с сообщением на русском — без долгого ожидания сети.
+    """
+    requested = resolve_model_name(name)
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    fell_back, reason = False, ""
+    is_tiny = requested == TINY_MODEL_NAME or Path(requested).resolve() == TINY_MODEL_DIR
+    if is_tiny:
+        source = str(TINY_MODEL_DIR)
+        if not (TINY_MODEL_DIR / "config.json").exists():
+            raise FileNotFoundError(
+                f"Крошечная модель не найдена в {TINY_MODEL_DIR}; пересоберите её: "
+                "python -m course_utils.policy build-tiny-model"
+            )
+        model, tokenizer = _load_pretrained(source, dev, dt, local_only=True)
+    else:
+        source = requested
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+        is_local_dir = Path(requested).is_dir()
+        local_only = offline or is_local_dir or not _hub_reachable()
+        try:
+            model, tokenizer = _load_pretrained(source, dev, dt, local_only=local_only)
+        except (OSError, ValueError) as exc:
+            why = "нет сети или HF_HUB_OFFLINE=1" if local_only else type(exc).__name__
+            reason = f"модель {requested!r} недоступна ({why}); взята крошечная модель курса"
+            print(f"[уровень B] {reason}.")
+            fell_back, is_tiny, source = True, True, str(TINY_MODEL_DIR)
+            model, tokenizer = _load_pretrained(source, dev, dt, local_only=True)
+    info = PolicyInfo(
+        model_id="tiny_arith_lm" if is_tiny else requested,
+        num_params=sum(p.numel() for p in model.parameters()),
+        device=str(dev),
+        dtype=str(dt).replace("torch.", ""),
+        is_tiny=is_tiny,
+        fell_back=fell_back,
+        reason=reason,
+    )
+    return model, tokenizer, info
+
+
+# --------------------------------------------------------------------------- семплирование
+
+
+def _check_decoding(temperature: float, top_p: float) -> None:
+    if not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature должна быть > 0, получено {temperature!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p должно лежать в (0, 1], получено {top_p!r}")
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0):
+    """Логарифмы вероятностей распределения, из которого реально семплируют.
+
+    ``z = logits / T``; токены вне ядра top-p (наименьшее множество самых вероятных
+    токенов с суммарной вероятностью ≥ p) получают ``-inf``; затем
+    ``log μ(y) = z_y − logsumexp(z по оставшимся токенам)`` — вероятности перенормированы.
+    Считается в float32; форма ``[..., vocab]`` сохраняется.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 1:
+        raise ValueError("logits должен быть тензором формы [..., vocab]")
+    _check_decoding(temperature, top_p)
+    z = logits.float() / float(temperature)
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1.0 - top_p)
+        drop_sorted[..., -1] = False  # самый вероятный токен остаётся всегда
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(z, dim=-1)
+
+
+def _cache_kwarg(model) -> str:
+    """Имя аргумента KV-кэша: ``cache`` в transformers ≥ 5.24, раньше ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(output):
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def _forward(model, input_ids, attention_mask, position_ids, cache=None):
+    kwargs = {_cache_kwarg(model): cache} if cache is not None else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **kwargs,
+    )
+    return out.logits[:, -1, :], _returned_cache(out)
+
+
+def _sync_fn(device: torch.device):
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return None
+
+
+def _stop_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return ids
+
+
+def _prompt_ids(tokenizer, task: ArithTask) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": task.prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class RolloutBatch:
+    """Результат генерации: записи контракта, тексты ответов, задачи и времена этапов (с)."""
+
+    records: list[RolloutRecord]
+    texts: list[str]
+    tasks: list[ArithTask]
+    timings: dict[str, float]
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Скорость декодирования: выходные токены / время decode, токен/с."""
+        return self.output_tokens / max(self.timings.get("decode", 0.0), 1e-12)
+
+
+@torch.no_grad()
+def generate_rollouts(
+    model,
+    tokenizer,
+    tasks: list[ArithTask],
+    group_size: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 24,
+    policy_version: int = 0,
+    seed: int = 0,
+    run_id: str = "run",
+    timer: StageTimer | None = None,
+) -> RolloutBatch:
+    """Группы из ``group_size`` ответов на каждую задачу; пакетное декодирование с KV-кэшем.
+
+    Для каждого выбранного токена пишется ``log μ_v(y_t | x, y_<t)`` под распределением
+    ``sampling_logprobs(logits, T, p)`` — тем, из которого он выбран. Этапы (prepare,
+    prefill, decode, reward) записываются в ``timer``; время в секундах.
+    """
+    if not isinstance(tasks, (list, tuple)) or not tasks:
+        raise ValueError("tasks должен быть непустым списком ArithTask")
+    if not all(isinstance(t, ArithTask) for t in tasks):
+        raise ValueError("tasks: каждый элемент должен быть ArithTask (см. make_tasks)")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size должно быть целым ≥ 1, получено {group_size!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens должно быть целым ≥ 1, получено {max_new_tokens!r}")
+    if not isinstance(policy_version, int) or policy_version < 0:
+        raise ValueError(f"policy_version должно быть целым ≥ 0, получено {policy_version!r}")
+    _check_decoding(temperature, top_p)
+    device = next(model.parameters()).device
+    timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    stop = _stop_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
+
+    with timer.stage("prepare"):
+        prompts = [_prompt_ids(tokenizer, t) for t in tasks for _ in range(group_size)]
+        width = max(map(len, prompts))
+        n = len(prompts)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    with timer.stage("prefill"):
+        logits, cache = _forward(model, ids, mask, positions)
+
+    with timer.stage("decode"):
+        out_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        out_logp = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+        lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        stop_t = torch.tensor(sorted(stop), device=device)
+        last_pos = positions[:, -1]
+        for step in range(max_new_tokens):
+            logp = sampling_logprobs(logits, temperature, top_p)
+            token = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            token = torch.where(done, torch.full_like(token, pad_id), token)
+            out_tokens[:, step] = token
+            out_logp[:, step] = logp.gather(-1, token[:, None]).squeeze(-1)
+            finished_now = ~done & torch.isin(token, stop_t)
+            lengths = torch.where(finished_now, torch.full_like(lengths, step + 1), lengths)
+            done |= finished_now
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+            last_pos = last_pos + 1
+            logits, cache = _forward(model, token[:, None], mask, last_pos[:, None], cache)
+        out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
+        ended = done.cpu()
+
+    with timer.stage("reward"):
+        records, texts = [], []
+        decoding = {"temperature": float(temperature), "top_p": float(top_p)}
+        for i, prompt in enumerate(prompts):
+            task = tasks[i // group_size]
+            k = int(lengths[i])
+            response = out_tokens[i, :k].tolist()
+            text = tokenizer.decode(response, skip_special_tokens=True)
+            texts.append(text)
+            group = f"{run_id}-v{policy_version}-{task.task_id}"
+            records.append(
+                RolloutRecord(
+                    sample_id=f"{group}-g{i % group_size:02d}",
+                    policy_version=policy_version,
+                    prompt_tokens=list(prompt),
+                    response_tokens=response,
+                    policy_mask=[0] * len(prompt) + [1] * k,
+                    behavior_logprobs=[float(x) for x in out_logp[i, :k].double().tolist()],
+                    decoding=dict(decoding),
+                    reward=verify(text, task),
+                    stop_reason="eos" if bool(ended[i]) else "length",
+                    verifier_version=VERIFIER_VERSION,
+                    trace_id=f"tr-{group}-g{i % group_size:02d}",
+                    prompt_id=task.task_id,
+                    group_id=group,
+                )
+            )
+    timings = {s: 0.0 for s in ("prepare", "prefill", "decode", "reward")}
+    for ev in timer.events[-4:]:
+        timings[ev["stage"]] = ev["end_s"] - ev["start_s"]
+    return RolloutBatch(
+        records=records,
+        texts=texts,
+        tasks=[tasks[i // group_size] for i in range(n)],
+        timings=timings,
+        input_tokens=sum(map(len, prompts)),
+        output_tokens=int(lengths.sum()),
+    )
+
+
+# --------------------------------------------------------------------------- сторона тренера
+
+
+def _records_to_batch(records, device):
+    seqs = [list(r.prompt_tokens) + list(r.response_tokens) for r in records]
+    width = max(map(len, seqs))
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    pol = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, (s, r) in enumerate(zip(seqs, records)):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        pol[i, : len(s)] = torch.tensor(r.policy_mask, dtype=torch.bool)
+    return ids.to(device), attn.to(device), pol.to(device)
+
+
+def _as_records(records) -> list[RolloutRecord]:
+    if not isinstance(records, (list, tuple)) or not records:
+        raise ValueError("records должен быть непустым списком записей роллаутов")
+    out = [r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r) for r in records]
+    for r in out:
+        if len(r.policy_mask) != len(r.prompt_tokens) + len(r.response_tokens):
+            raise ValueError(
+                f"records: у {r.sample_id} длина маски не равна длине последовательности"
+            )
+    return out
+
+
+def recompute_logprobs(
+    model,
+    records,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    with_grad: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[torch.Tensor]:
+    """Teacher forcing: ``log π(y_t | x, y_<t)`` для каждого токена политики (маска = 1).
+
+    Один прямой проход по «запрос + ответ»; логиты позиции t−1 предсказывают токен t.
+    ``temperature``/``top_p`` по умолчанию берутся из ``decoding`` каждой записи (то же
+    преобразование, что при семплировании); явное значение — для всех записей.
+    Возвращает список тензоров float32, по одному на запись, длиной = числу токенов политики.
+    """
+    recs = _as_records(records)
+    device = next(model.parameters()).device
+    ids, attn, pol = _records_to_batch(recs, device)
+    ctx = torch.enable_grad() if with_grad else torch.no_grad()
+    use_amp = autocast_dtype is not None and device.type == "cuda"
+    with ctx, torch.autocast(device.type, dtype=autocast_dtype, enabled=use_amp):
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+        out = []
+        for i, r in enumerate(recs):
+            temp = temperature if temperature is not None else r.decoding.get("temperature", 1.0)
+            p = top_p if top_p is not None else r.decoding.get("top_p", 1.0)
+            where = pol[i, 1:]
+            logp = sampling_logprobs(logits[i][where], temp, p)
+            out.append(logp.gather(-1, ids[i, 1:][where][:, None]).squeeze(-1))
+    return out
+
+
+def scalar_reward(reward: dict, weights: dict[str, float] | None = None) -> float:
+    """Скалярная награда ``r = Σ_k w_k · reward[k]``; по умолчанию w = {correctness: 1, format: 0.1}."""
+    weights = weights or {"correctness": 1.0, "format": 0.1}
+    return float(sum(w * float(reward.get(k, 0.0)) for k, w in weights.items()))
+
+
+def group_advantages(records, reward_weights: dict[str, float] | None = None) -> list[float]:
+    """Групповые преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + 1e-6)``.
+
+    Группа — записи с одним ``group_id`` (или ``prompt_id``); std — по генеральной совокупности.
+    В вырожденной группе (все награды равны) все ``A_i = 0``: она не даёт градиента.
+    """
+    recs = _as_records(records)
+    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(recs):
+        groups[r.group_id or r.prompt_id or r.sample_id].append(i)
+    adv = [0.0] * len(recs)
+    for idx in groups.values():
+        vals = [rewards[i] for i in idx]
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        for i in idx:
+            adv[i] = 0.0 if std < 1e-12 else (rewards[i] - mean) / (std + 1e-6)
+    return adv
+
+
+def informative_group_fraction(records) -> float:
+    """Доля информативных групп: групп, где награда ``correctness`` не одинакова у всех ответов."""
+    recs = _as_records(records)
+    groups: dict[str, set] = defaultdict(set)
+    for r in recs:
+        groups[r.group_id or r.prompt_id or r.sample_id].add(float(r.reward.get("correctness", 0)))
+    return sum(len(v) > 1 for v in groups.values()) / len(groups)
+
+
+def grpo_step(
+    model,
+    optimizer,
+    records,
+    old_logprobs: list[torch.Tensor] | None = None,
+    clip_eps: float = 0.2,
+    max_grad_norm: float = 1.0,
+    reward_weights: dict[str, float] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    timer: StageTimer | None = None,
+) -> dict:
+    """Один шаг GRPO по записям роллаутов.
+
+    ``ρ_t = exp(log π_θ − log π_old)``, ``L = −(1/N) Σ_t min(ρ_t A, clip(ρ_t, 1−ε, 1+ε) A)``,
+    сумма только по токенам политики (маска = 1), N — их число. ``π_old`` — ``old_logprobs``
+    (по умолчанию ``behavior_logprobs`` из записей). Доля клиппирования учитывает знак A:
+    токен клиппирован, если ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``.
+    Возвращает loss, clip_fraction, grad_norm (до отсечения), policy_tokens, total_tokens.
+    """
+    recs = _as_records(records)
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"clip_eps должно лежать в (0, 1), получено {clip_eps!r}")
+    if not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm должно быть > 0, получено {max_grad_norm!r}")
+    device = next(model.parameters()).device
+    timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
+    if old_logprobs is None:
+        old_logprobs = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in recs]
+    if len(old_logprobs) != len(recs):
+        raise ValueError("old_logprobs: нужен ровно один тензор на запись")
+    adv = group_advantages(recs, reward_weights)
+    model.train()
+    with timer.stage("forward_backward"):
+        new = recompute_logprobs(model, recs, with_grad=True, autocast_dtype=autocast_dtype)
+        new_all = torch.cat(new)
+        old_all = torch.cat([o.to(device).float() for o in old_logprobs])
+        if old_all.shape != new_all.shape:
+            raise ValueError("old_logprobs: длины не совпадают с числом токенов политики")
+        a_all = torch.cat(
+            [torch.full((len(t),), a, device=device) for t, a in zip(new, adv)]
+        ).float()
+        ratio = torch.exp(new_all - old_all)
+        surr = torch.minimum(ratio * a_all, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_all)
+        n_tok = max(int(new_all.numel()), 1)
+        loss = -surr.sum() / n_tok
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    with timer.stage("optimizer_step"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
+    return {
+        "loss": float(loss.detach()),
+        "clip_fraction": float(clipped.float().mean()) if n_tok else 0.0,
+        "grad_norm": float(grad_norm),
+        "policy_tokens": int(new_all.numel()),
+        "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
+        "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
+    }
+
+
+@torch.no_grad()
+def sync_weights(trainer_model, engine_model) -> int:
+    """Копирует веса тренера в отдельную копию движка (с приведением типа). Возвращает байты движка."""
+    src = dict(trainer_model.state_dict())
+    moved = 0
+    for name, dst in engine_model.state_dict().items():
+        if name not in src:
+            raise ValueError(f"engine_model: параметр {name} отсутствует у тренера")
+        dst.copy_(src[name])
+        moved += dst.numel() * dst.element_size()
+    return moved
+
+
+# --------------------------------------------------------------------------- эталонный цикл
+
+
+@dataclass
+class LoopResult:
+    """Итог ``sequential_loop``: таблица шагов, события таймера, записи, модель и тип памяти."""
+
+    steps: object  # pandas.DataFrame: одна строка на шаг
+    events: object  # pandas.DataFrame: события этапов (trace_id, worker, stage, start_s, end_s)
+    records: list[RolloutRecord] = field(default_factory=list)
+    info: PolicyInfo | None = None
+    memory_kind: str = ""
+    texts: list[str] = field(default_factory=list)
+
+    def stage_columns(self) -> list[str]:
+        return [f"{s}_s" for s in LOOP_STAGES]
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(kib * scale), "пиковый RSS процесса (CPU)"
+
+
+def sequential_loop(
+    steps: int = 3,
+    model=None,
+    tokenizer=None,
+    info: PolicyInfo | None = None,
+    name: str | None = None,
+    prompts_per_step: int = 4,
+    group_size: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 24,
+    lr: float = 1e-5,
+    seed: int = 0,
+    progress: bool = False,
+) -> LoopResult:
+    """Однопроцессный эталонный RL-цикл: prepare → prefill → decode → reward →
+    logprob_recompute → forward_backward → optimizer_step → weight_sync.
+
+    Тренер — fp32-копия модели (на GPU с autocast), движок — отдельная копия в типе модели;
+    после шага оптимизатора веса копируются в движок и версия растёт на 1.
+    ``T_step = Σ этапов`` (время стены шага тоже записано, ``wall_s``); память — пик за шаг
+    на GPU или пиковый RSS процесса на CPU.
+    """
+    import pandas as pd
+
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps должно быть целым ≥ 1, получено {steps!r}")
+    if not isinstance(prompts_per_step, int) or prompts_per_step < 1:
+        raise ValueError(f"prompts_per_step должно быть целым ≥ 1, получено {prompts_per_step!r}")
+    if not lr > 0:
+        raise ValueError(f"lr должно быть > 0, получено {lr!r}")
+    if model is None:
+        model, tokenizer, info = load_policy(name)
+    elif tokenizer is None:
+        raise ValueError("tokenizer обязателен, если передана model")
+    device = next(model.parameters()).device
+    engine = model.eval()
+    engine_dtype = next(engine.parameters()).dtype
+    trainer = copy.deepcopy(engine).float()
+    amp = engine_dtype if device.type == "cuda" and engine_dtype != torch.float32 else None
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
+    timer = StageTimer(worker="main", sync=_sync_fn(device))
+    version, rows, records, texts, step_of_event = 0, [], [], [], []
+    iterator = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="шаги цикла")
+    for step in iterator:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        n_events = len(timer.events)
+        wall0 = time.perf_counter()
+        tasks = make_tasks(prompts_per_step, seed=seed * 1000 + step)
+        batch = generate_rollouts(
+            engine,
+            tokenizer,
+            tasks,
+            group_size=group_size,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            policy_version=version,
+            seed=seed * 1000 + step,
+            timer=timer,
+        )
+        with timer.stage("logprob_recompute"):
+            old = recompute_logprobs(trainer, batch.records, autocast_dtype=amp)
+        stats = grpo_step(trainer, optimizer, batch.records, old, autocast_dtype=amp, timer=timer)
+        with timer.stage("weight_sync"):
+            sync_weights(trainer, engine)
+            version += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - wall0
+        peak, kind = _peak_memory(device)
+        stage_s = {f"{s}_s": 0.0 for s in LOOP_STAGES}
+        for ev in timer.events[n_events:]:
+            stage_s[f"{ev['stage']}_s"] += ev["end_s"] - ev["start_s"]
+        step_of_event.extend([step] * (len(timer.events) - n_events))
+        records.extend(batch.records)
+        texts.extend(batch.texts)
+        rows.append(
+            {
+                "step": step,
+                "behavior_version": version - 1,
+                **stage_s,
+                "stages_sum_s": sum(stage_s.values()),
+                "wall_s": wall,
+                "input_tokens": batch.input_tokens,
+                "output_tokens": batch.output_tokens,
+                "policy_tokens": stats["policy_tokens"],
+                "mean_reward": stats["mean_reward"],
+                "informative_groups": informative_group_fraction(batch.records),
+                "loss": stats["loss"],
+                "clip_fraction": stats["clip_fraction"],
+                "grad_norm": stats["grad_norm"],
+                "peak_memory_bytes": peak,
+            }
+        )
+    if info is None:
+        info = PolicyInfo(
+            model_id=getattr(engine.config, "_name_or_path", "model"),
+            num_params=sum(p.numel() for p in engine.parameters()),
+            device=str(device),
+            dtype=str(engine_dtype).replace("torch.", ""),
+            is_tiny=False,
+        )
+    events = timer.to_frame()
+    events["step"] = step_of_event
+    return LoopResult(
+        steps=pd.DataFrame(rows),
+        events=events,
+        records=records,
+        info=info,
+        memory_kind=kind,
+        texts=texts,
+    )
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m course_utils.policy")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-tiny-model", help="пересобрать data/tiny_arith_lm")
+    b.add_argument("--out", default=str(TINY_MODEL_DIR))
+    b.add_argument("--steps", type=int, default=None)
+    b.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    kwargs = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
+    out = build_tiny_model(args.out, **kwargs)
+    print(f"Крошечная модель сохранена в {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

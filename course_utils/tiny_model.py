@@ -1,0 +1,194 @@
+"""Сборка крошечной модели курса ``data/tiny_arith_lm/`` (уровень B без GPU и без сети).
+
+Это настоящая причинная языковая модель семейства Qwen2 из ``transformers`` (те же классы,
+что у ``Qwen/Qwen2.5-0.5B-Instruct``), с маленьким BPE-токенизатором из ``tokenizers`` и шаблоном
+чата в стиле Qwen, поэтому ноутбуки идут по одному и тому же пути кода для обеих моделей.
+Модель кратко дообучается (учитель подсказывает верный ответ) на арифметической задаче курса:
+лёгкие примеры она решает почти всегда, трудные — редко, и при температуре 1 многие группы
+роллаутов получают смешанные награды (информативные группы для GRPO).
+
+Пересборка, детерминированная при фиксированном зерне на одной машине::
+
+    python -m course_utils.policy build-tiny-model [--out data/tiny_arith_lm] [--steps N]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from course_utils.arith_task import ArithTask, make_tasks, target_response
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny_arith_lm"
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Шаблон чата в стиле Qwen2.5 (без системного сообщения по умолчанию).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+DEFAULT_STEPS = 500
+DEFAULT_SEED = 1234
+
+
+def chat_text(task: ArithTask, response: str | None = None) -> str:
+    """Текст диалога в формате шаблона: запрос пользователя (+ ответ ассистента, если задан)."""
+    text = f"<|im_start|>user\n{task.prompt}<|im_end|>\n<|im_start|>assistant\n"
+    return text if response is None else text + response + "<|im_end|>"
+
+
+def build_tokenizer(vocab_size: int = 320):
+    """BPE-токенизатор на байтах: цифры — отдельные токены, как у Qwen2; обучен на текстах задачи."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [chat_text(t, target_response(t)) for t in make_tasks(2000, seed=7)]
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+    )
+    return fast
+
+
+def tiny_config(vocab_size: int, pad_id: int, eos_id: int):
+    """Конфигурация Qwen2: 4 слоя, d=128, 4 головы запроса и 2 головы K/V (GQA)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+
+
+def _training_batch(tokenizer, tasks: list[ArithTask]):
+    """Входы и метки: потери считаются только на токенах ответа (метка -100 на запросе)."""
+    import torch
+
+    rows, labels = [], []
+    for t in tasks:
+        prompt_ids = tokenizer(chat_text(t), add_special_tokens=False)["input_ids"]
+        full_ids = tokenizer(chat_text(t, target_response(t)), add_special_tokens=False)[
+            "input_ids"
+        ]
+        rows.append(full_ids)
+        labels.append([-100] * len(prompt_ids) + full_ids[len(prompt_ids) :])
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        mask[i, : len(r)] = 1
+    return ids, mask, lab
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike = TINY_MODEL_DIR,
+    steps: int = DEFAULT_STEPS,
+    seed: int = DEFAULT_SEED,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    verbose: bool = True,
+) -> Path:
+    """Собирает и кратко обучает крошечную модель, сохраняет её в ``out_dir`` (атомарно).
+
+    Обучение: AdamW, ``steps`` шагов по ``batch_size`` задач, кросс-энтропия только по токенам
+    ответа. Каталог пишется во временную папку рядом и подменяется переименованием.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps должно быть целым ≥ 0, получено {steps!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size должно быть целым ≥ 1, получено {batch_size!r}")
+    out_dir = Path(out_dir)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    tokenizer = build_tokenizer()
+    config = tiny_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, min(50, steps // 10))
+
+    def lr_factor(s: int) -> float:  # линейный разогрев, затем косинус до 10 % от lr
+        if s < warmup:
+            return (s + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    model.train()
+    for step in range(steps):
+        tasks = make_tasks(batch_size, seed=seed * 100_000 + step)
+        ids, mask, lab = _training_batch(tokenizer, tasks)
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if verbose and (step % 100 == 0 or step == steps - 1):
+            print(f"шаг {step:4d}: потери {loss.item():.3f} нат/токен")
+    model.eval()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny_build_", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "BUILD_INFO.json").write_text(
+            json.dumps({"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr}, indent=1)
+            + "\n",
+            encoding="utf-8",
+        )
+        if out_dir.exists():
+            old = out_dir.with_name(out_dir.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
