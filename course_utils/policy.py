@@ -340,12 +340,19 @@ def generate_rollouts(
     seed: int = 0,
     run_id: str = "run",
     timer: StageTimer | None = None,
+    swap_at: int | None = None,
+    swap_weights: dict | None = None,
 ) -> RolloutBatch:
     """Группы из ``group_size`` ответов на каждую задачу; пакетное декодирование с KV-кэшем.
 
     Для каждого выбранного токена пишется ``log μ_v(y_t | x, y_<t)`` под распределением
     ``sampling_logprobs(logits, T, p)`` — тем, из которого он выбран. Этапы (prepare,
     prefill, decode, reward) записываются в ``timer``; время в секундах.
+
+    Опыт шага 12.1.4: если заданы ``swap_at = k`` и ``swap_weights`` (state_dict версии
+    ``policy_version + 1``), движок подменяет веса **на месте** посреди ответа — токены с номера k
+    выбирает уже новая версия (KV-кэш начала ответа остаётся от старой). Такие записи получают
+    ``token_policy_versions`` и ``policy_version=None``.
     """
     if not isinstance(tasks, (list, tuple)) or not tasks:
         raise ValueError("tasks должен быть непустым списком ArithTask")
@@ -358,6 +365,10 @@ def generate_rollouts(
     if not isinstance(policy_version, int) or policy_version < 0:
         raise ValueError(f"policy_version должно быть целым ≥ 0, получено {policy_version!r}")
     _check_decoding(temperature, top_p)
+    if (swap_at is None) != (swap_weights is None):
+        raise ValueError("swap_at и swap_weights задаются только вместе")
+    if swap_at is not None and (not isinstance(swap_at, int) or not 1 <= swap_at < max_new_tokens):
+        raise ValueError(f"swap_at должно быть целым в [1, max_new_tokens), получено {swap_at!r}")
     device = next(model.parameters()).device
     timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
     gen = torch.Generator(device=device).manual_seed(int(seed))
@@ -397,6 +408,8 @@ def generate_rollouts(
             done |= finished_now
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
+            if swap_at is not None and step + 1 == swap_at:
+                model.load_state_dict(swap_weights)  # новая версия весов посреди ответа
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
             last_pos = last_pos + 1
             logits, cache = _forward(model, token[:, None], mask, last_pos[:, None], cache)
@@ -413,10 +426,15 @@ def generate_rollouts(
             text = tokenizer.decode(response, skip_special_tokens=True)
             texts.append(text)
             group = f"{run_id}-v{policy_version}-{task.task_id}"
+            mixed = swap_at is not None and k > swap_at
+            versions = (
+                [policy_version] * swap_at + [policy_version + 1] * (k - swap_at) if mixed else None
+            )
             records.append(
                 RolloutRecord(
                     sample_id=f"{group}-g{i % group_size:02d}",
-                    policy_version=policy_version,
+                    policy_version=None if mixed else policy_version,
+                    token_policy_versions=versions,
                     prompt_tokens=list(prompt),
                     response_tokens=response,
                     policy_mask=[0] * len(prompt) + [1] * k,

@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-DEFAULT_STEPS = 500
+DEFAULT_STEPS = 1500
 DEFAULT_SEED = 1234
 
 
@@ -126,7 +126,7 @@ def build_tiny_model(
     steps: int = DEFAULT_STEPS,
     seed: int = DEFAULT_SEED,
     batch_size: int = 64,
-    lr: float = 3e-3,
+    lr: float = 1e-3,
     verbose: bool = True,
 ) -> Path:
     """Собирает и кратко обучает крошечную модель, сохраняет её в ``out_dir`` (атомарно).

@@ -370,3 +370,33 @@ def test_sequential_loop_bad_input():
         policy.sequential_loop(0)
     with pytest.raises(ValueError, match="tokenizer"):
         policy.sequential_loop(1, model=torch.nn.Linear(2, 2))
+
+
+def test_weight_swap_mid_response_gives_per_token_versions(tiny):
+    model, tokenizer, _ = tiny
+    import copy
+
+    engine = copy.deepcopy(model)
+    new_weights = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    batch = policy.generate_rollouts(
+        engine,
+        tokenizer,
+        policy.make_tasks(2, seed=4),
+        group_size=4,
+        seed=3,
+        policy_version=7,
+        swap_at=3,
+        swap_weights=new_weights,
+    )
+    mixed = [r for r in batch.records if r.token_policy_versions is not None]
+    assert mixed, "ни один ответ не пережил подмену весов"
+    for rec in mixed:
+        assert rec.policy_version is None
+        assert rec.token_policy_versions[:3] == [7, 7, 7]
+        assert set(rec.token_policy_versions[3:]) == {8}
+        assert validate_rollout(rec) == []
+        rec.policy_version = 7  # одна метка на смешанный ответ — нарушение шага 12.1.4
+        assert any(m.startswith("[mixed_versions]") for m in validate_rollout(rec))
+    assert torch.equal(engine.state_dict()["lm_head.weight"], new_weights["lm_head.weight"])
+    with pytest.raises(ValueError, match="swap_at"):
+        policy.generate_rollouts(engine, tokenizer, policy.make_tasks(1), swap_at=2)

@@ -1,0 +1,172 @@
+"""Поток данных одного онлайн-обновления (шаг 12.1.1): восемь этапов и шесть ролей.
+
+Описание — обычные данные (кортежи ``DataflowStage``), картинка рисуется из них matplotlib.
+Поле ``loop_stages`` связывает этап лекции с этапами эталонного цикла
+``course_utils.policy.sequential_loop``, чтобы в ноутбуке показать настоящий вывод каждого этапа.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = (
+    ("scheduler", "планировщик запросов"),
+    ("engine", "движок генерации"),
+    ("verifier", "среда / проверяющая система"),
+    ("trainer", "тренер"),
+    ("sync", "служба синхронизации весов"),
+    ("storage", "хранилище и телеметрия"),
+)
+
+
+@dataclass(frozen=True)
+class DataflowStage:
+    """Этап обновления: номер, роль-исполнитель, что делает, что передаёт дальше."""
+
+    number: int
+    role: str
+    action: str
+    output: str
+    loop_stages: tuple[str, ...]
+
+
+STAGES = (
+    DataflowStage(1, "scheduler", "выбрать\nзапросы", "id запросов,\nтокены", ("prepare",)),
+    DataflowStage(
+        2, "engine", "сгенерировать\nроллауты", "токены, log μ_v,\nверсия v", ("prefill", "decode")
+    ),
+    DataflowStage(3, "verifier", "вычислить\nнаграды", "награды,\nверсия проверки", ("reward",)),
+    DataflowStage(
+        4, "trainer", "восстановить\nмаски и log π", "маска,\nlog π_old", ("logprob_recompute",)
+    ),
+    DataflowStage(5, "trainer", "собрать\nмини-пакет", "пакет,\nпреимущества A", ()),
+    DataflowStage(6, "trainer", "потери и\nградиенты", "градиенты", ("forward_backward",)),
+    DataflowStage(7, "trainer", "обновить\nпараметры", "веса версии v+1", ("optimizer_step",)),
+    DataflowStage(8, "sync", "опубликовать\nверсию v+1", "веса v+1\nу движка", ("weight_sync",)),
+)
+
+
+def role_label(role: str) -> str:
+    """Русское название роли по её ключу."""
+    names = dict(ROLES)
+    if role not in names:
+        raise ValueError(f"role: неизвестная роль {role!r}; допустимы {list(names)}")
+    return names[role]
+
+
+def plot_dataflow(ax=None, stages=STAGES):
+    """Схема: роли — горизонтальные дорожки, этапы 1–8 — блоки слева направо, стрелки — данные.
+
+    Хранилище и телеметрия получают копию роллаутов и метрик (пунктир). Возвращает Axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if not stages:
+        raise ValueError("stages: нужен хотя бы один этап")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(14, 6.2))
+    lane = {key: i for i, (key, _) in enumerate(ROLES)}
+    n = len(stages)
+    colors = plt.get_cmap("tab10")
+    w, h = 0.9, 0.84
+    for key, i in lane.items():
+        ax.axhspan(i - 0.5, i + 0.5, color="0.96" if i % 2 else "white", zorder=0)
+    centers = []
+    for k, st in enumerate(stages):
+        x, y = k, lane[st.role]
+        centers.append((x, y))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - w / 2, y - h / 2),
+                w,
+                h,
+                boxstyle="round,pad=0.02,rounding_size=0.08",
+                fc=colors(lane[st.role]),
+                alpha=0.25,
+                ec=colors(lane[st.role]),
+                lw=1.5,
+                zorder=2,
+            )
+        )
+        ax.text(
+            x,
+            y - 0.1,
+            f"{st.number}. {st.action}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            zorder=3,
+            fontweight="bold",
+        )
+        ax.text(
+            x, y + 0.24, st.output, ha="center", va="center", fontsize=7.5, color="0.3", zorder=3
+        )
+    for (x0, y0), (x1, y1) in zip(centers, centers[1:]):
+        ax.add_patch(
+            FancyArrowPatch(
+                (x0 + w / 2, y0),
+                (x1 - w / 2, y1),
+                arrowstyle="-|>",
+                mutation_scale=12,
+                lw=1.3,
+                color="0.2",
+                zorder=1,
+            )
+        )
+    # Новая версия весов возвращается к движку: цикл замыкается (ломаная по свободной дорожке).
+    (xe, ye), (xg, yg) = centers[-1], centers[1]
+    right, top = xe + w / 2 + 0.12, -0.02
+    ax.plot([xe + w / 2, right, right, xg], [ye, ye, top, top], color="tab:red", lw=1.3, zorder=1)
+    ax.add_patch(
+        FancyArrowPatch(
+            (xg, top),
+            (xg, yg - h / 2),
+            arrowstyle="-|>",
+            mutation_scale=12,
+            lw=1.3,
+            color="tab:red",
+            zorder=1,
+        )
+    )
+    ax.text(
+        (xg + right) / 2,
+        top - 0.12,
+        "веса v+1 → следующий шаг движка (цикл замыкается)",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+        color="tab:red",
+    )
+    ys = lane["storage"]
+    for k in (1, 2, 6):
+        x, y = centers[k]
+        ax.add_patch(
+            FancyArrowPatch(
+                (x, y + h / 2),
+                (x, ys - 0.15),
+                arrowstyle="-|>",
+                mutation_scale=9,
+                lw=1.0,
+                ls="--",
+                color="0.5",
+                zorder=1,
+            )
+        )
+    ax.text(
+        n / 2 - 0.5,
+        ys,
+        "журнал роллаутов, метрики, контрольные точки",
+        ha="center",
+        va="center",
+        fontsize=8.5,
+        color="0.3",
+    )
+    ax.set_yticks(range(len(ROLES)), [name for _, name in ROLES], fontsize=9)
+    ax.set_xticks([])
+    ax.set_xlim(-0.6, n - 0.2)
+    ax.set_ylim(len(ROLES) - 0.5, -0.5)
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("Одно обновление онлайн-RL: этапы (блоки), роли (дорожки) и данные (стрелки)")
+    return ax
