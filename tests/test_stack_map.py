@@ -1,0 +1,349 @@
+"""Тесты карты стеков: файл из data/, проверки загрузчика, фильтр и рисунок."""
+
+import csv
+import datetime as dt
+import itertools
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from course_utils import stack_map as sm  # noqa: E402
+
+EXPECTED_STACKS = ["TRL", "verl", "OpenRLHF", "NeMo RL", "PRIME-RL", "SkyRL", "AReaL"]
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return sm.load_stack_map()
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _names(df):
+    return list(df["stack"])  # не df.stack: это метод DataFrame
+
+
+# --- файл из data/ ------------------------------------------------------------
+
+
+def test_shipped_file_loads_with_exact_columns(frame):
+    assert tuple(frame.columns) == sm.STACK_MAP_COLUMNS
+    assert sm.DEFAULT_PATH.name == "stack_map.csv"
+    assert sm.DEFAULT_PATH.parent.name == "data"
+    assert sm.PLACEMENTS == ("colocated", "disaggregated")
+    assert sm.SYNCHRONY == ("sync", "one_step_off", "async")
+
+
+def test_seven_expected_stacks(frame):
+    assert _names(frame) == EXPECTED_STACKS
+
+
+def test_every_row_has_date_and_evidence(frame):
+    for _, row in frame.iterrows():
+        assert isinstance(row["snapshot_date"], dt.date), row["stack"]
+        assert dt.date(2026, 1, 1) <= row["snapshot_date"] <= dt.date(2026, 12, 31)
+        assert row["evidence"], row["stack"]
+        assert all(e.startswith("https://github.com/") for e in row["evidence"]), row["stack"]
+
+
+def test_snapshot_dates_match_research(frame):
+    dates = dict(zip(frame["stack"], (d.isoformat() for d in frame["snapshot_date"])))
+    assert dates == {
+        "TRL": "2026-07-24",
+        "verl": "2026-01-29",
+        "OpenRLHF": "2026-08-13",
+        "NeMo RL": "2026-08-22",
+        "PRIME-RL": "2026-08-21",
+        "SkyRL": "2026-08-21",
+        "AReaL": "2026-05-21",
+    }
+
+
+def test_list_cells_are_lists(frame):
+    for column in sm.LIST_COLUMNS:
+        assert all(isinstance(v, list) for v in frame[column]), column
+    row = frame.set_index("stack").loc["verl"]
+    assert row["synchrony"] == ["sync", "one_step_off", "async"]
+    assert "Megatron" in row["training_backends"]
+
+
+def test_staleness_keys(frame):
+    keys = frame.set_index("stack")[["staleness_control_key", "staleness_default"]]
+    assert tuple(keys.loc["AReaL"]) == ("rollout.max_head_offpolicyness", "0")
+    assert tuple(keys.loc["PRIME-RL"]) == ("orchestrator.max_off_policy_steps", "8")
+    assert tuple(keys.loc["TRL"]) == ("max_staleness", "4")
+    assert tuple(keys.loc["verl"]) == ("async_training.staleness_threshold", "unconfirmed")
+    assert "staleness_default" in frame.set_index("stack").loc["verl", "unconfirmed"]
+
+
+def test_unconfirmed_marks_are_declared(frame):
+    by_stack = frame.set_index("stack")["unconfirmed"]
+    assert by_stack["TRL"] == []
+    assert "lora" in by_stack["OpenRLHF"]
+    assert "colocated:async?" in frame.set_index("stack").loc["PRIME-RL", "placement_synchrony"]
+
+
+# --- ошибки загрузчика ----------------------------------------------------------
+
+
+def _write(path, rows, columns=sm.STACK_MAP_COLUMNS):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in columns})
+    return path
+
+
+@pytest.fixture
+def good_rows():
+    with open(sm.DEFAULT_PATH, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_roundtrip_of_copied_file(tmp_path, good_rows):
+    copy = sm.load_stack_map(_write(tmp_path / "ok.csv", good_rows))
+    assert _names(copy) == EXPECTED_STACKS
+
+
+def test_missing_column_named(tmp_path, good_rows):
+    columns = [c for c in sm.STACK_MAP_COLUMNS if c != "lora"]
+    path = _write(tmp_path / "m.csv", good_rows, columns)
+    with pytest.raises(ValueError, match=r"не хватает столбцов: lora") as err:
+        sm.load_stack_map(path)
+    assert str(path) in str(err.value)
+
+
+def test_extra_column_named(tmp_path, good_rows):
+    columns = (*sm.STACK_MAP_COLUMNS, "speedup")
+    path = _write(tmp_path / "e.csv", good_rows, columns)
+    with pytest.raises(ValueError, match=r"лишние столбцы: speedup"):
+        sm.load_stack_map(path)
+
+
+def test_wrong_column_order(tmp_path, good_rows):
+    columns = list(sm.STACK_MAP_COLUMNS)
+    columns[1], columns[2] = columns[2], columns[1]
+    with pytest.raises(ValueError, match=r"порядок столбцов"):
+        sm.load_stack_map(_write(tmp_path / "o.csv", good_rows, columns))
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "pattern"),
+    [
+        ("placement", "colocated|remote", r"«placement».*remote"),
+        ("synchrony", "sync|semi_async", r"«synchrony».*semi_async"),
+        ("placement_synchrony", "colocated:sync|disaggregated:later", r"«placement_synchrony»"),
+        ("snapshot_date", "2026-02-30", r"«snapshot_date».*2026-02-30"),
+        ("snapshot_date", "24.07.2026", r"«snapshot_date».*ГГГГ-ММ-ДД"),
+        ("snapshot_date", "", r"«snapshot_date»"),
+        ("evidence", "", r"«evidence».*пустая"),
+        ("evidence", "https://a||https://b", r"«evidence».*пустой элемент"),
+        ("unconfirmed", "lora|speedup", r"«unconfirmed».*speedup"),
+        ("staleness_default", "unconfirmed", r"«unconfirmed».*«staleness_default»"),
+        ("generation_engines", "vLLM|SGLang?", r"«unconfirmed».*«generation_engines»"),
+        ("placement", "colocated?", r"«placement».*«\?»"),
+        ("weight_sync", "", r"«weight_sync».*пустая"),
+    ],
+)
+def test_bad_cell_names_file_stack_and_column(tmp_path, good_rows, column, value, pattern):
+    good_rows[0][column] = value
+    path = _write(tmp_path / "bad.csv", good_rows)
+    with pytest.raises(ValueError, match=pattern) as err:
+        sm.load_stack_map(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert "«TRL»" in message
+    assert isinstance(err.value, sm.StackMapError)
+
+
+def test_pairs_must_cover_declared_axes(tmp_path, good_rows):
+    good_rows[0]["placement_synchrony"] = "colocated:sync|disaggregated:sync"  # нет async
+    with pytest.raises(ValueError, match=r"«placement_synchrony».*async"):
+        sm.load_stack_map(_write(tmp_path / "p.csv", good_rows))
+
+
+def test_confirmed_pair_needs_declared_axis(tmp_path, good_rows):
+    good_rows[0]["synchrony"] = "sync"  # но disaggregated:async подтверждено
+    with pytest.raises(ValueError, match=r"«synchrony».*async"):
+        sm.load_stack_map(_write(tmp_path / "q.csv", good_rows))
+
+
+def test_duplicate_stack(tmp_path, good_rows):
+    good_rows[3]["stack"] = "TRL"
+    with pytest.raises(ValueError, match=r"«stack».*«TRL» повторяется"):
+        sm.load_stack_map(_write(tmp_path / "d.csv", good_rows))
+
+
+def test_empty_stack(tmp_path, good_rows):
+    good_rows[2]["stack"] = " "
+    with pytest.raises(ValueError, match=r"строка 4, столбец «stack»"):
+        sm.load_stack_map(_write(tmp_path / "s.csv", good_rows))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="не найден"):
+        sm.load_stack_map(tmp_path / "nope.csv")
+
+
+def test_na_is_kept_as_text(tmp_path, good_rows):
+    good_rows[0]["staleness_control_key"] = "n/a"
+    good_rows[0]["staleness_default"] = "n/a"
+    loaded = sm.load_stack_map(_write(tmp_path / "na.csv", good_rows))
+    assert loaded.loc[0, "staleness_default"] == "n/a"
+
+
+# --- supports -------------------------------------------------------------------
+
+
+def test_disaggregated_does_not_imply_async(frame):
+    # Шаг 12.1.3: отдельный сервер генерации не делает цикл асинхронным.
+    # По исследованию: TRL (vllm_mode=server + GRPOTrainer), OpenRLHF (без colocate_all),
+    # AReaL (separation + max_head_offpolicyness=0 по умолчанию), verl (staleness_threshold=0).
+    found = _names(sm.supports(frame, placement="disaggregated", synchrony="sync"))
+    assert {"TRL", "OpenRLHF", "AReaL"} <= set(found)
+    assert "PRIME-RL" not in found  # всегда хотя бы на шаг внахлёст
+
+
+def test_pairs_not_cartesian_product(frame):
+    # У TRL есть и colocated, и async, но асинхронный тренер требует отдельных GPU.
+    trl = frame[frame["stack"] == "TRL"]
+    assert "colocated" in trl.iloc[0]["placement"] and "async" in trl.iloc[0]["synchrony"]
+    assert _names(sm.supports(trl, "colocated", "async")) == []
+    assert _names(sm.supports(frame, "colocated", "async")) == ["NeMo RL"]
+
+
+def test_unconfirmed_excluded_by_default(frame):
+    strict = set(_names(sm.supports(frame, "disaggregated", "sync")))
+    loose = set(_names(sm.supports(frame, "disaggregated", "sync", include_unconfirmed=True)))
+    assert loose - strict == {"NeMo RL", "SkyRL"}
+    assert "NeMo RL" not in _names(sm.supports(frame, generation_engines="sglang"))
+    assert "NeMo RL" in _names(
+        sm.supports(frame, generation_engines="sglang", include_unconfirmed=True)
+    )
+    assert "NeMo RL" in _names(sm.supports(frame, generation_engines="vllm"))
+    assert "OpenRLHF" not in _names(sm.supports(frame, lora="flags"))
+    assert "OpenRLHF" in _names(sm.supports(frame, lora="flags", include_unconfirmed=True))
+
+
+def test_single_axis_and_column_filters(frame):
+    assert _names(sm.supports(frame)) == EXPECTED_STACKS
+    assert _names(sm.supports(frame, synchrony="one_step_off")) == ["verl", "NeMo RL", "SkyRL"]
+    assert _names(sm.supports(frame, placement=["colocated", "disaggregated"])) == [
+        "TRL",
+        "verl",
+        "OpenRLHF",
+        "NeMo RL",
+        "SkyRL",
+        "AReaL",
+    ]
+    megatron_lora = sm.supports(frame, training_backends="megatron", lora="yes")
+    assert _names(megatron_lora) == ["verl", "NeMo RL", "SkyRL", "AReaL"]
+    assert _names(sm.supports(frame, training_backends=["megatron", "fsdp2"])) == [
+        "verl",
+        "NeMo RL",
+        "SkyRL",
+        "AReaL",
+    ]
+    assert _names(sm.supports(frame, generation_engines="vllm", multi_turn="yes")) == (
+        EXPECTED_STACKS
+    )
+
+
+def test_supports_rejects_bad_arguments(frame):
+    with pytest.raises(ValueError, match="placement.*remote"):
+        sm.supports(frame, placement="remote")
+    with pytest.raises(ValueError, match="synchrony"):
+        sm.supports(frame, synchrony="semi")
+    with pytest.raises(ValueError, match="speedup"):
+        sm.supports(frame, speedup="2x")
+    with pytest.raises(ValueError, match="lora"):
+        sm.supports(frame, lora="")
+    with pytest.raises(ValueError, match="load_stack_map"):
+        sm.supports(pd.DataFrame({"stack": ["x"]}), placement="colocated")
+
+
+def test_stack_cells(frame):
+    cells = sm.stack_cells(frame)
+    assert set(cells.columns) == {"stack", "placement", "synchrony", "confirmed"}
+    prime = cells[cells["stack"] == "PRIME-RL"]
+    assert set(zip(prime["placement"], prime["confirmed"])) == {
+        ("disaggregated", True),
+        ("colocated", False),
+    }
+    assert len(sm.stack_cells(frame, include_unconfirmed=False)) == cells["confirmed"].sum()
+
+
+# --- рисунок --------------------------------------------------------------------
+
+
+def _overlaps(texts):
+    fig = texts[0].figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    return [
+        (a.get_text(), b.get_text())
+        for (a, ba), (b, bb) in itertools.combinations(zip(texts, boxes), 2)
+        if ba.overlaps(bb)
+    ]
+
+
+def test_plot_returns_axes_with_all_names(frame):
+    ax = sm.plot_stack_map(frame)
+    assert isinstance(ax, matplotlib.axes.Axes)
+    texts = {t.get_text().rstrip("?") for t in ax.texts}
+    assert set(EXPECTED_STACKS) <= texts
+    assert "PRIME-RL?" in {t.get_text() for t in ax.texts}  # неподтверждённая клетка
+    assert "2026-01-29" in ax.get_title() and "2026-08-22" in ax.get_title()
+    assert ax.get_xlabel().startswith("синхронность")
+    assert ax.get_ylabel().startswith("размещение")
+    labels = " ".join(t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels())
+    for word in ("совместное", "раздельное", "синхронно", "на шаг позади", "асинхронно"):
+        assert word in labels
+    assert _overlaps([t for t in ax.texts if t.get_text().rstrip("?") in EXPECTED_STACKS]) == []
+
+
+def test_plot_full_cells_do_not_overlap(frame):
+    # Худший случай: все семь стеков в каждой из шести клеток.
+    full = frame.copy()
+    every = [f"{p}:{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY]
+    full["placement_synchrony"] = [every] * len(full)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    assert sm.plot_stack_map(full, ax=ax) is ax
+    names = [t for t in ax.texts if t.get_text() in EXPECTED_STACKS]
+    assert len(names) == 7 * 6
+    assert _overlaps(names) == []
+    renderer = fig.canvas.get_renderer()
+    frame_box = ax.get_window_extent(renderer)
+    fig_box = fig.bbox
+    for text in names:
+        box = text.get_window_extent(renderer)
+        assert frame_box.x0 <= box.x0 and box.x1 <= frame_box.x1, text.get_text()
+        assert frame_box.y0 <= box.y0 and box.y1 <= frame_box.y1, text.get_text()
+    title = ax.title.get_window_extent(renderer)
+    assert fig_box.x0 <= title.x0 and title.x1 <= fig_box.x1
+
+
+def test_plot_saves_png(frame, tmp_path):
+    ax = sm.plot_stack_map(frame)
+    out = tmp_path / "stack_map.png"
+    ax.figure.savefig(out, dpi=80)
+    assert out.stat().st_size > 10_000
+
+
+def test_single_axis_uses_axis_columns(frame):
+    # Совместное размещение AReaL подтверждено, а его синхронность — нет.
+    assert "AReaL" in _names(sm.supports(frame, placement="colocated"))
+    assert "AReaL" not in _names(sm.supports(frame, "colocated", "sync"))
+    assert "PRIME-RL" not in _names(sm.supports(frame, placement="colocated"))
+    assert "PRIME-RL" in _names(sm.supports(frame, placement="colocated", include_unconfirmed=True))
