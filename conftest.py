@@ -11,7 +11,6 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ["MPLBACKEND"] = "Agg"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("COURSE_MODEL", None)
 os.environ["COURSE_PROGRESS_PATH"] = str(

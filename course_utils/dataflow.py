@@ -70,7 +70,7 @@ def plot_dataflow(ax=None, stages=STAGES):
     n = len(stages)
     colors = plt.get_cmap("tab10")
     w, h = 0.9, 0.84
-    for key, i in lane.items():
+    for i in lane.values():
         ax.axhspan(i - 0.5, i + 0.5, color="0.96" if i % 2 else "white", zorder=0)
     centers = []
     for k, st in enumerate(stages):
