@@ -85,7 +85,9 @@ class Exercise:
     ``make_task(variant)`` детерминирован и возвращает dict с русским ``statement``;
     ``reference(task)`` — верный ответ; ``solution(task)`` — разбор в Markdown;
     ``compare(expected, given, rtol) -> bool`` — своё сравнение (по умолчанию answers_match);
-    ``validate_answer(answer, task)`` — сообщение о неверной форме ответа или None.
+    ``validate_answer(answer, task)`` — сообщение о неверной форме ответа или None;
+    ``describe_mismatch(expected, answer, task)`` — свой отзыв на неверный ответ (по умолчанию
+    общий, который не раскрывает верного значения).
     """
 
     id: str
@@ -98,6 +100,7 @@ class Exercise:
     rtol: float = 1e-3
     compare: Callable[[Any, Any, float], bool] | None = None
     validate_answer: Callable[[Any, dict], str | None] | None = None
+    describe_mismatch: Callable[[Any, Any, dict], str] | None = None
 
     def __post_init__(self) -> None:
         keys = [m.key for m in self.misconceptions if isinstance(m, Misconception)]
@@ -322,10 +325,10 @@ def _describe_mismatch(e: Any, g: Any, rtol: float) -> str:
         return f"Ваш ответ отличается от верного на {pct:.0f} %: {_UNITS}"
     if isinstance(e, dict):
         ne, ng = ({_norm_key(k): k for k in d} for d in (e, g))
-        missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "—"
-        extra = ", ".join(str(ng[k]) for k in ng if k not in ne) or "—"
+        missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "нет"
+        extra = ", ".join(str(ng[k]) for k in ng if k not in ne) or "нет"
         if ne.keys() != ng.keys():
-            return f"Ключи не те: не хватает {missing}; лишние {extra}."
+            return f"Ключи не те: не хватает — {missing}; лишние — {extra}."
         wrong = [str(ne[k]) for k in ne if not answers_match(e[ne[k]], g[ng[k]], rtol)]
         return f"Неверны значения по ключам: {', '.join(wrong)}."
     if isinstance(e, (list, tuple)):
@@ -421,7 +424,10 @@ def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
             if bool(same(m.answer(current), answer, ex.rtol)):
                 return CheckResult(ex.id, "misconception", m.message, misconception=m.key)
     try:
-        detail = _describe_mismatch(expected, answer, ex.rtol)
+        if ex.describe_mismatch is not None:
+            detail = ex.describe_mismatch(expected, answer, current)
+        else:
+            detail = _describe_mismatch(expected, answer, ex.rtol)
     except Exception:
         detail = "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
     return CheckResult(ex.id, "wrong", f"{detail} Подсказка: grading.hint({ex.id!r}).")

@@ -219,21 +219,24 @@ def test_12_1_6_batch_shape(variant):
         assert key in task["statement"] and task["rules"][key] == contract.RULES[key]
 
 
-def test_12_1_6_feedback_names_missing_and_extra_records():
+def test_12_1_6_feedback_counts_without_revealing_records():
     task, ref = grading.task("12.1.6"), grading.reference("12.1.6")
     multiturn, per_token = _traps(task)
+    n = len(ref)
     dropped = next(
         sid for sid, rule in ref.items() if rule not in ("mask_prompt", "mixed_versions")
     )
     result = grading.evaluate("12.1.6", {k: v for k, v in ref.items() if k != dropped})
-    assert result.status == "wrong" and dropped in result.message
+    assert result.status == "wrong" and dropped not in result.message
+    assert f"записей в пакете: {n}. Вы верно отметили {n - 1} из них" in result.message
     extra = next(r["sample_id"] for r in task["records"]
                  if r["sample_id"] not in ref and r["sample_id"] not in multiturn + per_token)  # fmt: skip
     result = grading.evaluate("12.1.6", {**ref, extra: "decoding"})
-    assert result.status == "wrong" and extra in result.message
+    assert result.status == "wrong" and extra not in result.message
+    assert "записей в ответе: 1" in result.message
     wrong_rule = {**ref, dropped: "reward" if ref[dropped] != "reward" else "decoding"}
     result = grading.evaluate("12.1.6", wrong_rule)
-    assert result.status == "wrong" and dropped in result.message
+    assert result.status == "wrong" and "у 1 правило названо неверно" in result.message
     assert grading.evaluate("12.1.6", {}).status == "wrong"
 
 

@@ -453,3 +453,20 @@ def test_markdown_under_a_kernel(registry, monkeypatch):
     grading.check("t.num", ____)
     ((bundle, raw),) = shown
     assert raw and "**" in bundle["text/markdown"] and "ещё не решено" in bundle["text/plain"]
+
+
+def test_custom_mismatch_feedback_and_its_failure_fall_back():
+    import dataclasses
+
+    custom = dataclasses.replace(
+        NUMERIC, describe_mismatch=lambda e, g, t: f"свой отзыв: n = {t['n']}"
+    )
+    broken = dataclasses.replace(NUMERIC, describe_mismatch=lambda e, g, t: 1 / 0)
+    with grading.registry_override():
+        grading.register(custom)
+        res = grading.evaluate(custom.id, -12345.0)
+        assert res.status == "wrong" and "свой отзыв" in res.message
+    with grading.registry_override():
+        grading.register(broken)
+        res = grading.evaluate(broken.id, -12345.0)
+        assert res.status == "wrong" and "Ответ не совпал" in res.message

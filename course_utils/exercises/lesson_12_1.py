@@ -307,6 +307,19 @@ def _solution_12_1_6(task: dict) -> str:
     )
 
 
+def _mismatch_12_1_6(expected: dict, answer: dict, task: dict) -> str:
+    """Отзыв без раскрытия номеров записей: сколько найдено, сколько лишних, сколько правил неверно."""
+    exp = {str(k).strip(): str(v).strip() for k, v in expected.items()}
+    got = {str(k).strip(): str(v).strip() for k, v in answer.items()}
+    found = exp.keys() & got.keys()
+    wrong_rule = sum(exp[k] != got[k] for k in found)
+    return (
+        f"Непригодных записей в пакете: {len(exp)}. Вы верно отметили {len(found)} из них, "
+        f"у {wrong_rule} правило названо неверно; лишних (на самом деле пригодных) записей "
+        f"в ответе: {len(got.keys() - exp.keys())}."
+    )
+
+
 register(
     Exercise(
         id="12.1.6",
@@ -353,6 +366,7 @@ register(
         ],
         compare=_compare,
         validate_answer=_validate_12_1_6,
+        describe_mismatch=_mismatch_12_1_6,
     )
 )
 
