@@ -66,6 +66,9 @@ __all__ = [
     "group_advantages",
     "grpo_step",
     "sync_weights",
+    "cache_bytes",
+    "colocated_memory_timeline",
+    "MemoryTimeline",
     "informative_group_fraction",
     "sequential_loop",
     "LOOP_STAGES",
@@ -287,6 +290,24 @@ def _forward(model, input_ids, attention_mask, position_ids, cache=None):
     return out.logits[:, -1, :], _returned_cache(out)
 
 
+def cache_bytes(cache) -> int:
+    """Байты тензоров K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size.
+
+    Читает ``cache.layers[i].keys/.values`` (transformers 5.x); для старого формата — кортежи
+    ``(k, v)`` по слоям.
+    """
+    if cache is None:
+        raise ValueError("cache: кэш не передан (None)")
+    layers = getattr(cache, "layers", None)
+    pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else list(cache)
+    total = 0
+    for k, v in pairs:
+        for t in (k, v):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
 def _sync_fn(device: torch.device):
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -320,6 +341,7 @@ class RolloutBatch:
     timings: dict[str, float]
     input_tokens: int
     output_tokens: int
+    kv_cache_bytes: int = 0  # байты KV-кэша в конце декодирования (все последовательности пакета)
 
     @property
     def tokens_per_s(self) -> float:
@@ -415,6 +437,8 @@ def generate_rollouts(
             logits, cache = _forward(model, token[:, None], mask, last_pos[:, None], cache)
         out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
         ended = done.cpu()
+        kv_bytes = cache_bytes(cache)
+        del cache
 
     with timer.stage("reward"):
         records, texts = [], []
@@ -458,6 +482,7 @@ def generate_rollouts(
         timings=timings,
         input_tokens=sum(map(len, prompts)),
         output_tokens=int(lengths.sum()),
+        kv_cache_bytes=kv_bytes,
     )
 
 
@@ -567,6 +592,7 @@ def grpo_step(
     reward_weights: dict[str, float] | None = None,
     autocast_dtype: torch.dtype | None = None,
     timer: StageTimer | None = None,
+    after_stage=None,
 ) -> dict:
     """Один шаг GRPO по записям роллаутов.
 
@@ -575,6 +601,8 @@ def grpo_step(
     (по умолчанию ``behavior_logprobs`` из записей). Доля клиппирования учитывает знак A:
     токен клиппирован, если ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``.
     Возвращает loss, clip_fraction, grad_norm (до отсечения), policy_tokens, total_tokens.
+    ``after_stage(name)`` (если задан) вызывается после «forward_backward» (градиенты ещё живы)
+    и после «optimizer_step» — например, чтобы снять память на границах фаз.
     """
     recs = _as_records(records)
     if not 0 < clip_eps < 1:
@@ -605,9 +633,13 @@ def grpo_step(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if after_stage is not None:
+        after_stage("forward_backward")
     with timer.stage("optimizer_step"):
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    if after_stage is not None:
+        after_stage("optimizer_step")
+    optimizer.zero_grad(set_to_none=True)
     model.eval()
     clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
     return {
@@ -631,6 +663,91 @@ def sync_weights(trainer_model, engine_model) -> int:
         dst.copy_(src[name])
         moved += dst.numel() * dst.element_size()
     return moved
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+@dataclass
+class MemoryTimeline:
+    """Память по фазам одного совмещённого шага.
+
+    ``phases`` — точный учёт тензоров ``[(фаза, {компонент: байты})]`` (веса, градиенты,
+    состояние оптимизатора, KV-кэш; активации и временные буферы сюда не входят).
+    ``gpu`` — на GPU: ``[(фаза, torch.cuda.memory_allocated после фазы, пик за фазу)]``
+    в байтах; на CPU пусто. ``device`` и ``info`` — чем измерено.
+    """
+
+    phases: list
+    gpu: list
+    device: str
+    kv_tokens: int
+    info: PolicyInfo | None = None
+
+
+def colocated_memory_timeline(
+    model,
+    tokenizer,
+    tasks: list[ArithTask],
+    group_size: int = 4,
+    max_new_tokens: int = 24,
+    lr: float = 1e-5,
+    seed: int = 0,
+    info: PolicyInfo | None = None,
+) -> MemoryTimeline:
+    """Совмещённое размещение: одна float32-копия модели по очереди генерирует и обучается.
+
+    Сначала шаг прогрева (создаёт состояние AdamW), затем измеряемый шаг с фазами
+    «генерация» → «пересчёт log π» → «прямой и обратный проход» → «шаг оптимизатора» →
+    «после шага». Для каждой фазы — точный учёт тензоров, а на GPU ещё и
+    ``torch.cuda.memory_allocated``/``max_memory_allocated`` на её границе.
+    """
+    if not isinstance(tasks, (list, tuple)) or not tasks:
+        raise ValueError("tasks должен быть непустым списком ArithTask")
+    if not lr > 0:
+        raise ValueError(f"lr должно быть > 0, получено {lr!r}")
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    net = copy.deepcopy(model).float()
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    kwargs = {"group_size": group_size, "max_new_tokens": max_new_tokens}
+    warm = generate_rollouts(net, tokenizer, list(tasks), seed=seed, **kwargs)
+    grpo_step(net, opt, warm.records)
+    phases, gpu = [], []
+
+    def resident() -> dict:
+        state = [t for st in opt.state.values() for t in st.values()]
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        out = {
+            "веса": _tensor_bytes(net.parameters()),
+            "состояние оптимизатора": _tensor_bytes(state),
+        }
+        if grads:
+            out["градиенты"] = _tensor_bytes(grads)
+        return out
+
+    def mark(name: str, extra: dict | None = None) -> None:
+        phases.append((name, {**resident(), **(extra or {})}))
+        if cuda:
+            torch.cuda.synchronize(device)
+            gpu.append(
+                (name, torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device))
+            )
+            torch.cuda.reset_peak_memory_stats(device)
+
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    batch = generate_rollouts(net, tokenizer, list(tasks), seed=seed + 1, **kwargs)
+    mark("генерация", {"KV-кэш": batch.kv_cache_bytes})
+    old = recompute_logprobs(net, batch.records)
+    mark("пересчёт log π")
+    names = {"forward_backward": "прямой и обратный проход", "optimizer_step": "шаг оптимизатора"}
+    grpo_step(net, opt, batch.records, old_logprobs=old, after_stage=lambda s: mark(names[s]))
+    mark("после шага")
+    kv_tokens = sum(len(r.prompt_tokens) for r in batch.records)
+    return MemoryTimeline(phases, gpu, str(device), kv_tokens, info)
 
 
 # --------------------------------------------------------------------------- эталонный цикл

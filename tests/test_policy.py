@@ -404,3 +404,47 @@ def test_weight_swap_mid_response_gives_per_token_versions(tiny):
     assert torch.equal(engine.state_dict()["lm_head.weight"], new_weights["lm_head.weight"])
     with pytest.raises(ValueError, match="swap_at"):
         policy.generate_rollouts(engine, tokenizer, policy.make_tasks(1), swap_at=2)
+
+
+def test_kv_cache_bytes_match_formula(tiny):
+    """Байты настоящего кэша transformers = 2·L·H_kv·d·T·b для T сохранённых токенов пакета."""
+    model, tokenizer, _ = tiny
+    cfg = model.config
+    batch = policy.generate_rollouts(
+        model, tokenizer, policy.make_tasks(2, seed=1), group_size=2, max_new_tokens=5, seed=0
+    )
+    width = max(len(r.prompt_tokens) for r in batch.records)
+    steps = max(len(r.response_tokens) for r in batch.records)
+    stored = len(batch.records) * (width + steps - 1)  # последний токен в кэш не пишется
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    expected = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * stored * 4
+    assert batch.kv_cache_bytes == expected
+    with pytest.raises(ValueError, match="cache"):
+        policy.cache_bytes(None)
+
+
+def test_colocated_memory_timeline_exact_accounting(tiny):
+    model, tokenizer, info = tiny
+    tl = policy.colocated_memory_timeline(
+        model, tokenizer, policy.make_tasks(2, seed=1), group_size=2, max_new_tokens=6
+    )
+    names = [name for name, _ in tl.phases]
+    assert names == [
+        "генерация",
+        "пересчёт log π",
+        "прямой и обратный проход",
+        "шаг оптимизатора",
+        "после шага",
+    ]
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    comps = dict(tl.phases)
+    assert all(c["веса"] == weights for c in comps.values())
+    # AdamW: два момента float32 на параметр плюс скаляр step на каждый тензор параметров
+    n_tensors = len(list(model.parameters()))
+    assert comps["генерация"]["состояние оптимизатора"] == 2 * weights + 4 * n_tensors
+    assert comps["прямой и обратный проход"]["градиенты"] == weights
+    assert "градиенты" not in comps["после шага"] and "KV-кэш" not in comps["пересчёт log π"]
+    assert comps["генерация"]["KV-кэш"] > 0
+    assert tl.gpu == [] and tl.device == "cpu"
+    with pytest.raises(ValueError, match="tasks"):
+        policy.colocated_memory_timeline(model, tokenizer, [])

@@ -1,0 +1,130 @@
+"""Пропускная способность RL-цикла в токенах и событиях (лекция, шаг 12.2.5).
+
+«Примеров в секунду» мало: запуски с разной длиной ответов так не сравнить. Отчёт
+``throughput_report`` считает по шагам эталонного цикла (``policy.sequential_loop``) входные и
+выходные токены в секунду, роллауты и проверенные исходы в секунду, обучающие токены
+(только токены политики), шаги оптимизатора в час и информативные группы в секунду:
+
+    информативные группы/с = группы/с × (1 − доля вырожденных групп).
+
+``decode_roofline_tokens_per_s`` — потолок скорости декодирования по пропускной способности
+памяти (Kipply, «Transformer Inference Arithmetic»): каждый шаг декодирования читает все веса
+один раз и KV-кэш каждой последовательности, поэтому
+
+    токенов/с ≤ B · BW / (W + B · KV(c)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+
+import pandas as pd
+
+# Пиковая пропускная способность памяти GPU, байт/с (паспортные значения, 1 ГБ/с = 10^9 Б/с).
+GPU_BANDWIDTH_BYTES_PER_S = {
+    "T4": 320e9,
+    "L4": 300e9,
+    "A10": 600e9,
+    "V100": 900e9,
+    "A100-SXM4-40GB": 1555e9,
+    "A100-SXM4-80GB": 2039e9,
+    "H100": 3.35e12,
+    "H200": 4.8e12,
+}
+
+
+def gpu_bandwidth(device_name: str) -> float | None:
+    """Паспортная пропускная способность памяти (байт/с) по имени GPU или None, если GPU неизвестен.
+
+    Имя сравнивается по вхождению: «Tesla T4» → T4 (320 ГБ/с); самое длинное совпадение побеждает.
+    """
+    if not isinstance(device_name, str) or not device_name.strip():
+        raise ValueError(f"device_name должно быть непустой строкой, получено {device_name!r}")
+    name = device_name.upper().replace(" ", "-")
+    hits = [k for k in GPU_BANDWIDTH_BYTES_PER_S if k.upper() in name]
+    return GPU_BANDWIDTH_BYTES_PER_S[max(hits, key=len)] if hits else None
+
+
+def decode_roofline_tokens_per_s(
+    weights_bytes: float,
+    bandwidth_bytes_per_s: float,
+    batch: int = 1,
+    kv_bytes_per_sequence: float = 0.0,
+) -> float:
+    """Потолок декодирования, токенов/с: B · BW / (W + B · KV), где W — байты весов,
+    KV — байты KV-кэша одной последовательности (читаются на каждом шаге), BW — байт/с.
+    """
+    for name, value in (
+        ("weights_bytes", weights_bytes),
+        ("bandwidth_bytes_per_s", bandwidth_bytes_per_s),
+    ):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} должно быть конечным числом > 0, получено {value!r}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch должно быть целым ≥ 1, получено {batch!r}")
+    if not isinstance(kv_bytes_per_sequence, (int, float)) or kv_bytes_per_sequence < 0:
+        raise ValueError(
+            f"kv_bytes_per_sequence должно быть ≥ 0, получено {kv_bytes_per_sequence!r}"
+        )
+    return batch * bandwidth_bytes_per_s / (weights_bytes + batch * kv_bytes_per_sequence)
+
+
+def degenerate_group_share(records) -> tuple[int, float]:
+    """(число групп, доля вырожденных): группа вырождена, если награда correctness у всех равна."""
+    groups: dict[str, set] = defaultdict(set)
+    for r in records:
+        key = r.group_id or r.prompt_id or r.sample_id
+        groups[key].add(float(r.reward.get("correctness", 0.0)))
+    if not groups:
+        raise ValueError("records: нет ни одной записи")
+    return len(groups), sum(len(v) == 1 for v in groups.values()) / len(groups)
+
+
+def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.DataFrame:
+    """Отчёт о пропускной способности по шагам цикла после прогрева.
+
+    T = Σ wall_s шагов с номером ≥ ``skip_warmup`` (с). Каждая метрика — объём работы этих шагов,
+    делённый на T; записи сопоставляются шагам по версии политики (``behavior_version``).
+    Проверенный исход — запись, у которой проверяющая система выставила конечную награду.
+    Возвращает таблицу «метрика, значение, единица».
+    """
+    if not isinstance(steps, pd.DataFrame) or steps.empty:
+        raise ValueError("steps: нужна непустая таблица шагов (LoopResult.steps)")
+    need = {"step", "behavior_version", "wall_s", "input_tokens", "output_tokens", "policy_tokens"}
+    if missing := need - set(steps.columns):
+        raise ValueError(f"steps: нет столбцов {sorted(missing)}")
+    if not isinstance(skip_warmup, int) or not 0 <= skip_warmup < len(steps):
+        raise ValueError(
+            f"skip_warmup должно быть целым в [0, {len(steps)}), получено {skip_warmup!r}"
+        )
+    kept = steps.sort_values("step").iloc[skip_warmup:]
+    versions = set(int(v) for v in kept["behavior_version"])
+    recs = [r for r in records if r.policy_version in versions]
+    if not recs:
+        raise ValueError("records: нет записей для шагов после прогрева")
+    T = float(kept["wall_s"].sum())
+    n_groups, degenerate = degenerate_group_share(recs)
+    verified = sum(
+        1
+        for r in recs
+        if isinstance(r.reward, Mapping)
+        and r.reward
+        and all(math.isfinite(float(v)) for v in r.reward.values())
+    )
+    total_tokens = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
+    rows = [
+        ("время шагов после прогрева", T, "с"),
+        ("входные токены/с", kept["input_tokens"].sum() / T, "токен/с"),
+        ("выходные токены/с", kept["output_tokens"].sum() / T, "токен/с"),
+        ("завершённые роллауты/с", len(recs) / T, "роллаут/с"),
+        ("проверенные исходы/с", verified / T, "исход/с"),
+        ("обучающие токены политики/с", kept["policy_tokens"].sum() / T, "токен/с"),
+        ("все токены пакета (запрос + ответ)/с", total_tokens / T, "токен/с"),
+        ("шаги оптимизатора/ч", len(kept) / T * 3600, "шаг/ч"),
+        ("группы/с", n_groups / T, "группа/с"),
+        ("доля вырожденных групп", degenerate, "доля"),
+        ("информативные группы/с", n_groups / T * (1 - degenerate), "группа/с"),
+    ]
+    return pd.DataFrame(rows, columns=["метрика", "значение", "единица"])

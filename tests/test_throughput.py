@@ -1,0 +1,95 @@
+"""Пропускная способность в токенах и событиях, потолок декодирования."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from course_utils import throughput
+from course_utils.contract import RolloutRecord
+
+
+def _rec(version, group, correct, n_prompt=3, n_resp=2):
+    return RolloutRecord(
+        sample_id=f"v{version}-{group}-{correct}-{n_resp}",
+        policy_version=version,
+        prompt_tokens=[1] * n_prompt,
+        response_tokens=[2] * n_resp,
+        policy_mask=[0] * n_prompt + [1] * n_resp,
+        behavior_logprobs=[-0.5] * n_resp,
+        decoding={"temperature": 1.0, "top_p": 1.0},
+        reward={"correctness": float(correct), "format": 1.0},
+        stop_reason="eos",
+        verifier_version="t",
+        group_id=f"v{version}-{group}",
+    )
+
+
+def _steps():
+    return pd.DataFrame(
+        {
+            "step": [0, 1, 2],
+            "behavior_version": [0, 1, 2],
+            "wall_s": [10.0, 2.0, 2.0],
+            "input_tokens": [12, 12, 12],
+            "output_tokens": [8, 8, 8],
+            "policy_tokens": [8, 8, 8],
+        }
+    )
+
+
+def _records():
+    recs = []
+    for v in (0, 1, 2):
+        recs += [_rec(v, "a", 1), _rec(v, "a", 0), _rec(v, "b", 1), _rec(v, "b", 1)]
+    return recs
+
+
+def test_report_against_hand_computation():
+    rep = throughput.throughput_report(_steps(), _records(), skip_warmup=1)
+    val = dict(zip(rep["метрика"], rep["значение"]))
+    T = 4.0  # шаги 1 и 2
+    assert val["время шагов после прогрева"] == T
+    assert val["входные токены/с"] == 24 / T
+    assert val["выходные токены/с"] == 16 / T
+    assert val["завершённые роллауты/с"] == 8 / T
+    assert val["проверенные исходы/с"] == 8 / T
+    assert val["обучающие токены политики/с"] == 16 / T
+    assert val["все токены пакета (запрос + ответ)/с"] == 8 * 5 / T
+    assert val["шаги оптимизатора/ч"] == pytest.approx(2 / T * 3600)
+    assert val["группы/с"] == 4 / T
+    assert val["доля вырожденных групп"] == 0.5  # группы «b» у обеих версий вырождены
+    assert val["информативные группы/с"] == 4 / T * 0.5
+    assert set(rep["единица"]) >= {"с", "токен/с", "группа/с"}
+
+
+def test_report_bad_input():
+    with pytest.raises(ValueError, match="steps"):
+        throughput.throughput_report(pd.DataFrame(), _records())
+    with pytest.raises(ValueError, match="skip_warmup"):
+        throughput.throughput_report(_steps(), _records(), skip_warmup=3)
+    with pytest.raises(ValueError, match="records"):
+        throughput.throughput_report(_steps(), [_rec(0, "a", 1)], skip_warmup=1)
+    with pytest.raises(ValueError, match="steps"):
+        throughput.throughput_report(_steps().drop(columns=["wall_s"]), _records())
+
+
+def test_roofline_matches_research_numbers():
+    # Qwen2.5-0.5B в fp16 на T4 (320 ГБ/с), пакет 1, KV не учитываем: ≈ 323.9 токен/с
+    w = 494_032_768 * 2
+    assert throughput.decode_roofline_tokens_per_s(w, 320e9) == pytest.approx(323.9, abs=0.05)
+    # пакет B с KV: B·BW / (W + B·KV)
+    assert throughput.decode_roofline_tokens_per_s(100.0, 1000.0, 4, 25.0) == 4 * 1000 / 200
+    with pytest.raises(ValueError, match="batch"):
+        throughput.decode_roofline_tokens_per_s(w, 320e9, batch=0)
+    with pytest.raises(ValueError, match="weights_bytes"):
+        throughput.decode_roofline_tokens_per_s(-1, 320e9)
+
+
+def test_gpu_bandwidth_lookup():
+    assert throughput.gpu_bandwidth("Tesla T4") == 320e9
+    assert throughput.gpu_bandwidth("NVIDIA A100-SXM4-80GB") == 2039e9
+    assert throughput.gpu_bandwidth("NVIDIA H200") == 4.8e12
+    assert throughput.gpu_bandwidth("Радиола") is None
+    with pytest.raises(ValueError, match="device_name"):
+        throughput.gpu_bandwidth("")
