@@ -342,6 +342,7 @@ class RolloutBatch:
     input_tokens: int
     output_tokens: int
     kv_cache_bytes: int = 0  # байты KV-кэша в конце декодирования (все последовательности пакета)
+    kv_cache_tokens: int = 0  # сохранённых в кэше токенов: последовательности × длина кэша
 
     @property
     def tokens_per_s(self) -> float:
@@ -438,6 +439,7 @@ def generate_rollouts(
         out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
         ended = done.cpu()
         kv_bytes = cache_bytes(cache)
+        kv_tokens = n * (mask.shape[1])  # позиций в кэше: запрос с паддингом + декодированные
         del cache
 
     with timer.stage("reward"):
@@ -483,6 +485,7 @@ def generate_rollouts(
         input_tokens=sum(map(len, prompts)),
         output_tokens=int(lengths.sum()),
         kv_cache_bytes=kv_bytes,
+        kv_cache_tokens=kv_tokens,
     )
 
 
@@ -676,7 +679,8 @@ class MemoryTimeline:
     ``phases`` — точный учёт тензоров ``[(фаза, {компонент: байты})]`` (веса, градиенты,
     состояние оптимизатора, KV-кэш; активации и временные буферы сюда не входят).
     ``gpu`` — на GPU: ``[(фаза, torch.cuda.memory_allocated после фазы, пик за фазу)]``
-    в байтах; на CPU пусто. ``device`` и ``info`` — чем измерено.
+    в байтах; на CPU пусто. ``kv_tokens`` — позиций в KV-кэше фазы генерации (последовательности ×
+    длина кэша). ``device`` и ``info`` — чем измерено.
     """
 
     phases: list
@@ -746,7 +750,7 @@ def colocated_memory_timeline(
     names = {"forward_backward": "прямой и обратный проход", "optimizer_step": "шаг оптимизатора"}
     grpo_step(net, opt, batch.records, old_logprobs=old, after_stage=lambda s: mark(names[s]))
     mark("после шага")
-    kv_tokens = sum(len(r.prompt_tokens) for r in batch.records)
+    kv_tokens = batch.kv_cache_tokens
     return MemoryTimeline(phases, gpu, str(device), kv_tokens, info)
 
 
