@@ -28,6 +28,7 @@ import json
 import math
 import numbers
 import os
+import textwrap
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -755,7 +756,8 @@ def plot_memory_timeline(
         ymax = max(ymax, budget_u)
     ax.set_ylim(0, ymax * 1.15 if ymax > 0 else 1)
     ax.set_xticks(xs)
-    ax.set_xticklabels([name for name, _ in checked], fontsize=9)
+    # длинные имена фаз переносим по словам, чтобы подписи соседних столбцов не наезжали
+    ax.set_xticklabels([textwrap.fill(name, 12) for name, _ in checked], fontsize=9)
     ax.set_xlim(-0.6, len(checked) - 0.4)
     ax.set_ylabel(f"память, {unit_label(unit)}")
     ax.set_xlabel("фаза")
