@@ -343,6 +343,7 @@ class RolloutBatch:
     output_tokens: int
     kv_cache_bytes: int = 0  # байты KV-кэша в конце декодирования (все последовательности пакета)
     kv_cache_tokens: int = 0  # сохранённых в кэше токенов: последовательности × длина кэша
+    prefill_tokens: int = 0  # токенов, прошедших prefill (без паддинга; меньше при share_prefill)
 
     @property
     def tokens_per_s(self) -> float:
@@ -365,6 +366,7 @@ def generate_rollouts(
     timer: StageTimer | None = None,
     swap_at: int | None = None,
     swap_weights: dict | None = None,
+    share_prefill: bool = False,
 ) -> RolloutBatch:
     """Группы из ``group_size`` ответов на каждую задачу; пакетное декодирование с KV-кэшем.
 
@@ -376,6 +378,10 @@ def generate_rollouts(
     ``policy_version + 1``), движок подменяет веса **на месте** посреди ответа — токены с номера k
     выбирает уже новая версия (KV-кэш начала ответа остаётся от старой). Такие записи получают
     ``token_policy_versions`` и ``policy_version=None``.
+
+    ``share_prefill=True`` (шаг 12.3.3): запрос группы проходит prefill один раз, затем его
+    KV-кэш и логиты размножаются на G ответов (``cache.batch_repeat_interleave``); число токенов
+    prefill падает в G раз, распределение ответов то же.
     """
     if not isinstance(tasks, (list, tuple)) or not tasks:
         raise ValueError("tasks должен быть непустым списком ArithTask")
@@ -399,12 +405,14 @@ def generate_rollouts(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
 
     with timer.stage("prepare"):
-        prompts = [_prompt_ids(tokenizer, t) for t in tasks for _ in range(group_size)]
-        width = max(map(len, prompts))
+        unique = [_prompt_ids(tokenizer, t) for t in tasks]
+        prompts = [p for p in unique for _ in range(group_size)]
+        rows = unique if share_prefill else prompts
+        width = max(map(len, rows))
         n = len(prompts)
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(rows):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         ids, mask = ids.to(device), mask.to(device)
@@ -412,6 +420,11 @@ def generate_rollouts(
 
     with timer.stage("prefill"):
         logits, cache = _forward(model, ids, mask, positions)
+        if share_prefill:  # один prefill на группу: кэш и логиты запроса копируются G раз
+            cache.batch_repeat_interleave(group_size)
+            logits = logits.repeat_interleave(group_size, dim=0)
+            mask = mask.repeat_interleave(group_size, dim=0)
+            positions = positions.repeat_interleave(group_size, dim=0)
 
     with timer.stage("decode"):
         out_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -483,6 +496,7 @@ def generate_rollouts(
         tasks=[tasks[i // group_size] for i in range(n)],
         timings=timings,
         input_tokens=sum(map(len, prompts)),
+        prefill_tokens=sum(map(len, rows)),
         output_tokens=int(lengths.sum()),
         kv_cache_bytes=kv_bytes,
         kv_cache_tokens=kv_tokens,

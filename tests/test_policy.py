@@ -449,3 +449,20 @@ def test_colocated_memory_timeline_exact_accounting(tiny):
     assert tl.gpu == [] and tl.device == "cpu"
     with pytest.raises(ValueError, match="tasks"):
         policy.colocated_memory_timeline(model, tokenizer, [])
+
+
+def test_share_prefill_same_distribution_fewer_prefill_tokens(tiny):
+    model, tokenizer, _ = tiny
+    tasks = policy.make_tasks(3, seed=8)
+    a = policy.generate_rollouts(model, tokenizer, tasks, group_size=4, seed=5)
+    b = policy.generate_rollouts(model, tokenizer, tasks, group_size=4, seed=5, share_prefill=True)
+    assert b.prefill_tokens * 4 == a.prefill_tokens == a.input_tokens
+    assert b.input_tokens == a.input_tokens
+    for ra, rb in zip(a.records, b.records):
+        assert rb.prompt_tokens == ra.prompt_tokens
+        assert validate_rollout(rb) == []
+    # логарифмы поведения при общем prefill совпадают с пересчётом тренера
+    for rb, lp in zip(b.records, policy.recompute_logprobs(model, b.records)):
+        assert torch.allclose(lp.double(), torch.tensor(rb.behavior_logprobs).double(), atol=1e-4)
+    same = sum(ra.response_tokens == rb.response_tokens for ra, rb in zip(a.records, b.records))
+    assert same >= len(a.records) - 1  # тот же генератор случайных чисел: ответы те же

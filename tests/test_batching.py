@@ -1,0 +1,49 @@
+"""Статическое и группированное по длине пакетирование на крошечной модели."""
+
+import pytest
+
+from course_utils import batching, policy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer, _ = policy.load_policy("tiny", device="cpu")
+    return model, tokenizer
+
+
+def test_response_lengths_deterministic_and_bounded():
+    a = batching.response_lengths(200, seed=3, median=10, max_len=40)
+    assert a == batching.response_lengths(200, seed=3, median=10, max_len=40)
+    assert min(a) >= 1 and max(a) <= 40
+    assert sorted(a)[100] in range(7, 14)  # медиана около заданной
+    with pytest.raises(ValueError, match="n"):
+        batching.response_lengths(0)
+    with pytest.raises(ValueError, match="median"):
+        batching.response_lengths(5, median=50, max_len=10)
+
+
+def test_decode_fixed_lengths_utilization(tiny):
+    model, tok = tiny
+    lengths = [2, 5, 3, 10]
+    out = batching.decode_fixed_lengths(model, tok, policy.make_tasks(4, seed=1), lengths)
+    assert out["steps"] == 10
+    assert out["useful_tokens"] == 20 and out["slot_steps"] == 40
+    assert out["utilization"] == 0.5
+    assert out["decode_s"] > 0 and out["prefill_s"] > 0
+    with pytest.raises(ValueError, match="lengths"):
+        batching.decode_fixed_lengths(model, tok, policy.make_tasks(2, seed=1), [1, 0])
+
+
+def test_bucketing_raises_slot_utilization(tiny):
+    model, tok = tiny
+    tasks = policy.make_tasks(12, seed=2)
+    lengths = batching.response_lengths(12, seed=4, median=6, max_len=30)
+    table = batching.compare_batching(model, tok, tasks, lengths, n_buckets=3).set_index(
+        "стратегия"
+    )
+    static, bucketed = table.loc["статический пакет"], table.loc["по длине"]
+    assert static["полезных токенов"] == bucketed["полезных токенов"] == sum(lengths)
+    assert static["загрузка слотов U"] == pytest.approx(sum(lengths) / (12 * max(lengths)))
+    assert bucketed["загрузка слотов U"] >= static["загрузка слотов U"]
+    with pytest.raises(ValueError, match="n_buckets"):
+        batching.compare_batching(model, tok, tasks, lengths, n_buckets=0)
