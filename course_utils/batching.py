@@ -21,7 +21,13 @@ import pandas as pd
 import torch
 
 from course_utils.arith_task import ArithTask
-from course_utils.policy import _forward, _prompt_ids, _sync_fn, sampling_logprobs
+from course_utils.policy import (
+    _cache_kwarg,
+    _forward,
+    _prompt_ids,
+    _sync_fn,
+    sampling_logprobs,
+)
 
 
 def response_lengths(
@@ -123,3 +129,49 @@ def compare_batching(model, tokenizer, tasks, lengths, n_buckets: int = 4, seed:
             }
         )
     return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def stale_prefix_error(model, new_weights: dict, tokenizer, task: ArithTask, probe_tokens: int = 4):
+    """Можно ли переиспользовать KV-кэш запроса после обновления весов? Мерой служит разница.
+
+    1) prefill запроса весами версии v → кэш; 2) веса заменяются на ``new_weights`` (v+1);
+    3) следующие ``probe_tokens`` токенов эталонного ответа прогоняются новыми весами поверх
+    старого кэша и, для сравнения, поверх свежего prefill новыми весами. Возвращает
+    max |Δ log p| по словарю на этих позициях (нат) и KL(свежий ‖ со старым кэшем).
+    Веса модели на выходе — ``new_weights``.
+    """
+    from course_utils.arith_task import target_response
+
+    if not isinstance(probe_tokens, int) or probe_tokens < 1:
+        raise ValueError(f"probe_tokens должно быть целым ≥ 1, получено {probe_tokens!r}")
+    device = next(model.parameters()).device
+    prompt = _prompt_ids(tokenizer, task)
+    cont = tokenizer(target_response(task), add_special_tokens=False)["input_ids"][:probe_tokens]
+    ids = torch.tensor([prompt], device=device)
+    mask = torch.ones_like(ids)
+    pos = torch.arange(len(prompt), device=device)[None]
+    _, old_cache = _forward(model, ids, mask, pos)  # кэш версии v
+    model.load_state_dict(new_weights)
+    _, fresh_cache = _forward(model, ids, mask, pos)  # кэш версии v+1
+    full = torch.ones((1, len(prompt) + len(cont)), dtype=torch.long, device=device)
+    tail = torch.tensor([cont], device=device)
+    tail_pos = torch.arange(len(prompt), len(prompt) + len(cont), device=device)[None]
+
+    def run(cache):
+        out = model(
+            input_ids=tail,
+            attention_mask=full,
+            position_ids=tail_pos,
+            use_cache=True,
+            **{_cache_kwarg(model): cache},
+        )
+        return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+    stale, fresh = run(old_cache), run(fresh_cache)
+    kl = (fresh.exp() * (fresh - stale)).sum(-1)
+    return {
+        "max_abs_dlogp": float((fresh - stale).abs().max()),
+        "mean_kl": float(kl.mean()),
+        "probe_tokens": len(cont),
+    }

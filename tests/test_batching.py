@@ -47,3 +47,21 @@ def test_bucketing_raises_slot_utilization(tiny):
     assert bucketed["загрузка слотов U"] >= static["загрузка слотов U"]
     with pytest.raises(ValueError, match="n_buckets"):
         batching.compare_batching(model, tok, tasks, lengths, n_buckets=0)
+
+
+def test_stale_prefix_cache_differs_after_weight_update(tiny):
+    import copy
+
+    import torch
+
+    model, tok = tiny
+    task = policy.make_tasks(1, seed=3)[0]
+    same = batching.stale_prefix_error(copy.deepcopy(model), model.state_dict(), tok, task)
+    assert same["max_abs_dlogp"] == 0.0 and same["mean_kl"] == 0.0  # те же веса: кэш годен
+    new = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    engine = copy.deepcopy(model)
+    res = batching.stale_prefix_error(engine, new, tok, task, probe_tokens=3)
+    assert res["max_abs_dlogp"] > 1e-3 and res["mean_kl"] > 0 and res["probe_tokens"] == 3
+    assert torch.equal(engine.state_dict()["lm_head.weight"], new["lm_head.weight"])
+    with pytest.raises(ValueError, match="probe_tokens"):
+        batching.stale_prefix_error(engine, new, tok, task, probe_tokens=0)
