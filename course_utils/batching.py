@@ -43,6 +43,44 @@ def response_lengths(
     return [int(x) for x in np.clip(np.rint(raw), 1, max_len)]
 
 
+def _check_lengths_slots(lengths, slots: int, name: str) -> list[int]:
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+        raise ValueError(f"{name} должно быть целым ≥ 1, получено {slots!r}")
+    out = list(lengths)
+    if not out or any(not isinstance(L, (int, np.integer)) or L < 1 for L in out):
+        raise ValueError(f"lengths: нужен непустой список целых ≥ 1, получено {lengths!r}")
+    return [int(L) for L in out]
+
+
+def static_batching(lengths, batch_size: int) -> dict:
+    """Статические пакеты по ``batch_size`` запросов в порядке поступления.
+
+    Пакет декодируется max L шагов; время (в шагах декодирования) = Σ_пакетов max L,
+    загрузка слотов U = Σ L / Σ_пакетов (размер пакета · max L).
+    """
+    L = _check_lengths_slots(lengths, batch_size, "batch_size")
+    batches = [L[i : i + batch_size] for i in range(0, len(L), batch_size)]
+    steps = sum(max(b) for b in batches)
+    slot_steps = sum(len(b) * max(b) for b in batches)
+    return {"шагов": steps, "загрузка слотов U": sum(L) / slot_steps, "пакетов": len(batches)}
+
+
+def continuous_batching(lengths, slots: int) -> dict:
+    """Непрерывное пакетирование: освободившийся слот сразу берёт следующий запрос.
+
+    Жадное расписание по ``slots`` слотам в порядке поступления; время = момент окончания
+    последнего запроса (в шагах декодирования), U = Σ L / (slots · время).
+    """
+    import heapq
+
+    L = _check_lengths_slots(lengths, slots, "slots")
+    free = [0] * min(slots, len(L))
+    for length in L:
+        heapq.heappush(free, heapq.heappop(free) + length)
+    makespan = max(free)
+    return {"шагов": makespan, "загрузка слотов U": sum(L) / (slots * makespan), "пакетов": 1}
+
+
 @torch.no_grad()
 def decode_fixed_lengths(
     model, tokenizer, tasks: list[ArithTask], lengths: list[int], seed: int = 0

@@ -65,3 +65,24 @@ def test_stale_prefix_cache_differs_after_weight_update(tiny):
     assert torch.equal(engine.state_dict()["lm_head.weight"], new["lm_head.weight"])
     with pytest.raises(ValueError, match="probe_tokens"):
         batching.stale_prefix_error(engine, new, tok, task, probe_tokens=0)
+
+
+def test_static_and_continuous_batching_against_hand_values():
+    lengths = [4, 4, 5, 5, 5, 6, 6, 20]
+    st = batching.static_batching(lengths, batch_size=8)
+    assert st["шагов"] == 20 and st["загрузка слотов U"] == 55 / 160  # пример лекции, U ≈ 0.344
+    st4 = batching.static_batching(lengths, batch_size=4)
+    assert st4["шагов"] == 5 + 20 and st4["пакетов"] == 2
+    assert st4["загрузка слотов U"] == 55 / (4 * 5 + 4 * 20)
+    cont = batching.continuous_batching(lengths, slots=4)
+    # слоты: 4,4,5,5 → затем 5 (в 4), 6 (в 4), 6 (в 5), 20 (в 5) → окончание 25
+    assert cont["шагов"] == 25 and cont["загрузка слотов U"] == 55 / (4 * 25)
+    many = batching.response_lengths(64, seed=2)
+    assert (
+        batching.continuous_batching(many, 8)["загрузка слотов U"]
+        >= batching.static_batching(many, 8)["загрузка слотов U"]
+    )
+    with pytest.raises(ValueError, match="slots"):
+        batching.continuous_batching(lengths, 0)
+    with pytest.raises(ValueError, match="lengths"):
+        batching.static_batching([3, 0], 2)
