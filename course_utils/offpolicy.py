@@ -581,6 +581,75 @@ def expected_ess_fraction(
     return math.exp(-length * _sigma(lag, float(sigma_per_lag), float(sigma_tim)) ** 2)
 
 
+def stale_strategies(
+    lags,
+    lengths,
+    l_max: int = 2,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+    eps: float = 0.2,
+    sigma_per_lag: float = 0.02,
+    seed: int = 0,
+):
+    """Сравнение стратегий для несвежих данных на синтетических весах (шаг 12.4.4).
+
+    Роллаут i с задержкой L_i и длиной T_i получает log w_i ~ N(−s²/2, s²), s² = T_i·(σ·L_i)²
+    (модель ``simulate_log_ratios``; при «двух обновлениях на роллаут» задержка L_i + 1).
+    Стратегии: всё как есть; отбросить L > l_max; усечь w ≤ cap (TIS); маскировать w вне band;
+    одно обновление на роллаут вместо двух. Для каждой — доля сохранённых роллаутов, средняя
+    длина сохранённых относительно всех (смещение к коротким, если < 1), ESS/n по сохранённым,
+    доля w вне [1−ε, 1+ε] и max |log w|. Возвращает pandas.DataFrame.
+    """
+    import pandas as pd
+
+    lag = np.asarray([_nonneg_int(x, "lags") for x in lags], dtype=float)
+    length = np.asarray([_nonneg_int(x, "lengths") for x in lengths], dtype=float)
+    if lag.size == 0 or lag.shape != length.shape or (length < 1).any():
+        raise ValueError("lags и lengths: непустые, одной длины, длины ≥ 1")
+    _nonneg_int(l_max, "l_max")
+    cap = _positive(cap, "cap")
+    lo, hi = band
+    if not 0 <= lo < 1 < hi:
+        raise ValueError(f"band должно быть (low, high) с 0 ≤ low < 1 < high, получено {band!r}")
+    _check_sigmas(sigma_per_lag, 0.0)
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(lag.size)
+
+    def log_w(extra_lag: float) -> np.ndarray:
+        s = np.sqrt(length) * sigma_per_lag * (lag + extra_lag)
+        return -(s**2) / 2 + s * z
+
+    def row(name, logw, keep, weights=None):
+        w = np.exp(logw[keep]) if weights is None else weights[keep]
+        nz = w > 0
+        return {
+            "стратегия": name,
+            "сохранено роллаутов, %": 100 * keep.mean(),
+            "длина сохранённых / всех": length[keep].mean() / length.mean()
+            if keep.any()
+            else np.nan,
+            "ESS/n": normalized_ess(w[nz]) * nz.mean() if nz.any() else 0.0,
+            "доля клиппирования (w вне [1−ε, 1+ε]), %": 100 * clip_fraction(w, eps)
+            if w.size
+            else np.nan,
+            "max |log w|": float(np.abs(np.log(w[nz])).max()) if nz.any() else np.nan,
+        }
+
+    base = log_w(0.0)
+    every = np.ones(lag.size, dtype=bool)
+    w = np.exp(base)
+    truncated, _ = truncated_weights(w, cap)
+    masked, _ = masked_weights(w, lo, hi)
+    rows = [
+        row("два обновления на роллаут", log_w(1.0), every),
+        row("всё как есть (одно обновление)", base, every),
+        row(f"отбросить задержку > {l_max}", base, lag <= l_max),
+        row(f"усечь веса: min(w, {cap:g})", base, every, np.asarray(truncated)),
+        row(f"маскировать w вне [{lo:g}, {hi:g}]", base, every, np.asarray(masked)),
+    ]
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------- TIM
 
 

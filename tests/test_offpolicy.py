@@ -553,3 +553,38 @@ def test_tim_report_violation_and_bad_inputs():
         op.tim_report(np.zeros((1, 3)), np.zeros((1, 3)), threshold=0.0)
     with pytest.raises(ValueError, match="NaN"):
         op.tim_report(np.zeros((1, 2)), np.array([[0.0, np.nan]]))
+
+
+def test_stale_strategies_against_hand_computation():
+    import numpy as np
+
+    from course_utils import offpolicy as op
+
+    lags = [0, 1, 2, 3, 4, 0, 1, 2]
+    lengths = [10, 20, 40, 80, 160, 10, 20, 40]
+    t = op.stale_strategies(lags, lengths, l_max=2, cap=2.0, band=(0.5, 2.0), sigma_per_lag=0.05)
+    t = t.set_index("стратегия")
+    # та же модель вручную: s = sqrt(T)·σ·L, log w = −s²/2 + s·z, z — тот же генератор
+    z = np.random.default_rng(0).standard_normal(len(lags))
+    s = np.sqrt(lengths) * 0.05 * np.array(lags, dtype=float)
+    w = np.exp(-(s**2) / 2 + s * z)
+    assert t.loc["всё как есть (одно обновление)", "ESS/n"] == pytest.approx(
+        w.sum() ** 2 / (w**2).sum() / len(w)
+    )
+    keep = np.array(lags) <= 2
+    drop = t.loc["отбросить задержку > 2"]
+    assert drop["сохранено роллаутов, %"] == pytest.approx(100 * keep.mean())
+    assert drop["длина сохранённых / всех"] == pytest.approx(
+        np.mean(np.array(lengths)[keep]) / np.mean(lengths)
+    )  # длинные роллауты чаще несвежие: отбрасывание смещает к коротким
+    assert drop["длина сохранённых / всех"] < 1
+    wt = np.minimum(w, 2.0)
+    assert t.loc["усечь веса: min(w, 2)", "ESS/n"] == pytest.approx(
+        wt.sum() ** 2 / (wt**2).sum() / len(wt)
+    )
+    more = t.loc["два обновления на роллаут", "ESS/n"]
+    assert more < t.loc["всё как есть (одно обновление)", "ESS/n"]
+    with pytest.raises(ValueError, match="band"):
+        op.stale_strategies(lags, lengths, band=(1.5, 2.0))
+    with pytest.raises(ValueError, match="lags"):
+        op.stale_strategies([], [])
