@@ -479,3 +479,345 @@ def test_12_2_8_misconceptions_in_other_forms(variant):
     wrong = {**ref, "peak_lora_gib": ref["peak_gib"], "informative_groups_per_s": n}
     result = grading.evaluate("12.2.8", wrong, variant)
     assert result.misconception == "groups_not_informative"
+
+
+# ---------------------------------------------------------------- 12.3.6–12.3.9: конвейер (урок 12.3)
+def test_lesson_12_3_registered():
+    from course_utils import exercises
+
+    assert "lesson_12_3" in exercises.LOADED
+    assert {"12.3.6", "12.3.7", "12.3.8", "12.3.9"} <= set(IDS)
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_3_6_reference_by_hand(variant):
+    task, ref = grading.task("12.3.6", variant), grading.reference("12.3.6", variant)
+    G, T, n, K = task["G_s"], task["T_s"], task["n_batches"], task["K"]
+    r_g, r_t = task["gen_tokens_per_s_per_device"], task["train_tokens_per_s_per_device"]
+    assert ref["C_seq"] == G + T and ref["C_pipe"] == max(G, T)
+    assert ref["T_n"] == G + T + (n - 1) * max(G, T)
+    assert ref["speedup"] == pytest.approx(n * (G + T) / ref["T_n"])
+    assert n * max(G, T) < ref["T_n"] * (1 - 0.02)  # «первый пакет бесплатно» заметно отличается
+    rates = {k: min(k * r_g, (K - k) * r_t) for k in range(1, K)}
+    assert ref["k_gen"] == max(rates, key=rates.get) and ref["k_gen"] + ref["k_train"] == K
+    assert sorted(rates.values())[-2] < rates[ref["k_gen"]]  # лучшее разбиение единственно
+    assert ref["k_gen"] != K // 2 and f"{G} с" in task["statement"] and "1 %" in task["statement"]
+
+
+def test_12_3_6_forms_and_feedback():
+    ref = grading.reference("12.3.6")
+    assert grading.evaluate("12.3.6", {**ref, "k_gen": float(ref["k_gen"])})
+    assert grading.evaluate("12.3.6", {**ref, "T_n": ref["T_n"] * 1.005})
+    result = grading.evaluate("12.3.6", {**ref, "k_gen": ref["k_gen"] - 1})
+    assert result.status == "malformed" and "K =" in result.message
+    result = grading.evaluate("12.3.6", {**ref, "T_n": ref["T_n"] * 1.2})
+    assert result.status == "wrong" and "T_n" in result.message and "C_seq" not in result.message
+    # ошибки узнаются и по одному ключу: асимптотическое ускорение = «забыли заполнение»
+    task = grading.task("12.3.6")
+    limit = (task["G_s"] + task["T_s"]) / max(task["G_s"], task["T_s"])
+    result = grading.evaluate("12.3.6", {**ref, "speedup": limit})
+    assert result.misconception == "first_batch_free"
+    result = grading.evaluate("12.3.6", {**ref, "C_pipe": task["G_s"] + task["T_s"]})
+    assert result.misconception == "sum_not_max"
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_3_7_reference_by_hand(variant):
+    task, ref = grading.task("12.3.7", variant), grading.reference("12.3.7", variant)
+    d, tau = [r["duration_s"] for r in task["rollouts"]], task["timeout_s"]
+    assert ref["T_group"] == max(d) and ref["U"] == pytest.approx(sum(d) / (len(d) * max(d)))
+    capped = [min(x, tau) for x in d]
+    assert ref["U_timeout"] == pytest.approx(sum(capped) / (len(d) * tau))
+    assert ref["U"] < ref["U_timeout"] < 0.9
+    assert ref["truncated"] == [i for i, x in enumerate(d) if x > tau] != []
+    hard = [i for i, r in enumerate(task["rollouts"]) if r["difficulty"] == "hard"]
+    easy = [i for i, r in enumerate(task["rollouts"]) if r["difficulty"] == "easy"]
+    cut = set(ref["truncated"])
+    assert ref["hard_share_truncated"] == pytest.approx(len(cut & set(hard)) / len(hard))
+    assert ref["easy_share_truncated"] == pytest.approx(len(cut & set(easy)) / len(easy))
+    assert ref["hard_share_truncated"] > ref["easy_share_truncated"]  # тайм-аут смещает данные
+    assert ref["hard_share_truncated"] < 1
+
+
+def test_12_3_7_forms_and_feedback():
+    ref = grading.reference("12.3.7")
+    assert grading.evaluate("12.3.7", {**ref, "truncated": ref["truncated"][::-1]})
+    assert grading.evaluate("12.3.7", {**ref, "truncated": set(ref["truncated"])})
+    result = grading.evaluate("12.3.7", {**ref, "U": 100 * ref["U"]})
+    assert result.status == "malformed" and "проценты" in result.message
+    result = grading.evaluate("12.3.7", {**ref, "truncated": ["q1"]})
+    assert result.status == "malformed" and "truncated" in result.message
+    result = grading.evaluate("12.3.7", {**ref, "truncated": ref["truncated"][1:]})
+    assert result.status == "wrong" and "truncated" in result.message
+    result = grading.evaluate("12.3.7", {**ref, "U": 1.0, "U_timeout": 1.0})
+    assert result.misconception == "mean_not_max"
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_3_8_reference_by_hand(variant):
+    task, ref = grading.task("12.3.8", variant), grading.reference("12.3.8", variant)
+    mu = task["batch_tokens"] / task["step_s"]
+    per = task["rollouts_per_s_per_collector"] * task["mean_tokens"]
+    lam = {c: n * per for c, n in task["collectors"].items()}
+    signs = sorted((lam[c] > mu + 1e-6) - (lam[c] < mu - 1e-6) for c in lam)
+    assert signs == [-1, 0, 1]  # ровно одна конфигурация с λ = μ
+    assert ref["stable"] == {c: lam[c] < mu - 1e-6 for c in lam}
+    for c in lam:
+        assert ref["growth_tokens_per_s"][c] == pytest.approx(max(lam[c] - mu, 0), abs=1e-6)
+    big = task["backpressure_config"]
+    assert lam[big] > mu
+    L, B = task["max_lag_steps"], task["batch_tokens"]
+    assert ref["threshold_tokens"] == L * B - task["collectors"][big] * task["max_tokens"] > 0
+
+
+@pytest.mark.parametrize("variant", range(4))
+def test_12_3_8_threshold_bounds_simulated_queue(variant):
+    """Симулятор с порогом из ответа: очередь перелетает порог, но не превышает L·B."""
+    from course_utils import pipeline
+
+    task, ref = grading.task("12.3.8", variant), grading.reference("12.3.8", variant)
+    big = task["backpressure_config"]
+    cfg = pipeline.SimConfig(
+        num_collectors=task["collectors"][big], batch_tokens=task["batch_tokens"],
+        max_queue_tokens=ref["threshold_tokens"], length_dist="uniform",
+        mean_tokens=task["mean_tokens"], max_tokens=task["max_tokens"],
+        decode_tokens_per_s=4000.0, train_tokens_per_s=task["batch_tokens"] / task["step_s"],
+        train_fixed_s=0.0, weight_sync_s=0.0, duration_s=60.0,
+    )  # fmt: skip
+    peak = pipeline.simulate(cfg).summary["peak_queue_tokens"]
+    assert ref["threshold_tokens"] < peak <= task["max_lag_steps"] * task["batch_tokens"]
+
+
+def test_12_3_8_forms_and_feedback():
+    ref = grading.reference("12.3.8")
+    result = grading.evaluate("12.3.8", {**ref, "threshold_tokens": ref["threshold_tokens"] + 0.5})
+    assert result.status == "malformed" and "целое" in result.message
+    result = grading.evaluate("12.3.8", {**ref, "stable": True})
+    assert result.status == "malformed" and "stable" in result.message
+    all_stable = {**ref, "stable": dict.fromkeys(ref["stable"], True)}
+    assert grading.evaluate("12.3.8", all_stable).misconception == "stable_if_equal"
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_3_9_trace_and_reference(variant):
+    from course_utils import pipeline
+
+    task, ref = grading.task("12.3.9", variant), grading.reference("12.3.9", variant)
+    trace = task["trace"]
+    assert [r["row"] for r in trace] == list(range(len(trace)))
+    for r in trace:
+        assert r["end_s"] > r["start_s"]
+        assert all(trace[j]["end_s"] <= r["start_s"] + 1e-9 for j in r["depends_on"])
+    by_worker = {}
+    for r in trace:
+        by_worker.setdefault(r["worker"], []).append((r["start_s"], r["end_s"]))
+    for spans in by_worker.values():  # у исполнителя интервалы не перекрываются
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(sorted(spans), sorted(spans)[1:]))
+    work = [r for r in trace if r["stage"] not in ("queue_wait", "backpressure")]
+    assert ref["sum_of_work"] == pytest.approx(sum(r["end_s"] - r["start_s"] for r in work))
+    assert ref["critical_path"] < ref["sum_of_work"]
+    horizon = max(r["end_s"] for r in trace)
+    for pool, workers in task["pools"].items():
+        busy = sum(r["end_s"] - r["start_s"] for r in work if r["worker"] in workers)
+        assert ref["utilization"][pool] == pytest.approx(busy / (len(workers) * horizon))
+    totals = {}
+    for r in work:
+        totals[r["stage"]] = totals.get(r["stage"], 0) + r["end_s"] - r["start_s"]
+    assert max(totals, key=totals.get) == "decode" != ref["speed_up"]
+    deps = {r["row"]: r["depends_on"] for r in trace if r["depends_on"]}
+    intervals = [{k: r[k] for k in ("worker", "stage", "start_s", "end_s")} for r in trace]
+    _, chain = pipeline.critical_path(intervals, deps)
+    assert ref["speed_up"] in set(chain["stage"]) and "decode" not in set(chain["stage"])
+
+
+def test_12_3_9_speed_up_varies_and_feedback():
+    assert len({grading.reference("12.3.9", v)["speed_up"] for v in range(8)}) >= 3
+    ref = grading.reference("12.3.9")
+    assert grading.evaluate("12.3.9", {**ref, "speed_up": ref["speed_up"].upper()})
+    result = grading.evaluate("12.3.9", {**ref, "speed_up": "обучение"})
+    assert result.status == "malformed" and "forward_backward" in result.message
+    pct = {**ref, "utilization": {p: 100 * u for p, u in ref["utilization"].items()}}
+    assert grading.evaluate("12.3.9", pct).status == "malformed"
+    mean = sum(ref["utilization"].values()) / 3
+    flat = {**ref, "utilization": dict.fromkeys(ref["utilization"], mean), "speed_up": "decode"}
+    assert grading.evaluate("12.3.9", flat).misconception == "off_critical_path"  # первая по списку
+    one = {**ref, "utilization": dict.fromkeys(ref["utilization"], mean)}
+    assert grading.evaluate("12.3.9", one).misconception == "average_utilization"
+
+
+# ---------------------------------------------------------------- 12.4.6–12.4.9: данные другой политики (урок 12.4)
+def test_lesson_12_4_registered():
+    from course_utils import exercises
+
+    assert "lesson_12_4" in exercises.LOADED
+    assert {"12.4.6", "12.4.7", "12.4.8", "12.4.9"} <= set(IDS)
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_4_6_reference_by_hand(variant):
+    task, ref = grading.task("12.4.6", variant), grading.reference("12.4.6", variant)
+    rows = list(zip(task["mask"], task["logp_target"], task["logp_behavior"]))
+    assert 0 in task["mask"] and 1 in task["mask"]  # многоходовой ответ с токенами среды
+    by_hand = [math.exp(a - b) for m, a, b in rows if m == 1]
+    assert ref["ratios"] == pytest.approx(by_hand, rel=1e-12)
+    assert ref["seq_log_ratio"] == pytest.approx(sum(a - b for m, a, b in rows if m), abs=1e-12)
+    assert "1 %" in task["statement"] and "0.002" in task["statement"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_12_4_6_rounding_and_misconceptions_in_other_forms(variant):
+    task, ref = grading.task("12.4.6", variant), grading.reference("12.4.6", variant)
+    rounded = {"ratios": [round(r, 3) for r in ref["ratios"]],
+               "seq_log_ratio": round(ref["seq_log_ratio"], 3)}  # fmt: skip
+    assert grading.evaluate("12.4.6", rounded, variant)
+    rows = list(zip(task["mask"], task["logp_target"], task["logp_behavior"]))
+    unmasked = sum(a - b for _, a, b in rows)
+    result = grading.evaluate("12.4.6", {**ref, "seq_log_ratio": unmasked}, variant)
+    assert result.misconception == "env_tokens_included"
+    all_ratios = [math.exp(a - b) for _, a, b in rows]
+    result = grading.evaluate("12.4.6", {**ref, "ratios": all_ratios}, variant)
+    assert result.misconception == "env_tokens_included"
+    result = grading.evaluate("12.4.6", {**ref, "ratios": [1 / r for r in ref["ratios"]]}, variant)
+    assert result.misconception == "ratio_inverted"
+    n = sum(task["mask"])
+    result = grading.evaluate("12.4.6", {**ref, "seq_log_ratio": ref["seq_log_ratio"] / n}, variant)
+    assert result.misconception == "mean_not_sum"
+    result = grading.evaluate("12.4.6", {**ref, "ratios": ref["ratios"][:-1]}, variant)
+    assert result.status == "wrong" and f"нужно {n} чисел" in result.message
+    result = grading.evaluate("12.4.6", {"ratios": ref["ratios"]}, variant)
+    assert result.status == "malformed" and "seq_log_ratio" in result.message
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_4_7_reference_by_hand(variant):
+    task, ref = grading.task("12.4.7", variant), grading.reference("12.4.7", variant)
+    w, a = task["weights"], task["advantages"]
+    low, high = 1 - task["eps_low"], 1 + task["eps_high"]
+    ess = sum(w) ** 2 / sum(x * x for x in w)
+    assert ref["ess"] == pytest.approx(ess, rel=1e-12)
+    assert ref["ess_norm"] == pytest.approx(ess / len(w), rel=1e-12)
+    binding = [(x > high and s > 0) or (x < low and s < 0) for x, s in zip(w, a)]
+    outside = [x > high or x < low for x in w]
+    assert ref["clip_fraction"] == pytest.approx(sum(binding) / len(w))
+    assert 0 < sum(binding) < sum(outside)  # есть и срабатывание, и выход «не того знака»
+    assert ref["max_abs_log_w"] == pytest.approx(max(abs(math.log(x)) for x in w))
+
+
+def test_12_4_7_asymmetric_band_and_feedback():
+    assert {grading.task("12.4.7", v)["eps_high"] for v in range(8)} == {0.2, 0.28}
+    ref = grading.reference("12.4.7")
+    result = grading.evaluate("12.4.7", {**ref, "clip_fraction": 100 * ref["clip_fraction"]})
+    assert result.status == "malformed" and "не проценты" in result.message
+    result = grading.evaluate("12.4.7", {**ref, "max_abs_log_w": ref["max_abs_log_w"] * 1.2})
+    assert result.status == "wrong" and "max_abs_log_w" in result.message
+    assert grading.evaluate("12.4.7", {k: round(v, 3) for k, v in ref.items()})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_12_4_7_misconceptions_in_other_forms(variant):
+    task, ref = grading.task("12.4.7", variant), grading.reference("12.4.7", variant)
+    w = task["weights"]
+    result = grading.evaluate("12.4.7", {**ref, "ess": sum(w) / len(w)}, variant)
+    assert result.misconception == "ess_mean_weight"
+    result = grading.evaluate("12.4.7", {**ref, "ess_norm": ref["ess"]}, variant)
+    assert result.misconception == "ess_not_normalized"
+
+
+def _behaviour_by_hand(task):
+    """log μ(y) без torch: z/T, ядро top-p (как policy.sampling_logprobs), перенормировка."""
+    z = [x / task["temperature"] for x in task["logits"]]
+    top = max(z)
+    probs = [math.exp(x - top) for x in z]
+    probs = [q / sum(probs) for q in probs]
+    kept, mass = set(), 0.0
+    for i in sorted(range(len(z)), key=lambda i: -probs[i]):
+        kept.add(i)
+        mass += probs[i]
+        if mass >= task["top_p"]:
+            break
+    y = task["token_index"]
+    assert y in kept and len(kept) < len(z)
+    return math.log(probs[y] / mass), math.log(probs[y])
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_4_8_reference_by_hand(variant):
+    task, ref = grading.task("12.4.8", variant), grading.reference("12.4.8", variant)
+    behaviour, raw = _behaviour_by_hand(task)
+    assert ref["behavior_logprob"] == pytest.approx(behaviour, abs=1e-5)
+    assert abs(raw - behaviour) > 0.02
+    for name, rows in task["logs"].items():
+        same = all(r["behavior_version"] == r["trainer_version"] for r in rows)
+        assert ref["diagnosis"][name] == ("tim" if same else "lag")
+        assert all(r["behavior_version"] <= r["trainer_version"] for r in rows)
+    assert "tim" in ref["diagnosis"].values()  # иначе «всё — задержка» совпало бы с верным
+    assert task["temperature"] != 1 and f"T = {task['temperature']}" in task["statement"]
+
+
+def test_12_4_8_agrees_with_offpolicy_and_feedback():
+    import numpy as np
+
+    from course_utils import offpolicy
+
+    task, ref = grading.task("12.4.8"), grading.reference("12.4.8")
+    z, y = np.array(task["logits"]), task["token_index"]
+    lp = offpolicy.behavior_logprob(z, y, task["temperature"], task["top_p"])
+    assert ref["behavior_logprob"] == pytest.approx(float(lp), abs=1e-6)
+    loose = {"Diagnosis": {k.lower(): v.upper() for k, v in ref["diagnosis"].items()},
+             "behavior_logprob": round(ref["behavior_logprob"], 3)}  # fmt: skip
+    assert grading.evaluate("12.4.8", loose)
+    result = grading.evaluate("12.4.8", {**ref, "diagnosis": {"A": "задержка", "B": "tim"}})
+    assert result.status == "malformed" and '"lag"' in result.message
+    result = grading.evaluate("12.4.8", {**ref, "behavior_logprob": 0.5})
+    assert result.status == "malformed" and "≤ 0" in result.message
+    raw = offpolicy.raw_logprob(z, y, task["temperature"])
+    all_lag = {k: "lag" for k in ref["diagnosis"]}
+    result = grading.evaluate("12.4.8", {"diagnosis": all_lag, "behavior_logprob": float(raw)})
+    assert result.misconception == "raw_softmax_under_top_p"  # первая по списку
+    result = grading.evaluate("12.4.8", {**ref, "diagnosis": all_lag})
+    assert result.misconception == "staleness_everywhere"
+
+
+@pytest.mark.parametrize("variant", range(40))
+def test_12_4_9_codes_match_injected_violations(variant):
+    from course_utils import weight_sync
+    from course_utils.exercises import lesson_12_4
+
+    plan = lesson_12_4._plan_12_4_9(variant)
+    task, ref = grading.task("12.4.9", variant), grading.reference("12.4.9", variant)
+    assert set(ref) == lesson_12_4._expected_codes(plan)
+    assert len(ref) == len(set(ref)) and set(ref) <= set(weight_sync.AUDIT_RULES)
+    assert task["rules"] == weight_sync.AUDIT_RULES
+    replicas = {e["replica"] for e in task["events"]} - {"publisher"}
+    assert 2 <= len(replicas) <= 3
+    versions = {e["version"] for e in task["events"] if e["event"] == "barrier"}
+    assert 1 <= len(versions) <= 2
+    if variant < 4:  # на первых вариантах узнаются все типичные ошибки
+        assert "checksum_mismatch" in ref and set(ref) & lesson_12_4._BARRIER_CODES
+
+
+def test_12_4_9_variety_clean_logs_and_traps():
+    refs = [grading.reference("12.4.9", v) for v in range(40)]
+    assert [] in refs, "нужен хотя бы один чистый журнал"
+    clean = refs.index([])
+    assert grading.evaluate("12.4.9", [], clean)
+    assert grading.evaluate("12.4.9", ["inplace_update"], clean).status == "wrong"
+    found = {code for ref in refs for code in ref}
+    assert len(found) >= 7
+    events = [e for v in range(40) for e in grading.task("12.4.9", v)["events"]]
+    assert any(e["event"] == "abort" for e in events)  # ловушка: отмена — это норма
+
+
+def test_12_4_9_answer_forms_and_feedback():
+    ref = grading.reference("12.4.9")
+    assert grading.evaluate("12.4.9", list(reversed(ref)))
+    assert grading.evaluate("12.4.9", set(ref))
+    assert grading.evaluate("12.4.9", [f"[{c.upper()}]" for c in ref] + ref[:1])
+    result = grading.evaluate("12.4.9", [*ref, "torn-read"])
+    assert result.status == "malformed" and "AUDIT_RULES" in result.message
+    result = grading.evaluate("12.4.9", {c: True for c in ref})
+    assert result.status == "malformed"
+    result = grading.evaluate("12.4.9", ref[:1])
+    assert result.status == "wrong" and f"Нарушенных правил в журнале: {len(ref)}" in result.message
+    text = _ex("12.4.9").solution(grading.task("12.4.9"))
+    assert all(f"[{code}]" in text for code in ref)
