@@ -1,0 +1,176 @@
+"""Семь гарантий RL-контура (шаг 12.5.5) и предполётная проверка описания запуска.
+
+Цепочка модуля: политика поведения → контракт роллаута → ограниченная очередь → обновление
+относительно объявленной политики → атомарная синхронизация → полная контрольная точка →
+трассировка. ``preflight(run)`` берёт описание запуска (словарь) и для каждой гарантии говорит,
+выполнена ли она и чего не хватает. Описание — заявления команды, а не измерения: функция
+проверяет полноту заявленного, а подтверждают его тесты и аварийные проверки уроков 12.1–12.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+# Обязательные компоненты полной контрольной точки (шаг 12.5.1).
+CHECKPOINT_COMPONENTS = (
+    "model",
+    "optimizer",
+    "lr_scheduler",
+    "step_and_version",
+    "rng_states",
+    "data_cursor",
+    "curriculum",
+    "reward_normalizer",
+    "component_versions",
+    "queue_policy",
+)
+TRACE_IDS = (
+    "prompt_id",
+    "rollout_id",
+    "behavior_policy_version",
+    "verifier_version",
+    "training_batch_id",
+    "optimizer_step",
+    "resulting_policy_version",
+)
+RECORD_FIELDS = ("tokens", "policy_mask", "behavior_logprobs", "reward", "stop_reason", "versions")
+SYNC_PROPERTIES = ("version_id", "atomic_switch", "readiness_barrier", "verification")
+
+# (ключ, формулировка, функция проверки описания → список недостающего)
+_RU = {
+    "behavior_policy": "1. Политика поведения: известны версия весов и правила декодирования каждого токена",
+    "rollout_contract": "2. Роллаут хранит токены, маску, log-вероятности, награду, причину остановки, версии",
+    "bounded_queue": "3. Очередь ограничивает возраст и объём данных (в токенах, не в записях)",
+    "declared_update": "4. Обновление — относительно объявленной политики поведения, отношения под контролем",
+    "atomic_sync": "5. Синхронизация атомарно публикует новую версию",
+    "full_checkpoint": "6. Контрольная точка позволяет продолжить тот же эксперимент (проверено аварией)",
+    "trace_chain": "7. Трассировка связывает ответ с шагом оптимизатора и обратно",
+}
+GUARANTEES = tuple(_RU.items())
+
+PREFLIGHT_ORDER = (
+    "последовательный эталон на одном процессе",
+    "контракт роллаута и нулевая задержка",
+    "память по компонентам и фазам",
+    "критический путь и хвосты длительности",
+    "перекрытие, и только затем асинхронность",
+    "задержка, TIM, ESS и доля клиппирования в журнале",
+    "восстановление, проверенное принудительным сбоем",
+    "сравнение стеков на одной задаче и в одних единицах стоимости",
+)
+
+
+def _missing(items, required) -> list[str]:
+    have = set(items or ())
+    return [x for x in required if x not in have]
+
+
+def _check(run: Mapping) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    gaps = []
+    if not run.get("decoding_logged"):
+        gaps.append("правила декодирования (температура, top-p) не записываются")
+    if run.get("weights_can_change_mid_response") and not run.get("per_token_versions"):
+        gaps.append("веса меняются посреди ответа, а версий по токенам нет")
+    out["behavior_policy"] = gaps
+    out["rollout_contract"] = [
+        f"в записи нет поля {f}" for f in _missing(run.get("record_fields"), RECORD_FIELDS)
+    ]
+    gaps = []
+    unit = run.get("queue_limit")
+    if run.get("asynchronous"):
+        if unit is None:
+            gaps.append("асинхронная очередь без порога")
+        elif unit == "rollouts" and run.get("variable_lengths", True):
+            gaps.append("порог в записях при разной длине ответов — нужен порог в токенах")
+        if run.get("max_policy_lag") is None:
+            gaps.append("нет ограничения задержки политики")
+    out["bounded_queue"] = gaps
+    gaps = []
+    if not run.get("logs_ratio_diagnostics"):
+        gaps.append("ESS, доля клиппирования и |log w| не записываются")
+    if run.get("asynchronous") and not run.get("off_policy_correction"):
+        gaps.append("асинхронные данные без поправки, отбрасывания или пересчёта")
+    out["declared_update"] = gaps
+    out["atomic_sync"] = [
+        f"нет свойства синхронизации: {p}" for p in _missing(run.get("sync"), SYNC_PROPERTIES)
+    ]
+    gaps = [
+        f"контрольная точка не хранит {c}"
+        for c in _missing(run.get("checkpoint_components"), CHECKPOINT_COMPONENTS)
+    ]
+    if not run.get("crash_tested"):
+        gaps.append("восстановление не проверено принудительным сбоем")
+    out["full_checkpoint"] = gaps
+    out["trace_chain"] = [f"в трассе нет {t}" for t in _missing(run.get("trace_ids"), TRACE_IDS)]
+    return out
+
+
+def preflight(run: Mapping) -> pd.DataFrame:
+    """Предполётная проверка: строка на гарантию — выполнена ли и чего не хватает (по-русски).
+
+    ``run`` — словарь с ключами: decoding_logged, weights_can_change_mid_response,
+    per_token_versions, record_fields, asynchronous, queue_limit ("tokens"/"rollouts"/None),
+    variable_lengths, max_policy_lag, logs_ratio_diagnostics, off_policy_correction,
+    sync (список из ``SYNC_PROPERTIES``), checkpoint_components (из ``CHECKPOINT_COMPONENTS``),
+    crash_tested, trace_ids (из ``TRACE_IDS``). Отсутствующий ключ = «не заявлено».
+    """
+    if not isinstance(run, Mapping):
+        raise ValueError(
+            f"run должен быть словарём-описанием запуска, получено {type(run).__name__}"
+        )
+    known = {
+        "decoding_logged", "weights_can_change_mid_response", "per_token_versions",
+        "record_fields", "asynchronous", "queue_limit", "variable_lengths", "max_policy_lag",
+        "logs_ratio_diagnostics", "off_policy_correction", "sync", "checkpoint_components",
+        "crash_tested", "trace_ids", "name",
+    }  # fmt: skip
+    if unknown := sorted(set(run) - known):
+        raise ValueError(f"run: неизвестные ключи {unknown}; допустимы {sorted(known)}")
+    if run.get("queue_limit") not in (None, "tokens", "rollouts"):
+        raise ValueError(
+            f"run['queue_limit']: tokens, rollouts или None, получено {run['queue_limit']!r}"
+        )
+    gaps = _check(run)
+    return pd.DataFrame(
+        [
+            {"гарантия": text, "выполнена": not gaps[key], "чего не хватает": "; ".join(gaps[key])}
+            for key, text in GUARANTEES
+        ]
+    )
+
+
+def example_runs() -> dict[str, dict]:
+    """Два описания для ноутбука: эталон курса (всё на месте) и «быстрый прототип» с дырами."""
+    full = {
+        "name": "эталон курса",
+        "decoding_logged": True,
+        "per_token_versions": True,
+        "weights_can_change_mid_response": False,
+        "record_fields": list(RECORD_FIELDS),
+        "asynchronous": True,
+        "queue_limit": "tokens",
+        "max_policy_lag": 2,
+        "logs_ratio_diagnostics": True,
+        "off_policy_correction": True,
+        "sync": list(SYNC_PROPERTIES),
+        "checkpoint_components": list(CHECKPOINT_COMPONENTS),
+        "crash_tested": True,
+        "trace_ids": list(TRACE_IDS),
+    }
+    quick = {
+        "name": "быстрый прототип",
+        "decoding_logged": False,
+        "weights_can_change_mid_response": True,
+        "record_fields": ["tokens", "reward"],
+        "asynchronous": True,
+        "queue_limit": "rollouts",
+        "logs_ratio_diagnostics": False,
+        "sync": ["version_id"],
+        "checkpoint_components": ["model", "optimizer"],
+        "crash_tested": False,
+        "trace_ids": ["prompt_id", "rollout_id"],
+    }
+    return {"full": full, "quick": quick}
