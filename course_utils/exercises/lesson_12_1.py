@@ -13,40 +13,25 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from course_utils import contract, profile
+from course_utils.exercises.common import (
+    Family as _Family,
+)
+from course_utils.exercises.common import (
+    family_compare as _compare,
+)
+from course_utils.exercises.common import (
+    norm as _norm,
+)
+from course_utils.exercises.common import (
+    norm_dict as _norm_dict,
+)
 from course_utils.grading import Exercise, Misconception, answers_match, register
 
 # ---------------------------------------------------------------- общее
-
-
-class _Family(dict):
-    """Канонический неверный ответ (словарь) + ``accepts(given)``: узнаёт ту же ошибку в ином виде."""
-
-    def __init__(self, canonical: Mapping, accepts: Callable[[Any], bool]):
-        super().__init__(canonical)
-        self.accepts = accepts
-
-
-def _compare(expected: Any, given: Any, rtol: float) -> bool:
-    """Сравнение ответа: как answers_match; для семейства ошибок ещё и его правило."""
-    if answers_match(dict(expected) if isinstance(expected, _Family) else expected, given, rtol):
-        return True
-    return isinstance(expected, _Family) and bool(expected.accepts(given))
-
-
-def _norm(x: Any) -> Any:
-    """Строка без лишних пробелов, без регистра, «ё» → «е» (как при сравнении в grading)."""
-    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
-
-
-def _norm_dict(given: Any) -> dict | None:
-    """Словарь с нормализованными строковыми ключами или None, если ответ не такой."""
-    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
-        return None
-    return {_norm(k): v for k, v in given.items()}
 
 
 def _md_code(x: Any) -> str:

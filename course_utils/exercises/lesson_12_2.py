@@ -11,47 +11,32 @@
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from course_utils import memory, throughput
+from course_utils.exercises.common import (
+    Family as _Family,
+)
+from course_utils.exercises.common import (
+    family_compare as _compare,
+)
+from course_utils.exercises.common import (
+    is_num as _is_num,
+)
+from course_utils.exercises.common import (
+    norm as _norm,
+)
+from course_utils.exercises.common import (
+    norm_dict as _norm_dict,
+)
 from course_utils.grading import Exercise, Misconception, answers_match, register
 
 GIB = memory.GIB
 
 
 # ---------------------------------------------------------------- общее
-class _Family(dict):
-    """Канонический неверный ответ (словарь) + ``accepts(given)``: узнаёт ту же ошибку в ином виде."""
-
-    def __init__(self, canonical: Mapping, accepts: Callable[[Any], bool]):
-        super().__init__(canonical)
-        self.accepts = accepts
-
-
-def _compare(expected: Any, given: Any, rtol: float) -> bool:
-    if answers_match(dict(expected) if isinstance(expected, _Family) else expected, given, rtol):
-        return True
-    return isinstance(expected, _Family) and bool(expected.accepts(given))
-
-
-def _norm(x: Any) -> Any:
-    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
-
-
-def _norm_dict(given: Any) -> dict | None:
-    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
-        return None
-    return {_norm(k): v for k, v in given.items()}
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _family(ref: dict, wrong: dict, key: str, rtol: float = 1e-2) -> _Family:
     """Семейство «ключ ``key`` равен неверному значению ``wrong[key]``» (прочие ключи — любые)."""
 

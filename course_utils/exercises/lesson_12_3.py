@@ -16,13 +16,27 @@ import copy
 import functools
 import json
 import math
-import numbers
 import random
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
 from course_utils import pipeline
+from course_utils.exercises.common import (
+    Family as _Family,
+)
+from course_utils.exercises.common import (
+    get_key as _get,
+)
+from course_utils.exercises.common import (
+    is_num as _is_num,
+)
+from course_utils.exercises.common import (
+    norm as _norm,
+)
+from course_utils.exercises.common import (
+    norm_dict as _norm_dict,
+)
 from course_utils.grading import Exercise, Misconception, answers_match, register
 
 RTOL = 1e-2
@@ -30,36 +44,6 @@ _TOLERANCE = "относительный допуск 1 % (rtol = 1e-2)"
 
 
 # ---------------------------------------------------------------- общее
-class _Family(dict):
-    """Канонический неверный ответ (словарь) + ``accepts(given)``: узнаёт ту же ошибку в ином виде."""
-
-    def __init__(self, canonical: Mapping, accepts: Callable[[Any], bool]):
-        super().__init__(canonical)
-        self.accepts = accepts
-
-
-def _norm(x: Any) -> Any:
-    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
-
-
-def _norm_dict(given: Any) -> dict | None:
-    """Словарь с нормализованными строковыми ключами или None, если ответ не такой."""
-    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
-        return None
-    return {_norm(k): v for k, v in given.items()}
-
-
-def _get(given: Any, key: str) -> Any:
-    """Значение ответа по ключу (без учёта регистра); None, если ключа нет."""
-    g = _norm_dict(given)
-    return None if g is None else g.get(_norm(key))
-
-
-def _is_num(x: Any) -> bool:
-    ok = isinstance(x, numbers.Real) and not isinstance(x, bool)
-    return ok and math.isfinite(float(x))
-
-
 def _is_bool(x: Any) -> bool:
     return isinstance(x, bool) or (
         type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")

@@ -18,33 +18,32 @@ import json
 import math
 import numbers
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from course_utils import offpolicy
+from course_utils.exercises.common import (
+    CodeFamily as _CodeFamily,
+)
+from course_utils.exercises.common import (
+    Family as _Family,
+)
+from course_utils.exercises.common import (
+    get_key as _get,
+)
+from course_utils.exercises.common import (
+    norm as _norm,
+)
+from course_utils.exercises.common import (
+    norm_dict as _norm_dict,
+)
 from course_utils.grading import Exercise, Misconception, register
 
 # ---------------------------------------------------------------- общее
 RTOL, ATOL = 1e-2, 2e-3
 _TOL = "допуск — 1 % от верного значения или 0.002 по абсолютной величине (что больше)"
-
-
-class _Family(dict):
-    """Канонический неверный ответ (словарь) + ``accepts(given)``: узнаёт ту же ошибку в ином виде."""
-
-    def __init__(self, canonical: Mapping, accepts: Callable[[Any], bool]):
-        super().__init__(canonical)
-        self.accepts = accepts
-
-
-class _CodeFamily(list):
-    """То же для ответа-списка кодов (12.4.9)."""
-
-    def __init__(self, canonical: list, accepts: Callable[[Any], bool]):
-        super().__init__(canonical)
-        self.accepts = accepts
 
 
 def _plain(x: Any) -> Any:
@@ -76,22 +75,6 @@ def _close_list(expected: list, given: Any) -> bool:
         and len(g) == len(expected)
         and all(_close(e, x) for e, x in zip(expected, g))
     )
-
-
-def _norm(x: Any) -> Any:
-    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
-
-
-def _norm_dict(given: Any) -> dict | None:
-    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
-        return None
-    return {_norm(k): v for k, v in given.items()}
-
-
-def _get(given: Any, key: str) -> Any:
-    """Значение по ключу (без учёта регистра) или None."""
-    g = _norm_dict(given)
-    return None if g is None else g.get(_norm(key))
 
 
 def _compare_with(same: Callable[[Any, Any], bool]) -> Callable[[Any, Any, float], bool]:
