@@ -19,14 +19,8 @@ from typing import Any
 from course_utils import contract, profile
 from course_utils.exercises.common import (
     Family as _Family,
-)
-from course_utils.exercises.common import (
     family_compare as _compare,
-)
-from course_utils.exercises.common import (
     norm as _norm,
-)
-from course_utils.exercises.common import (
     norm_dict as _norm_dict,
 )
 from course_utils.grading import Exercise, Misconception, answers_match, register

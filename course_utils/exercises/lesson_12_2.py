@@ -18,17 +18,9 @@ from typing import Any
 from course_utils import memory, throughput
 from course_utils.exercises.common import (
     Family as _Family,
-)
-from course_utils.exercises.common import (
     family_compare as _compare,
-)
-from course_utils.exercises.common import (
     is_num as _is_num,
-)
-from course_utils.exercises.common import (
     norm as _norm,
-)
-from course_utils.exercises.common import (
     norm_dict as _norm_dict,
 )
 from course_utils.grading import Exercise, Misconception, answers_match, register

@@ -24,17 +24,9 @@ from typing import Any
 from course_utils import pipeline
 from course_utils.exercises.common import (
     Family as _Family,
-)
-from course_utils.exercises.common import (
     get_key as _get,
-)
-from course_utils.exercises.common import (
     is_num as _is_num,
-)
-from course_utils.exercises.common import (
     norm as _norm,
-)
-from course_utils.exercises.common import (
     norm_dict as _norm_dict,
 )
 from course_utils.grading import Exercise, Misconception, answers_match, register

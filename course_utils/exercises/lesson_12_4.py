@@ -26,17 +26,9 @@ import numpy as np
 from course_utils import offpolicy
 from course_utils.exercises.common import (
     CodeFamily as _CodeFamily,
-)
-from course_utils.exercises.common import (
     Family as _Family,
-)
-from course_utils.exercises.common import (
     get_key as _get,
-)
-from course_utils.exercises.common import (
     norm as _norm,
-)
-from course_utils.exercises.common import (
     norm_dict as _norm_dict,
 )
 from course_utils.grading import Exercise, Misconception, register
