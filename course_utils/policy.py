@@ -41,6 +41,7 @@ from course_utils.arith_task import (
     verify,
 )
 from course_utils.contract import RolloutRecord
+from course_utils.profile import STAGES
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
 from course_utils.tracing import StageTimer
 
@@ -76,16 +77,8 @@ __all__ = [
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 TINY_MODEL_NAME = "tiny"
-LOOP_STAGES = (
-    "prepare",
-    "prefill",
-    "decode",
-    "reward",
-    "logprob_recompute",
-    "forward_backward",
-    "optimizer_step",
-    "weight_sync",
-)
+# Этапы эталонного цикла — одно определение на курс (profile.STAGES, без импорта torch).
+LOOP_STAGES = STAGES
 
 
 # --------------------------------------------------------------------------- загрузка модели

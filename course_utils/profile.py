@@ -41,8 +41,7 @@ __all__ = [
     "synthetic_profile",
 ]
 
-# Совпадает с course_utils.policy.LOOP_STAGES (тест это проверяет; policy здесь не импортируем,
-# потому что он тянет torch).
+# Этапы эталонного цикла; policy.LOOP_STAGES ссылается сюда (здесь нет импорта torch).
 STAGES: tuple[str, ...] = (
     "prepare",
     "prefill",
