@@ -3,6 +3,14 @@
 Карта — это снимок кода и документации семи стеков на указанные даты, а не рейтинг.
 Источник фактов — ``data/stack_map.csv``, описание и порядок обновления — ``data/SOURCES.md``.
 
+Кроме загрузки, фильтра ``supports`` и рисунка модуль даёт:
+
+* ``choose_stacks`` — выбор стеков по требованиям шага 12.5.4 (узлы, LoRA, многоходовость,
+  асинхронность, ограничение задержки, бэкенд обучения, движок генерации); для каждого стека —
+  какие требования не выполнены, какие ячейки не подтверждены и сколько дней снимку;
+* ``load_speedups`` — опубликованные ускорения из ``data/stack_speedups.csv``; каждая строка —
+  заявление авторов для их конфигурации, а не свойство стека.
+
 Соглашения файла:
 
 * многозначные ячейки разделяются ``|``; загрузчик возвращает их списками
@@ -23,8 +31,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -478,3 +487,520 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
         linespacing=1.3,
     )
     return ax
+
+
+# --- выбор стеков по требованиям (шаги 12.5.4 и 12.5.12) ---------------------------
+
+NODES: tuple[str, ...] = ("one", "many")
+CHOICE_COLUMNS: tuple[str, ...] = (
+    "stack",
+    "matches",
+    "failed",
+    "unconfirmed",
+    "snapshot_date",
+    "age_days",
+)
+# Бэкенды обучения, которые сами шардируют состояние между процессами на разных узлах.
+SHARDED_BACKENDS: tuple[str, ...] = ("FSDP", "ZeRO", "Megatron")
+
+# Многоузловой запуск: (подтверждён ли, чем). Подтверждением считается только опубликованный
+# авторами запуск на заведомо нескольких узлах. Стеков, которых здесь нет, касается вывод
+# по ``training_backends`` (см. ``choose_stacks``). Факты — из research/anchors_rl_stacks.md.
+MULTI_NODE_EVIDENCE: Mapping[str, tuple[bool, str]] = {
+    "verl": (
+        True,
+        "опубликованные запуски полностью асинхронного рецепта на 128 GPU H20 "
+        "(docs/advance/fully_async.md, снимок b178a3c)",
+    ),
+    "NeMo RL": (
+        True,
+        "таблица производительности v0.6: DeepSeek-V3 на 512 H100, Qwen3-235B на 256 H100 "
+        "(docs/about/performance-summary.md, снимок 7ea279a)",
+    ),
+    "PRIME-RL": (
+        False,
+        "запуск на 28 узлах H200 известен только из стороннего пересказа, "
+        "документацией проекта не подтверждён",
+    ),
+}
+
+
+def _hits(needle: str, items: Iterable[str]) -> bool:
+    """Есть ли подстрока ``needle`` (без учёта регистра) хотя бы в одном элементе."""
+    needle = needle.casefold()
+    return any(needle in item.casefold() for item in items)
+
+
+class StackLimit(NamedTuple):
+    """Известное ограничение *сочетания* требований у одного стека.
+
+    Оси карты независимы, но отдельные сочетания стек не поддерживает (``kind="fails"``)
+    или исследование их не подтвердило (``kind="unconfirmed"``). ``requirements`` — имена
+    аргументов ``choose_stacks``; ``violated(req)`` получает словарь всех требований и
+    возвращает ``True``, если сочетание задето.
+    """
+
+    stack: str
+    requirements: tuple[str, ...]
+    kind: str
+    message: str
+    violated: Callable[[Mapping[str, object]], bool]
+
+
+STACK_LIMITS: tuple[StackLimit, ...] = (
+    StackLimit(
+        "TRL",
+        ("lora", "asynchronous"),
+        "unconfirmed",
+        "LoRA описан для синхронного GRPOTrainer; в экспериментальном AsyncGRPOTrainer "
+        "пути PEFT/LoRA не найдено (снимок f2cd577)",
+        lambda r: r["lora"] is True and r["asynchronous"] is True,
+    ),
+    StackLimit(
+        "TRL",
+        ("asynchronous", "training_backend"),
+        "fails",
+        "асинхронный AsyncGRPOTrainer поддерживает только FSDP2, DeepSpeed ZeRO — нет "
+        "(docs/source/async_grpo_trainer.md)",
+        lambda r: (
+            r["asynchronous"] is True
+            and r["training_backend"] is not None
+            and not _hits(r["training_backend"], ("FSDP2",))
+        ),
+    ),
+    StackLimit(
+        "TRL",
+        ("asynchronous", "generation_engine"),
+        "fails",
+        "AsyncGRPOTrainer генерирует через сервер vLLM (vllm>=0.22.0)",
+        lambda r: (
+            r["asynchronous"] is True
+            and r["generation_engine"] is not None
+            and not _hits(r["generation_engine"], ("vLLM",))
+        ),
+    ),
+    StackLimit(
+        "verl",
+        ("asynchronous", "generation_engine"),
+        "fails",
+        "полностью асинхронный рецепт требует vLLM или SGLang в серверном режиме AgentLoop "
+        "(docs/advance/fully_async.md)",
+        lambda r: (
+            r["asynchronous"] is True
+            and r["generation_engine"] is not None
+            and not _hits(r["generation_engine"], ("vLLM", "SGLang"))
+        ),
+    ),
+    StackLimit(
+        "verl",
+        ("lora", "generation_engine"),
+        "unconfirmed",
+        "синхронизация адаптеров LoRA описана для vLLM; для SGLang документация LoRA пишет "
+        "«sglang support coming soon» (docs/advance/ppo_lora.rst)",
+        lambda r: (
+            r["lora"] is True
+            and r["generation_engine"] is not None
+            and not _hits(r["generation_engine"], ("vLLM",))
+        ),
+    ),
+    StackLimit(
+        "AReaL",
+        ("lora", "training_backend"),
+        "fails",
+        "LoRA есть для FSDP2 и Megatron, для Archon — нет (docs/en/reference/lora.md)",
+        lambda r: (
+            r["lora"] is True
+            and r["training_backend"] is not None
+            and not _hits(r["training_backend"], ("Megatron", "FSDP2"))
+        ),
+    ),
+    StackLimit(
+        "AReaL",
+        ("lora", "training_backend", "generation_engine"),
+        "fails",
+        "LoRA на Megatron работает только с vLLM (docs/en/reference/lora.md)",
+        lambda r: (
+            r["lora"] is True
+            and r["training_backend"] is not None
+            and r["generation_engine"] is not None
+            and _hits(r["training_backend"], ("Megatron",))
+            and not _hits(r["training_backend"], ("FSDP2",))
+            and not _hits(r["generation_engine"], ("vLLM",))
+        ),
+    ),
+)
+
+
+def _check_flag(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name}: ожидается True, False или None, получено {value!r}")
+
+
+def _check_needle(name: str, value: object) -> None:
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        raise ValueError(
+            f"{name}: ожидается непустая строка (подстрока) или None, получено {value!r}"
+        )
+
+
+def _list_requirement(row, column: str, needle: str, what: str):
+    """Подстрока в списочном столбце: ("ok" | "unconfirmed" | "fails", пояснение)."""
+    confirmed, marked = [], []
+    for item in row[column]:
+        bare, ok = _strip_mark(str(item))
+        (confirmed if ok else marked).append(bare)
+    if _hits(needle, confirmed):
+        return "ok", ""
+    if _hits(needle, marked):
+        found = [f"{m}?" for m in marked if needle.casefold() in m.casefold()]
+        return "unconfirmed", f"{what} «{needle}» есть только с пометкой «?»: {', '.join(found)}"
+    have = ", ".join(confirmed) if confirmed else "нет"
+    return "fails", f"нет {what} «{needle}»; есть: {have}"
+
+
+def _text_requirement(row, column: str, what: str):
+    """Ячейка вида «yes (…)»: поддержка подтверждена, не подтверждена или отсутствует."""
+    cell = str(row[column])
+    if column in row["unconfirmed"] or cell == UNCONFIRMED_VALUE:
+        return "unconfirmed", f"ячейка «{column}» не подтверждена: «{cell}»"
+    if cell.casefold().startswith("yes"):
+        return "ok", ""
+    return "fails", f"{what} нет: «{cell}»"
+
+
+def _synchrony_requirement(row, mode: str):
+    if mode in row["synchrony"]:
+        return "ok", ""
+    marked = [v for v in row["placement_synchrony"] if v.endswith(UNCONFIRMED_MARK)]
+    if any(_parse_pair(v)[1] == mode for v in marked):
+        return "unconfirmed", f"режим {mode} есть только в неподтверждённых сочетаниях"
+    return "fails", f"нет режима {mode}; есть: {', '.join(row['synchrony'])}"
+
+
+def _nodes_requirement(row):
+    known = MULTI_NODE_EVIDENCE.get(row["stack"])
+    if known is not None:
+        confirmed, note = known
+        if confirmed:
+            return "ok", ""
+        return "unconfirmed", f"многоузловой запуск не подтверждён: {note}"
+    sharded = [
+        b
+        for b in row["training_backends"]
+        if not b.endswith(UNCONFIRMED_MARK) and any(_hits(n, (b,)) for n in SHARDED_BACKENDS)
+    ]
+    if sharded:
+        return "unconfirmed", (
+            "многоузловой RL-запуск стека исследованием не подтверждён; вывод курса: "
+            f"бэкенд обучения ({'; '.join(sharded)}) сам шардирует состояние между узлами"
+        )
+    return "fails", (
+        "нет ни опубликованного многоузлового запуска, ни шардирующего бэкенда обучения "
+        f"({', '.join(SHARDED_BACKENDS)})"
+    )
+
+
+def choose_stacks(
+    frame: pd.DataFrame | None = None,
+    *,
+    nodes: str | None = None,
+    lora: bool | None = None,
+    multi_turn: bool | None = None,
+    asynchronous: bool | None = None,
+    lag_bound: bool | None = None,
+    training_backend: str | None = None,
+    generation_engine: str | None = None,
+    include_unconfirmed: bool = False,
+    max_age_days: int | None = None,
+    today: _dt.date | None = None,
+) -> pd.DataFrame:
+    """Выбор стеков по требованиям (шаг 12.5.4): одна строка на стек, порядок как в карте.
+
+    Требования (``None`` — не важно):
+
+    * ``nodes`` — ``"one"`` (один узел: ни один стек карты не требует нескольких, фильтра нет)
+      или ``"many"``: подтверждено, если авторы опубликовали запуск на нескольких узлах
+      (``MULTI_NODE_EVIDENCE``: verl, NeMo RL); иначе, если в ``training_backends`` есть
+      шардирующий бэкенд (``SHARDED_BACKENDS``), — «не подтверждено» (вывод курса, не факт);
+    * ``lora`` — ``True``: ячейка ``lora`` начинается с «yes» и не помечена в ``unconfirmed``;
+      ``False`` (полное обучение) поддерживают все стеки — фильтра нет;
+    * ``multi_turn`` — ``True``: так же по ячейке ``multi_turn``; ``False`` — фильтра нет;
+    * ``asynchronous`` — ``True``: в ``synchrony`` есть ``async`` (``one_step_off`` не
+      засчитывается); ``False``: есть синхронный режим ``sync``;
+    * ``lag_bound`` — ``True``: есть ключ ограничения устаревания (``staleness_control_key``
+      не ``n/a``); если не подтверждено значение по умолчанию, это попадает в ``unconfirmed``;
+    * ``training_backend`` / ``generation_engine`` — подстрока (без учёта регистра) в элементах
+      ``training_backends`` / ``generation_engines``, например ``"Megatron"``, ``"SGLang"``;
+    * ``max_age_days`` — снимок строки не старше стольких дней на дату ``today``.
+
+    Известные ограничения *сочетаний* (``STACK_LIMITS``: например, асинхронный тренер TRL
+    работает только с FSDP2) проверяются после отдельных требований.
+
+    Столбцы результата (``CHOICE_COLUMNS``): ``matches`` — подходит ли стек; ``failed`` —
+    список невыполненных требований по-русски; ``unconfirmed`` — неподтверждённые ячейки,
+    на которые опирается ответ; ``snapshot_date`` и ``age_days`` — дата снимка строки и её
+    возраст в днях на ``today`` (по умолчанию сегодня). Без ``include_unconfirmed``
+    требование, выполненное лишь неподтверждённым фактом, считается невыполненным и стоит
+    в обоих списках; с ``include_unconfirmed=True`` — только в ``unconfirmed``.
+    """
+    if frame is None:
+        frame = load_stack_map()
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"frame: ожидается таблица из load_stack_map(), получено {type(frame)}")
+    _require_columns(frame, STACK_MAP_COLUMNS)
+    if nodes is not None and nodes not in NODES:
+        raise ValueError(f"nodes: ожидается одно из {NODES} или None, получено {nodes!r}")
+    for name, value in (
+        ("lora", lora),
+        ("multi_turn", multi_turn),
+        ("asynchronous", asynchronous),
+        ("lag_bound", lag_bound),
+    ):
+        _check_flag(name, value)
+    if not isinstance(include_unconfirmed, bool):
+        raise ValueError(
+            f"include_unconfirmed: ожидается True или False, получено {include_unconfirmed!r}"
+        )
+    _check_needle("training_backend", training_backend)
+    _check_needle("generation_engine", generation_engine)
+    if max_age_days is not None and (
+        isinstance(max_age_days, bool) or not isinstance(max_age_days, int) or max_age_days < 0
+    ):
+        raise ValueError(
+            f"max_age_days: ожидается целое число дней ≥ 0 или None, получено {max_age_days!r}"
+        )
+    if today is None:
+        today = _dt.date.today()
+    elif isinstance(today, _dt.datetime):
+        today = today.date()
+    elif not isinstance(today, _dt.date):
+        raise ValueError(f"today: ожидается datetime.date, получено {today!r}")
+
+    req = {
+        "nodes": nodes,
+        "lora": lora,
+        "multi_turn": multi_turn,
+        "asynchronous": asynchronous,
+        "lag_bound": lag_bound,
+        "training_backend": training_backend.strip() if training_backend else None,
+        "generation_engine": generation_engine.strip() if generation_engine else None,
+    }
+
+    rows = []
+    for _, row in frame.iterrows():
+        snapshot = row["snapshot_date"]
+        age = (today - snapshot).days
+        if age < 0:
+            raise ValueError(
+                f"today: {today.isoformat()} раньше даты снимка стека «{row['stack']}» "
+                f"({snapshot.isoformat()})"
+            )
+        checks = []  # (имя требования, статус, пояснение)
+        if nodes == "many":
+            checks.append(("nodes", *_nodes_requirement(row)))
+        if lora is True:
+            checks.append(("lora", *_text_requirement(row, "lora", "LoRA")))
+        if multi_turn is True:
+            checks.append(
+                ("multi_turn", *_text_requirement(row, "multi_turn", "многоходовых роллаутов"))
+            )
+        if asynchronous is not None:
+            mode = "async" if asynchronous else "sync"
+            checks.append(("asynchronous", *_synchrony_requirement(row, mode)))
+        if lag_bound is True:
+            key = row["staleness_control_key"]
+            if key == NOT_APPLICABLE:
+                checks.append(("lag_bound", "fails", "нет ключа ограничения устаревания (n/a)"))
+            elif key == UNCONFIRMED_VALUE or "staleness_control_key" in row["unconfirmed"]:
+                checks.append(("lag_bound", "unconfirmed", f"ключ «{key}» не подтверждён"))
+            else:
+                checks.append(("lag_bound", "ok", ""))
+                default = row["staleness_default"]
+                if default == UNCONFIRMED_VALUE or "staleness_default" in row["unconfirmed"]:
+                    checks.append(
+                        (
+                            "lag_bound",
+                            "note",
+                            f"значение ключа «{key}» по умолчанию не подтверждено "
+                            "(ячейка staleness_default)",
+                        )
+                    )
+        if req["training_backend"] is not None:
+            checks.append(
+                (
+                    "training_backend",
+                    *_list_requirement(
+                        row, "training_backends", req["training_backend"], "бэкенда обучения"
+                    ),
+                )
+            )
+        if req["generation_engine"] is not None:
+            checks.append(
+                (
+                    "generation_engine",
+                    *_list_requirement(
+                        row, "generation_engines", req["generation_engine"], "движка генерации"
+                    ),
+                )
+            )
+        if max_age_days is not None and age > max_age_days:
+            checks.append(
+                (
+                    "max_age_days",
+                    "fails",
+                    f"снимок {snapshot.isoformat()} старше {max_age_days} дн. (возраст {age} дн.)",
+                )
+            )
+        failed_names = {name for name, status, _ in checks if status == "fails"}
+        for limit in STACK_LIMITS:
+            if limit.stack != row["stack"] or failed_names & set(limit.requirements):
+                continue
+            if limit.violated(req):
+                checks.append(("+".join(limit.requirements), limit.kind, limit.message))
+
+        failed, unconfirmed = [], []
+        for name, status, message in checks:
+            if status == "fails":
+                failed.append(f"{name}: {message}")
+            elif status in ("unconfirmed", "note"):
+                unconfirmed.append(f"{name}: {message}")
+                if status == "unconfirmed" and not include_unconfirmed:
+                    failed.append(
+                        f"{name}: {message} (засчитывается только с include_unconfirmed=True)"
+                    )
+        rows.append((row["stack"], not failed, failed, unconfirmed, snapshot, age))
+
+    result = pd.DataFrame(rows, columns=list(CHOICE_COLUMNS))
+    result.attrs["requirements"] = {k: v for k, v in req.items() if v is not None}
+    if max_age_days is not None:
+        result.attrs["requirements"]["max_age_days"] = max_age_days
+    result.attrs["include_unconfirmed"] = include_unconfirmed
+    result.attrs["today"] = today
+    return result
+
+
+# --- опубликованные ускорения ------------------------------------------------------
+
+SPEEDUP_COLUMNS: tuple[str, ...] = (
+    "stack",
+    "claim",
+    "speedup_low",
+    "speedup_high",
+    "kind",
+    "baseline",
+    "setup",
+    "source",
+    "date",
+    "evidence_class",
+)
+# range — диапазон авторов; up_to — «до X раз» (верхняя граница); point — одно число;
+# approx — качественное «примерно в X раз».
+SPEEDUP_KINDS: tuple[str, ...] = ("range", "up_to", "point", "approx")
+AUTHORS_CLAIM = "заявление авторов"
+SPEEDUPS_PATH = DEFAULT_PATH.parent / "stack_speedups.csv"
+# Дата заявления с той точностью, с какой она известна: день, месяц или год.
+_PARTIAL_DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
+
+
+class SpeedupsError(ValueError):
+    """Ошибка в таблице ускорений: сообщение называет файл, строку и столбец."""
+
+
+def _check_partial_date(value: str) -> str | None:
+    """Пустая строка, если дата ГГГГ, ГГГГ-ММ или ГГГГ-ММ-ДД корректна, иначе причина."""
+    if not _PARTIAL_DATE.match(value):
+        return f"ожидается дата ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ, получено {value!r}"
+    parts = [int(p) for p in value.split("-")]
+    try:
+        _dt.date(parts[0], parts[1] if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else 1)
+    except ValueError:
+        return f"несуществующая дата {value!r}"
+    return None
+
+
+def load_speedups(path: str | Path | None = None) -> pd.DataFrame:
+    """Читает и проверяет таблицу опубликованных ускорений (по умолчанию ``data/stack_speedups.csv``).
+
+    Каждая строка — заявление авторов (``evidence_class`` = «заявление авторов») о *своей*
+    конфигурации: ``baseline`` — с чем сравнивали, ``setup`` — модель, оборудование, задача.
+    ``speedup_low`` ≤ ``speedup_high`` — кратность (во сколько раз быстрее базы; меньше 1 —
+    медленнее); для ``kind`` ``up_to``, ``point``, ``approx`` они равны. ``date`` — дата
+    заявления с известной точностью (строка ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ).
+    Любое нарушение — ``SpeedupsError`` (подкласс ``ValueError``).
+    """
+    path = Path(path) if path is not None else SPEEDUPS_PATH
+    if not path.is_file():
+        raise FileNotFoundError(f"Файл ускорений не найден: {path}")
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise SpeedupsError(f"{path}: файл не читается как CSV в UTF-8: {exc}") from None
+    columns = [str(c).strip() for c in raw.columns]
+    if tuple(columns) != SPEEDUP_COLUMNS:
+        missing = [c for c in SPEEDUP_COLUMNS if c not in columns]
+        extra = [c for c in columns if c not in SPEEDUP_COLUMNS]
+        detail = []
+        if missing:
+            detail.append(f"не хватает столбцов: {', '.join(missing)}")
+        if extra:
+            detail.append(f"лишние столбцы: {', '.join(extra)}")
+        if not detail:
+            detail.append(f"порядок столбцов {', '.join(columns)} не совпадает с ожидаемым")
+        raise SpeedupsError(
+            f"{path}: {'; '.join(detail)}. Ожидаются ровно: {', '.join(SPEEDUP_COLUMNS)}"
+        )
+    if raw.empty:
+        raise SpeedupsError(f"{path}: в таблице нет ни одной строки")
+
+    records = []
+    for line, values in zip(range(2, len(raw) + 2), raw.itertuples(index=False, name=None)):
+        cells = {
+            c: (v.strip() if isinstance(v, str) else "") for c, v in zip(SPEEDUP_COLUMNS, values)
+        }
+
+        def fail(column: str, message: str, line=line, cells=cells) -> SpeedupsError:
+            return SpeedupsError(
+                f"{path}: строка {line} (стек «{cells['stack']}»), столбец «{column}»: {message}"
+            )
+
+        for column in SPEEDUP_COLUMNS:
+            if not cells[column]:
+                raise fail(column, "пустая ячейка")
+        out: dict[str, object] = dict(cells)
+        for column in ("speedup_low", "speedup_high"):
+            try:
+                number = float(cells[column].replace(",", "."))
+            except ValueError:
+                raise fail(
+                    column, f"ожидается число (кратность), получено {cells[column]!r}"
+                ) from None
+            if not (number > 0 and number < float("inf")):
+                raise fail(column, f"кратность должна быть положительным числом, получено {number}")
+            out[column] = number
+        if out["speedup_low"] > out["speedup_high"]:
+            raise fail(
+                "speedup_low",
+                f"нижняя граница {out['speedup_low']} больше верхней {out['speedup_high']}",
+            )
+        if cells["kind"] not in SPEEDUP_KINDS:
+            raise fail(
+                "kind", f"недопустимое значение {cells['kind']!r}; разрешены {SPEEDUP_KINDS}"
+            )
+        if cells["kind"] != "range" and out["speedup_low"] != out["speedup_high"]:
+            raise fail(
+                "kind",
+                f"для «{cells['kind']}» speedup_low и speedup_high должны совпадать",
+            )
+        problem = _check_partial_date(cells["date"])
+        if problem:
+            raise fail("date", problem)
+        if cells["evidence_class"] != AUTHORS_CLAIM:
+            raise fail(
+                "evidence_class",
+                f"ожидается «{AUTHORS_CLAIM}»: таблица хранит только заявления авторов, "
+                f"получено {cells['evidence_class']!r}",
+            )
+        records.append(out)
+    frame = pd.DataFrame.from_records(records, columns=list(SPEEDUP_COLUMNS))
+    frame.attrs["source"] = str(path)
+    return frame

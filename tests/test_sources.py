@@ -1,0 +1,181 @@
+"""Тесты реестра источников модуля 12 (data/module_12_sources.csv) и его загрузчика."""
+
+import csv
+import datetime as dt
+
+import pytest
+
+from course_utils import sources as src
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return src.load_sources()
+
+
+def test_shipped_registry_loads(frame):
+    assert tuple(frame.columns) == src.SOURCES_COLUMNS
+    assert src.DEFAULT_PATH.name == "module_12_sources.csv"
+    assert frame["claim_id"].is_unique
+    assert len(frame) >= 40
+
+
+def test_every_row_has_date_source_and_boundary(frame):
+    for _, row in frame.iterrows():
+        cid = row["claim_id"]
+        assert isinstance(row["date_checked"], dt.date), cid
+        # Даты — даты снимков исследования: от самого старого (verl) до самого нового.
+        assert dt.date(2026, 1, 29) <= row["date_checked"] <= dt.date(2026, 8, 22), cid
+        # адрес есть, или вывод курса, или строка прямо говорит, что адрес не проверен
+        unverified = "не зафиксированы" in row["source"]
+        assert "http" in row["source"] or row["evidence_class"] == "derived" or unverified, cid
+        assert len(row["boundary"]) > 20, cid
+        assert len(row["claim"]) > 20, cid
+        assert row["evidence_class"] in src.EVIDENCE_CLASSES, cid
+
+
+def test_every_lesson_has_sources(frame):
+    for lesson in ("12.1", "12.2", "12.3", "12.4", "12.5"):
+        assert len(src.sources_for_step(frame, lesson)) >= 1, lesson
+
+
+def test_lecture_sources_are_present(frame):
+    # Список «Источники и дальнейшее чтение» лекции.
+    text = " ".join(frame["source"])
+    for needle in (
+        "ZeRO: Memory Optimizations",
+        "PagedAttention",
+        "SGLang: Efficient Execution",
+        "HybridFlow",
+        "AReaL: A Large-Scale Asynchronous",
+        "Training–Inference Mismatch",
+        "A First Order Approximation to the Optimum Checkpoint Interval",
+        "Daly",
+        "docs/source/async_grpo_trainer.md",  # TRL: Asynchronous GRPO
+        "docs/algo/rollout_corr.md",  # verl: rollout correction
+        "docs/guides/async-grpo.md",  # NeMo RL: Async GRPO
+        "OpenRLHF",
+        "weight_transfer.py",  # передача весов vLLM по NCCL
+    ):
+        assert needle in text, needle
+
+
+def test_steps_from_lecture(frame):
+    by_id = frame.set_index("claim_id")
+    assert by_id.loc["zero-stages", "lesson_step"] == "12.2.2"
+    assert by_id.loc["young-interval", "lesson_step"] == "12.5.1"
+    assert by_id.loc["verl-fully-async-speedup", "evidence_class"] == "authors_claim"
+    assert "2,35–2,67" in by_id.loc["verl-fully-async-speedup", "claim"]
+    assert "2,57" in by_id.loc["areal-speedup", "claim"]
+
+
+def test_authors_claims_carry_speedups_boundary(frame):
+    claims = frame[frame["evidence_class"] == "authors_claim"]
+    assert len(claims) >= 5
+    for _, row in claims.iterrows():
+        assert (
+            "авторов" in row["boundary"]
+            or "сопровождающ" in row["boundary"]
+            or ("Отчёт" in row["boundary"])
+        ), row["claim_id"]
+
+
+def test_sources_for_step(frame):
+    step = src.sources_for_step(frame, "12.2.2")
+    assert list(step["claim_id"]) == ["zero-stages"]
+    lesson = src.sources_for_step(frame, "12.2")
+    assert set(lesson["lesson_step"]) <= {f"12.2.{k}" for k in range(1, 6)}
+    assert "zero-stages" in set(lesson["claim_id"])
+    assert src.sources_for_step(frame, "12.1.2").empty  # у шага нет внешних источников
+    assert list(lesson.index) == list(range(len(lesson)))
+
+
+@pytest.mark.parametrize("step", ["12", "12.6", "12.2.0", "13.1.1", "12.2.", 12.2, None])
+def test_sources_for_step_rejects_bad_step(frame, step):
+    with pytest.raises(ValueError, match="step"):
+        src.sources_for_step(frame, step)
+
+
+def test_sources_for_step_rejects_bad_frame():
+    import pandas as pd
+
+    with pytest.raises(ValueError, match="load_sources"):
+        src.sources_for_step(pd.DataFrame({"claim_id": ["a"]}), "12.1")
+
+
+# --- ошибки загрузчика ----------------------------------------------------------
+
+
+def _write(path, rows, columns=src.SOURCES_COLUMNS):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in columns})
+    return path
+
+
+@pytest.fixture
+def good_rows():
+    with open(src.DEFAULT_PATH, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_roundtrip(tmp_path, good_rows):
+    assert len(src.load_sources(_write(tmp_path / "ok.csv", good_rows))) == len(good_rows)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "pattern"),
+    [
+        ("evidence_class", "blog", r"«evidence_class».*blog"),
+        ("evidence_class", "Paper", r"«evidence_class»"),
+        ("date_checked", "2026-02-30", r"«date_checked».*несуществующая"),
+        ("date_checked", "22.08.2026", r"«date_checked».*ГГГГ-ММ-ДД"),
+        ("date_checked", "", r"«date_checked».*пустая"),
+        ("source", "", r"«source».*пустая"),
+        ("boundary", "  ", r"«boundary».*пустая"),
+        ("claim", "", r"«claim».*пустая"),
+        ("lesson_step", "12.6.1", r"«lesson_step».*12\.6\.1"),
+        ("lesson_step", "2.2", r"«lesson_step»"),
+        ("claim_id", "Zero Stages", r"«claim_id».*Zero Stages"),
+    ],
+)
+def test_bad_cells(tmp_path, good_rows, column, value, pattern):
+    good_rows[0][column] = value
+    path = _write(tmp_path / "bad.csv", good_rows)
+    with pytest.raises(ValueError, match=pattern) as err:
+        src.load_sources(path)
+    assert str(path) in str(err.value) and "строка 2" in str(err.value)
+    assert isinstance(err.value, src.SourcesError)
+
+
+def test_duplicate_claim_id(tmp_path, good_rows):
+    good_rows[5]["claim_id"] = good_rows[1]["claim_id"]
+    with pytest.raises(ValueError, match=r"строка 7.*«claim_id».*повторяется.*строке 3"):
+        src.load_sources(_write(tmp_path / "d.csv", good_rows))
+
+
+def test_columns_checked(tmp_path, good_rows):
+    columns = [c for c in src.SOURCES_COLUMNS if c != "boundary"]
+    with pytest.raises(ValueError, match=r"не хватает столбцов: boundary"):
+        src.load_sources(_write(tmp_path / "m.csv", good_rows, columns))
+    extra = (*src.SOURCES_COLUMNS, "note")
+    with pytest.raises(ValueError, match=r"лишние столбцы: note"):
+        src.load_sources(_write(tmp_path / "x.csv", good_rows, extra))
+    order = list(src.SOURCES_COLUMNS)
+    order[0], order[1] = order[1], order[0]
+    with pytest.raises(ValueError, match=r"порядок столбцов"):
+        src.load_sources(_write(tmp_path / "o.csv", good_rows, order))
+    with pytest.raises(ValueError, match=r"нет ни одной строки"):
+        src.load_sources(_write(tmp_path / "e.csv", []))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="не найден"):
+        src.load_sources(tmp_path / "nope.csv")
+
+
+def test_evidence_labels_cover_classes():
+    assert set(src.EVIDENCE_LABELS) == set(src.EVIDENCE_CLASSES)
+    assert src.EVIDENCE_LABELS["authors_claim"] == "заявление авторов"
