@@ -1,0 +1,1883 @@
+"""Урок 12.5: полная контрольная точка RL-запуска, атомарная запись, проверка аварией, интервал Янга.
+
+Что здесь есть:
+
+* ``ToyRLRun`` — детерминированный однопроцессный учебный RL-запуск: политика (MLP), AdamW,
+  планировщик скорости обучения, генераторы случайных чисел, курсор данных, учебная программа
+  (уровень сложности), нормировщик наград, версии политики и верификатора и очередь роллаутов
+  «в полёте». ``state_dict`` / ``load_state_dict`` покрывают всё; что ломается без каждой
+  части — в ``COMPONENTS`` (таблицей — ``components_frame()``). ``weights_only_state`` — только
+  веса (нечестное восстановление);
+* ``save_checkpoint`` / ``load_checkpoint`` / ``verify_checkpoint`` / ``latest_checkpoint`` /
+  ``scan_checkpoints`` / ``remove_incomplete`` — запись во временный каталог, fsync файлов и каталога, ``manifest.json``
+  (размеры и SHA-256 файлов, хэш конфигурации, версии, шаг) последним, затем переименование;
+  чтение с проверкой и понятной ошибкой ``CheckpointError``. Тензоры — safetensors, остальное —
+  JSON: pickle не используется ни при записи, ни при чтении;
+* ``run_crash_test`` — три ветви одного запуска (шаг 12.5.3): непрерывная, полное восстановление
+  и «только веса»; ``CrashTestResult`` с ``first_divergence``, ``frame`` и ``plot_crash_test``.
+  Своя функция ``resume(run_factory, checkpoint_path)`` подставляется в ветвь "full";
+* три вида отказов шага 12.5.3: ``simulate_collector_crash``, ``simulate_trainer_crash``,
+  ``simulate_verifier_crash`` и ``accept_batch`` (пакет принимается целиком или отклоняется);
+* ``young_interval`` (I* = √(2CM)), ``daly_interval``, ``checkpoint_overhead``
+  (H(I) ≈ C/I + I/(2M)) и ``plot_overhead``;
+* уровень C: ``checkpointed_trainer`` — точка входа для ``multiproc.launch``: настоящий процесс
+  пишет контрольные точки и журнал событий, по желанию убивает себя SIGKILL (kill -9) после шага
+  или посреди записи; ``events_from_run_dir`` собирает журнал в таблицу.
+
+Модуль не импортирует torch при импорте: torch, safetensors, pandas и matplotlib загружаются
+внутри функций, которым они нужны.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import functools
+import hashlib
+import json
+import math
+import numbers
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "course_utils.checkpoint/1"
+MANIFEST = "manifest.json"
+EVENTS_FILE = "events.jsonl"
+ENVIRONMENT_VERSION = "toy-bandit-env/1"
+ROLLOUT_SCHEMA = "toy-rollout/1"
+PROMPT_FORMAT = "toy-features/1"
+VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
+BRANCHES = ("continuous", "full", "weights_only")
+
+_NAME_RE = re.compile(r"^step-(\d{6,})$")
+_TMP_PREFIX = ".tmp-"
+_COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# Компонент состояния ToyRLRun → (что в нём, что ломается без него). Порядок — порядок записи.
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "policy": (
+        "параметры политики (веса MLP), safetensors",
+        "без них продолжать нечего: политика начинает с нуля",
+    ),
+    "optimizer": (
+        "состояние AdamW: моменты m и v, счётчик шагов, гиперпараметры",
+        "«холодный» оптимизатор: поправка смещения Adam начинается заново, первые шаги после "
+        "перезапуска другой величины",
+    ),
+    "scheduler": (
+        "положение планировщика скорости обучения (прогрев, затем косинус)",
+        "прогрев начинается заново: скорость обучения скачет вниз, траектория другая",
+    ),
+    "counters": (
+        "глобальный шаг, версия политики, число созданных и потерянных роллаутов",
+        "роллауты получают неверные версии, журнал перезаписывает старые шаги, задержка "
+        "политики считается неверно",
+    ),
+    "rng": (
+        "состояния генераторов: Python random (перемешивание мини-пакетов), NumPy (шум "
+        "верификатора), torch (выбор действий)",
+        "другие действия и другой порядок обновлений: запуск перестаёт быть воспроизводимым",
+    ),
+    "data_cursor": (
+        "положение в потоке запросов: эпоха, индекс, сколько запросов прочитано",
+        "запуск снова видит первые запросы: одни примеры повторяются, другие пропускаются",
+    ),
+    "curriculum": (
+        "учебная программа: уровень сложности, скользящая доля успехов, шагов на уровне",
+        "запуск откатывается к самому лёгкому уровню",
+    ),
+    "normalizer": (
+        "нормировщик наград: число, среднее и M2 (Уэлфорд) для преимуществ",
+        "преимущества нормируются по «пустой» статистике: масштаб обновления скачет",
+    ),
+    "versions": (
+        "версии верификатора, среды, схемы роллаута, формата запросов, настройки "
+        "декодирования и раскладка процессов",
+        "новые роллауты оценивает старая проверяющая система, а награды разных версий "
+        "смешиваются незаметно",
+    ),
+    "queue": (
+        "очередь роллаутов «в полёте» (созданы, но ещё не обучены) с версиями поведения",
+        "пакет в полёте теряется или создаётся заново другой политикой: данные обновления меняются",
+    ),
+}
+
+
+def components_frame():
+    """Таблица pandas компонентов полной контрольной точки: component, what (что в нём), if_missing."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        [{"component": k, "what": w, "if_missing": m} for k, (w, m) in COMPONENTS.items()]
+    )
+
+
+class CheckpointError(ValueError):
+    """Контрольная точка не проходит проверку: нет файла, файл обрезан или изменён и т. п."""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None, file: str = ""):
+        super().__init__(message)
+        self.path = str(path) if path is not None else ""
+        self.file = file
+
+
+# ----------------------------------------------------------------------------- проверки входа
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _int(name: str, value: Any, low: int | None = None, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or (low is not None and value < low):
+        bound = f" ≥ {low}" if low is not None else ""
+        extra = " или None" if allow_none else ""
+        raise ValueError(f"{name} должно быть целым{bound}{extra}, получено {value!r}")
+    return int(value)
+
+
+def _positive(name: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} должно быть числом, получено {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} должно быть конечным и положительным, получено {value!r}")
+    return value
+
+
+def _fraction(name: str, value: Any, low: float, high: float, closed_low: bool = True) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} должно быть числом, получено {value!r}")
+    value = float(value)
+    ok_low = value >= low if closed_low else value > low
+    if not (math.isfinite(value) and ok_low and value <= high):
+        left = "[" if closed_low else "("
+        raise ValueError(f"{name} должно лежать в {left}{low:g}, {high:g}], получено {value!r}")
+    return value
+
+
+def _path(name: str, value: Any) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise ValueError(f"{name} должно быть путём (str или Path), получено {value!r}")
+    return Path(value)
+
+
+def _plural(n: int, one: str, few: str, many: str) -> str:
+    if n % 10 == 1 and n % 100 != 11:
+        return one
+    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
+        return few
+    return many
+
+
+def _steps(n: int) -> str:
+    return f"{n} {_plural(n, 'шаг', 'шага', 'шагов')}"
+
+
+def checkpoint_name(step: int) -> str:
+    """Имя каталога контрольной точки шага step: "step-000012" (шесть и более цифр)."""
+    step = _int("step", step, low=0)
+    return f"step-{step:06d}"
+
+
+# ----------------------------------------------------------------------------- учебный запуск
+
+
+def _toy_config(seed: Any, **kw: Any) -> dict:
+    cfg = {
+        "seed": _int("seed", seed, low=0),
+        "num_prompts": _int("num_prompts", kw.pop("num_prompts", 48), low=3),
+        "num_actions": _int("num_actions", kw.pop("num_actions", 4), low=2),
+        "feature_dim": _int("feature_dim", kw.pop("feature_dim", 8), low=1),
+        "hidden": _int("hidden", kw.pop("hidden", 16), low=1),
+        "batch_size": _int("batch_size", kw.pop("batch_size", 8), low=1),
+        "minibatches": _int("minibatches", kw.pop("minibatches", 2), low=1),
+        "lr": _positive("lr", kw.pop("lr", 0.05)),
+        "weight_decay": _fraction("weight_decay", kw.pop("weight_decay", 0.01), 0.0, 1.0),
+        "warmup_steps": _int("warmup_steps", kw.pop("warmup_steps", 3), low=1),
+        "decay_steps": _int("decay_steps", kw.pop("decay_steps", 60), low=1),
+        "clip_eps": _fraction("clip_eps", kw.pop("clip_eps", 0.2), 0.0, 1.0, closed_low=False),
+        "verifier_noise": _fraction("verifier_noise", kw.pop("verifier_noise", 0.05), 0.0, 0.5),
+        "verifier_upgrade_step": _int(
+            "verifier_upgrade_step", kw.pop("verifier_upgrade_step", 10), low=1, allow_none=True
+        ),
+        "num_levels": _int("num_levels", kw.pop("num_levels", 3), low=1),
+        "promote_at": _fraction("promote_at", kw.pop("promote_at", 0.6), 0.0, 1.0, False),
+        "ema_alpha": _fraction("ema_alpha", kw.pop("ema_alpha", 0.3), 0.0, 1.0, False),
+    }
+    if kw:
+        raise ValueError(f"ToyRLRun: неизвестные параметры {sorted(kw)}")
+    if cfg["batch_size"] % cfg["minibatches"]:
+        raise ValueError(
+            f"batch_size должно делиться на minibatches: {cfg['batch_size']=}, "
+            f"{cfg['minibatches']=}"
+        )
+    if cfg["num_levels"] > cfg["num_prompts"]:
+        raise ValueError(
+            f"num_levels не может превышать num_prompts: {cfg['num_levels']=}, "
+            f"{cfg['num_prompts']=}"
+        )
+    if cfg["decay_steps"] <= cfg["warmup_steps"]:
+        raise ValueError(
+            f"decay_steps должно быть больше warmup_steps: {cfg['decay_steps']=}, "
+            f"{cfg['warmup_steps']=}"
+        )
+    return cfg
+
+
+class ToyRLRun:
+    """Учебный RL-запуск в одном процессе: детерминирован при данном seed, шаг — доли миллисекунды.
+
+    Среда: пул из num_prompts «запросов» (векторы признаков) и правильное действие для каждого
+    (argmax случайного «учителя»); сложность запроса — чем меньше отрыв лучшего действия от
+    второго, тем труднее (num_levels уровней). Политика — MLP признаки → tanh → логиты действий.
+    Верификатор "verifier-1" даёт награду 1 за правильное действие и 0 иначе; с вероятностью
+    verifier_noise ошибается (награда 1 − r). После шага verifier_upgrade_step его заменяют на
+    "verifier-2", который даёт ещё 0,25 за второе по качеству действие.
+
+    Один шаг ``step()``: снять из очереди пакет, созданный на прошлом шаге (версией политики на 1
+    меньше текущей), создать следующий пакет текущей политикой и положить в очередь (он «в полёте»),
+    обучить на снятом пакете (PPO-клип с отношением вероятностей к политике поведения,
+    преимущества нормированы текущим средним и σ наград, minibatches шагов AdamW в порядке,
+    перемешанном Python random), шаг планировщика, версия политики + 1, обновить учебную
+    программу (скользящая доля наград ≥ 1; при ≥ promote_at — уровень + 1).
+
+    Генераторы случайных чисел — свои у каждого запуска (в настоящем тренере это глобальные
+    random.getstate(), np.random.get_state(), torch.get_rng_state() и CUDA): так три ветви
+    проверки аварией живут в одном процессе и не мешают друг другу.
+    """
+
+    def __init__(self, seed: int = 0, **kwargs: Any):
+        import torch
+
+        self.config = _toy_config(seed, **kwargs)
+        c = self.config
+        self._build_pool()
+        self.policy = torch.nn.Sequential(
+            torch.nn.Linear(c["feature_dim"], c["hidden"]),
+            torch.nn.Tanh(),
+            torch.nn.Linear(c["hidden"], c["num_actions"]),
+        )
+        init = torch.Generator().manual_seed(c["seed"] * 1000 + 1)
+        with torch.no_grad():
+            for layer, scale in ((self.policy[0], 1.0), (self.policy[2], 0.3)):
+                fan_in = layer.weight.shape[1]
+                w = torch.randn(layer.weight.shape, generator=init) * (scale / math.sqrt(fan_in))
+                layer.weight.copy_(w)
+                layer.bias.zero_()
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=c["lr"], weight_decay=c["weight_decay"]
+        )
+        warmup, decay = c["warmup_steps"], c["decay_steps"]
+
+        def lr_factor(s: int) -> float:
+            if s < warmup:
+                return (s + 1) / warmup
+            frac = min(1.0, (s - warmup) / (decay - warmup))
+            return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
+        self.py_rng = random.Random(c["seed"] * 1000 + 2)
+        self.np_rng = np.random.default_rng([c["seed"], 3])
+        self.torch_rng = torch.Generator().manual_seed(c["seed"] * 1000 + 4)
+        self.global_step = 0
+        self.policy_version = 0
+        self.rollouts_generated = 0
+        self.lost_rollouts = 0
+        self.cursor = {"epoch": 0, "index": 0, "consumed": 0}
+        self.curriculum = {"level": 0, "success_ema": 0.0, "steps_at_level": 0}
+        self.normalizer = {"count": 0, "mean": 0.0, "m2": 0.0}
+        self.verifier_version = VERIFIER_VERSIONS[0]
+        self.queue: list[list[dict]] = []
+
+    # --- среда (не состояние: восстанавливается из seed) ---
+
+    def _build_pool(self) -> None:
+        import torch
+
+        c = self.config
+        rng = np.random.default_rng([c["seed"], 10])
+        x = rng.standard_normal((c["num_prompts"], c["feature_dim"]))
+        teacher = rng.standard_normal((c["num_actions"], c["feature_dim"]))
+        scores = x @ teacher.T
+        order = np.argsort(-scores, axis=1, kind="stable")
+        self._correct = [int(a) for a in order[:, 0]]
+        self._second = [int(a) for a in order[:, 1]]
+        margin = scores[np.arange(len(x)), order[:, 0]] - scores[np.arange(len(x)), order[:, 1]]
+        difficulty = [0] * len(x)
+        for rank, p in enumerate(np.argsort(-margin, kind="stable")):
+            difficulty[int(p)] = rank * c["num_levels"] // len(x)
+        self._difficulty = difficulty
+        self._features = torch.tensor(x, dtype=torch.float32)
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            rng = np.random.default_rng([self.config["seed"], 20, epoch])
+            self._perms = {epoch: [int(p) for p in rng.permutation(self.config["num_prompts"])]}
+        return self._perms[epoch]
+
+    def _next_prompts(self, n: int) -> list[int]:
+        """n следующих запросов потока с учётом уровня: более трудные пропускаются."""
+        out: list[int] = []
+        cur = self.cursor
+        while len(out) < n:
+            p = self._perm(cur["epoch"])[cur["index"]]
+            cur["index"] += 1
+            cur["consumed"] += 1
+            if cur["index"] == self.config["num_prompts"]:
+                cur["epoch"] += 1
+                cur["index"] = 0
+            if self._difficulty[p] <= self.curriculum["level"]:
+                out.append(p)
+        return out
+
+    def _score(self, prompt: int, action: int) -> float:
+        if action == self._correct[prompt]:
+            return 1.0
+        if self.verifier_version == "verifier-2" and action == self._second[prompt]:
+            return 0.25
+        return 0.0
+
+    # --- сборщик, верификатор, тренер ---
+
+    def generate_batch(self) -> list[dict]:
+        """Новый пакет роллаутов текущей политики, оценённый верификатором (сдвигает курсор и ГСЧ)."""
+        import torch
+
+        c = self.config
+        prompts = self._next_prompts(c["batch_size"])
+        with torch.no_grad():
+            logp_all = torch.log_softmax(self.policy(self._features[prompts]), dim=-1)
+            actions = torch.multinomial(logp_all.exp(), 1, generator=self.torch_rng).squeeze(1)
+            logp = logp_all.gather(1, actions[:, None]).squeeze(1)
+        noise = self.np_rng.random(len(prompts)) < c["verifier_noise"]
+        batch = []
+        for i, p in enumerate(prompts):
+            a = int(actions[i])
+            r = self._score(p, a)
+            batch.append(
+                {
+                    "rollout_id": f"g{self.rollouts_generated + i:06d}",
+                    "prompt_id": p,
+                    "action": a,
+                    "behavior_logprob": float(logp[i]),
+                    "policy_version": self.policy_version,
+                    "reward": 1.0 - r if noise[i] else r,
+                    "verifier_version": self.verifier_version,
+                }
+            )
+        self.rollouts_generated += len(batch)
+        return batch
+
+    def _train(self, batch: list[dict]) -> tuple[float, float]:
+        import torch
+
+        c = self.config
+        norm = self.normalizer
+        for ro in batch:  # Уэлфорд: среднее и M2 по всем наградам запуска
+            norm["count"] += 1
+            delta = ro["reward"] - norm["mean"]
+            norm["mean"] += delta / norm["count"]
+            norm["m2"] += delta * (ro["reward"] - norm["mean"])
+        std = math.sqrt(norm["m2"] / norm["count"])
+        adv = [(ro["reward"] - norm["mean"]) / std if std > 0 else 0.0 for ro in batch]
+        order = list(range(len(batch)))
+        self.py_rng.shuffle(order)
+        size = len(batch) // c["minibatches"]
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        losses = []
+        for k in range(c["minibatches"]):
+            idx = order[k * size : (k + 1) * size]
+            x = self._features[[batch[i]["prompt_id"] for i in idx]]
+            actions = torch.tensor([batch[i]["action"] for i in idx])
+            old = torch.tensor([batch[i]["behavior_logprob"] for i in idx])
+            a = torch.tensor([adv[i] for i in idx])
+            logp = torch.log_softmax(self.policy(x), dim=-1).gather(1, actions[:, None])
+            ratio = torch.exp(logp.squeeze(1) - old)
+            clipped = torch.clamp(ratio, 1 - c["clip_eps"], 1 + c["clip_eps"])
+            loss = -torch.minimum(ratio * a, clipped * a).mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+        self.scheduler.step()
+        self.policy_version += 1
+        return sum(losses) / len(losses), lr
+
+    def step(self) -> dict:
+        """Один шаг запуска; возвращает событие (JSON-словарь), точно воспроизводимое при том же seed.
+
+        Поля: step, prompt_ids / actions / rewards обученного пакета, behavior_version (версия
+        политики, создавшей его), sampled_prompt_ids (пакет, ушедший «в полёт»), loss, lr
+        (скорость обучения этого шага), policy_version (после обновления), verifier_version
+        (оценивший пакет), curriculum_level (после шага), mean_reward, lost_rollouts.
+        """
+        if not self.queue:  # первый шаг или очередь потеряна: пакет создаётся сейчас
+            self.queue.append(self.generate_batch())
+        batch = self.queue.pop(0)
+        self.queue.append(self.generate_batch())
+        loss, lr = self._train(batch)
+        self.global_step += 1
+        rewards = [ro["reward"] for ro in batch]
+        cur = self.curriculum
+        success = sum(r >= 1.0 for r in rewards) / len(rewards)
+        cur["success_ema"] = (1 - self.config["ema_alpha"]) * cur["success_ema"] + self.config[
+            "ema_alpha"
+        ] * success
+        cur["steps_at_level"] += 1
+        if cur["success_ema"] >= self.config["promote_at"] and (
+            cur["level"] < self.config["num_levels"] - 1
+        ):
+            cur.update(level=cur["level"] + 1, success_ema=0.0, steps_at_level=0)
+        if self.global_step == self.config["verifier_upgrade_step"]:
+            self.verifier_version = VERIFIER_VERSIONS[1]
+        return {
+            "step": self.global_step,
+            "prompt_ids": [ro["prompt_id"] for ro in batch],
+            "actions": [ro["action"] for ro in batch],
+            "rewards": rewards,
+            "behavior_version": batch[0]["policy_version"],
+            "sampled_prompt_ids": [ro["prompt_id"] for ro in self.queue[-1]],
+            "loss": loss,
+            "lr": lr,
+            "policy_version": self.policy_version,
+            "verifier_version": batch[0]["verifier_version"],
+            "curriculum_level": cur["level"],
+            "mean_reward": sum(rewards) / len(rewards),
+            "lost_rollouts": self.lost_rollouts,
+        }
+
+    def drop_in_flight(self) -> list[str]:
+        """Отказ сборщика: роллауты «в полёте» потеряны и учтены в lost_rollouts; их id.
+
+        Запуск продолжается: следующий шаг создаст пакет заново текущей политикой. Курсор
+        данных назад не откатывается: запросы потерянных роллаутов объявлены потерянными.
+        """
+        lost = [ro["rollout_id"] for b in self.queue for ro in b]
+        self.lost_rollouts += len(lost)
+        self.queue = []
+        return lost
+
+    # --- состояние ---
+
+    def state_dict(self) -> dict:
+        """Полное состояние запуска: словарь компонент → состояние; копия, не ссылки на живые тензоры.
+
+        Компоненты: policy, optimizer, scheduler, counters, rng, data_cursor, curriculum,
+        normalizer, versions, queue. Что в каждом и что ломается без него — ``COMPONENTS``
+        (таблицей — ``components_frame()``).
+        """
+        return {
+            "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
+            "counters": {
+                "global_step": self.global_step,
+                "policy_version": self.policy_version,
+                "rollouts_generated": self.rollouts_generated,
+                "lost_rollouts": self.lost_rollouts,
+            },
+            "rng": {
+                "python": self.py_rng.getstate(),
+                "numpy": copy.deepcopy(self.np_rng.bit_generator.state),
+                "torch": self.torch_rng.get_state(),
+            },
+            "data_cursor": dict(self.cursor),
+            "curriculum": dict(self.curriculum),
+            "normalizer": dict(self.normalizer),
+            "versions": {
+                "verifier": self.verifier_version,
+                "environment": ENVIRONMENT_VERSION,
+                "rollout_schema": ROLLOUT_SCHEMA,
+                "prompt_format": PROMPT_FORMAT,
+                "decoding": {"temperature": 1.0, "top_p": 1.0},
+                "layout": {"world_size": 1, "data_parallel": 1},
+            },
+            "queue": {"on_restore": "keep", "batches": copy.deepcopy(self.queue)},
+        }
+
+    def weights_only_state(self) -> dict:
+        """Только параметры политики {"policy": {имя: тензор}} — всё, что есть у восстановления «только веса»."""
+        return {"policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
+
+    def load_weights_only(self, state: Mapping) -> None:
+        """Загружает только веса политики (state = {"policy": ...} или сам словарь весов)."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state должно быть словарём, получено {type(state).__name__}")
+        weights = state["policy"] if "policy" in state else state
+        self.policy.load_state_dict(dict(weights))
+
+    def load_state_dict(self, state: Mapping, queue: str | None = None) -> None:
+        """Восстанавливает всё из state_dict(): сначала проверяет все компоненты, потом загружает.
+
+        queue — что делать с пакетами «в полёте»: "keep" — вернуть в очередь (продолжение
+        побитово совпадает), "drop" — явно отбросить и учесть в lost_rollouts (продолжение уже
+        другое); None — политика, объявленная в самой контрольной точке (queue.on_restore).
+        ValueError называет отсутствующие компоненты и поля, чужие версии среды и схемы.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state должно быть словарём, получено {type(state).__name__}")
+        missing = [c for c in COMPONENTS if c not in state]
+        unknown = [c for c in state if c not in COMPONENTS]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append("нет компонентов: " + ", ".join(missing))
+            if unknown:
+                parts.append("неизвестные компоненты: " + ", ".join(map(str, unknown)))
+            raise ValueError(
+                "load_state_dict: " + "; ".join(parts) + " — честное продолжение невозможно"
+            )
+        versions = _take(
+            state["versions"],
+            "versions",
+            ("verifier", "environment", "rollout_schema", "prompt_format"),
+        )
+        for key, expected in (
+            ("environment", ENVIRONMENT_VERSION),
+            ("rollout_schema", ROLLOUT_SCHEMA),
+            ("prompt_format", PROMPT_FORMAT),
+        ):
+            if versions[key] != expected:
+                raise ValueError(
+                    f"load_state_dict: версия {key} в состоянии {versions[key]!r}, а код "
+                    f"ожидает {expected!r}: это уже другой эксперимент"
+                )
+        if versions["verifier"] not in VERIFIER_VERSIONS:
+            raise ValueError(f"load_state_dict: неизвестный верификатор {versions['verifier']!r}")
+        counters = _take(
+            state["counters"],
+            "counters",
+            ("global_step", "policy_version", "rollouts_generated", "lost_rollouts"),
+        )
+        rng = _take(state["rng"], "rng", ("python", "numpy", "torch"))
+        cursor = _take(state["data_cursor"], "data_cursor", ("epoch", "index", "consumed"))
+        curriculum = _take(
+            state["curriculum"], "curriculum", ("level", "success_ema", "steps_at_level")
+        )
+        normalizer = _take(state["normalizer"], "normalizer", ("count", "mean", "m2"))
+        saved_queue = _take(state["queue"], "queue", ("batches",))
+        policy = state["queue"].get("on_restore", "keep") if queue is None else queue
+        if policy not in ("keep", "drop"):
+            raise ValueError(f"queue должно быть 'keep', 'drop' или None, получено {policy!r}")
+        batches = list(saved_queue["batches"])
+
+        self.policy.load_state_dict(dict(state["policy"]))
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
+        self.global_step = counters["global_step"]
+        self.policy_version = counters["policy_version"]
+        self.rollouts_generated = counters["rollouts_generated"]
+        self.lost_rollouts = counters["lost_rollouts"]
+        self.py_rng.setstate(rng["python"])
+        self.np_rng.bit_generator.state = rng["numpy"]
+        self.torch_rng.set_state(rng["torch"].clone())
+        self.cursor = cursor
+        self.curriculum = curriculum
+        self.normalizer = normalizer
+        self.verifier_version = versions["verifier"]
+        if policy == "drop":
+            self.lost_rollouts += sum(len(b) for b in batches)
+            batches = []
+        self.queue = batches
+
+
+def _take(obj: Any, name: str, keys: Sequence[str]) -> dict:
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"load_state_dict: компонент {name} должен быть словарём")
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise ValueError(f"load_state_dict: в компоненте {name} нет полей {missing}")
+    return {k: copy.deepcopy(obj[k]) for k in keys}
+
+
+# ----------------------------------------------------------------------------- кодирование состояния
+
+_TENSOR, _TUPLE, _ITEMS, _FLOAT = "__tensor__", "__tuple__", "__items__", "__float__"
+
+
+def _encode(obj: Any, where: str, tensors: dict) -> Any:
+    """Состояние → JSON-скелет; тензоры уходят в tensors под именем-путём ("state/0/exp_avg")."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        name = where or "tensor"
+        if name in tensors:
+            raise ValueError(f"save_checkpoint: два тензора с одним именем {name!r}")
+        tensors[name] = obj.detach().cpu().contiguous().clone()
+        return {_TENSOR: name}
+    if obj is None or isinstance(obj, bool | str):
+        return obj
+    if _is_int(obj):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        value = float(obj)
+        return value if math.isfinite(value) else {_FLOAT: repr(value)}
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_encode(v, f"{where}/{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{where}/{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, f"{where}/{k}" if where else k, tensors) for k, v in obj.items()}
+        items = []
+        for k, v in obj.items():
+            key = _encode(k, "", {})
+            if isinstance(key, dict) and _TENSOR in key:
+                raise ValueError("save_checkpoint: тензор не может быть ключом словаря")
+            items.append([key, _encode(v, f"{where}/{k}" if where else str(k), tensors)])
+        return {_ITEMS: items}
+    raise ValueError(
+        f"save_checkpoint: значение типа {type(obj).__name__} в {where or 'состоянии'} не "
+        f"сохраняется: допустимы тензоры, числа, строки, None, списки, кортежи и словари"
+    )
+
+
+def _decode(obj: Any, tensors: Mapping, path: Path, fname: str) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, path, fname) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        ((key, value),) = obj.items()
+        if key == _TENSOR:
+            if value not in tensors:
+                raise CheckpointError(
+                    f"Контрольная точка {path}: файл {fname} ссылается на тензор {value!r}, "
+                    f"которого нет в .safetensors",
+                    path,
+                    fname,
+                )
+            return tensors[value]
+        if key == _TUPLE:
+            return tuple(_decode(v, tensors, path, fname) for v in value)
+        if key == _FLOAT:
+            if value not in ("nan", "inf", "-inf"):
+                raise CheckpointError(
+                    f"Контрольная точка {path}: файл {fname}: неверная запись числа {value!r}",
+                    path,
+                    fname,
+                )
+            return float(value)
+        if key == _ITEMS:
+            out = {}
+            for k, v in value:
+                k = _decode(k, {}, path, fname)
+                out[k] = _decode(v, tensors, path, fname)
+            return out
+    return {k: _decode(v, tensors, path, fname) for k, v in obj.items()}
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def config_hash(config: Any) -> str | None:
+    """SHA-256 (hex) канонического JSON конфигурации (ключи по алфавиту); None для None."""
+    if config is None:
+        return None
+    try:
+        return hashlib.sha256(_canonical(config)).hexdigest()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config должно быть JSON-сериализуемым словарём: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- запись
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _software() -> dict:
+    import safetensors
+    import torch
+
+    from course_utils import __version__
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+        "course_utils": __version__,
+    }
+
+
+def _manifest_self_hash(manifest: Mapping) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def save_checkpoint(
+    state: Mapping,
+    path: str | os.PathLike,
+    config: Mapping | None = None,
+    *,
+    overwrite: bool = False,
+    after_file: Callable[[str], None] | None = None,
+) -> Path:
+    """Атомарно пишет контрольную точку state (компонент → состояние) в каталог path; его Path.
+
+    Порядок: временный каталог рядом с path (".tmp-<имя>-…"), по компоненту файлы
+    <компонент>.safetensors (тензоры) и <компонент>.json (остальное), fsync каждого файла,
+    затем manifest.json (компоненты, размеры в байтах, SHA-256 файлов, хэш config, версии,
+    шаг, время создания) последним, fsync каталога, переименование в path и fsync родителя.
+    Сбой на любом этапе оставляет только временный каталог, который ``latest_checkpoint``
+    пропускает. Шаг и версии берутся из компонентов "counters" и "versions", если они есть.
+    after_file(имя) вызывается после каждого записанного файла данных (для опытов с аварией).
+    """
+    import safetensors.torch
+
+    target = _path("path", path)
+    if not isinstance(state, Mapping) or not state:
+        raise ValueError(f"state должно быть непустым словарём компонентов, получено {type(state)}")
+    bad = [c for c in state if not isinstance(c, str) or not _COMPONENT_RE.match(c)]
+    if bad or "manifest" in state:
+        raise ValueError(
+            f"state: имена компонентов — строчные латинские буквы, цифры и _, не 'manifest'; "
+            f"получено {bad or ['manifest']}"
+        )
+    if config is not None and not isinstance(config, Mapping):
+        raise ValueError(f"config должно быть словарём или None, получено {type(config)}")
+    if after_file is not None and not callable(after_file):
+        raise ValueError("after_file должно быть функцией или None")
+    chash = config_hash(dict(config) if config is not None else None)
+    if target.exists() and not overwrite:
+        raise FileExistsError(
+            f"Контрольная точка {target} уже существует; overwrite=True заменит её"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    # Кодируем всё до создания каталога: ошибка типа не оставит мусора.
+    encoded: dict[str, tuple[bytes, bytes | None]] = {}
+    for comp, value in state.items():
+        tensors: dict = {}
+        skeleton = _encode(value, "", tensors)
+        js = json.dumps(skeleton, ensure_ascii=False, indent=1, allow_nan=False).encode()
+        st = safetensors.torch.save(tensors) if tensors else None
+        encoded[comp] = (js, st)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{target.name}-", dir=target.parent))
+    try:
+        files: dict[str, dict] = {}
+        components: dict[str, list[str]] = {}
+        for comp, (js, st) in encoded.items():
+            names = []
+            for fname, data in ((f"{comp}.safetensors", st), (f"{comp}.json", js)):
+                if data is None:
+                    continue
+                _write_file(tmp / fname, data)
+                files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                names.append(fname)
+                if after_file is not None:
+                    after_file(fname)
+            components[comp] = names
+        counters = state.get("counters")
+        step = counters.get("global_step") if isinstance(counters, Mapping) else None
+        versions = state.get("versions") if isinstance(state.get("versions"), Mapping) else {}
+        if isinstance(counters, Mapping) and "policy_version" in counters:
+            versions = {"policy_version": counters["policy_version"], **versions}
+        now = time.time()
+        manifest = {
+            "format": FORMAT,
+            "name": target.name,
+            "step": step,
+            "created_unix": now,
+            "created_utc": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
+            "config": dict(config) if config is not None else None,
+            "config_sha256": chash,
+            "versions": json.loads(json.dumps(_encode(versions, "", {}))),
+            "software": _software(),
+            "components": components,
+            "files": files,
+            "total_bytes": sum(f["bytes"] for f in files.values()),
+        }
+        manifest["manifest_sha256"] = _manifest_self_hash(manifest)
+        _write_file(tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode())
+        _fsync_dir(tmp)
+        if target.exists():  # overwrite: старую убираем в сторону, новую ставим на место
+            trash = Path(
+                tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}old-{target.name}-", dir=target.parent)
+            )
+            os.replace(target, trash / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+# ----------------------------------------------------------------------------- чтение
+
+
+def _fail(path: Path, text: str, file: str = "") -> CheckpointError:
+    return CheckpointError(f"Контрольная точка {path}: {text}", path, file)
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.is_dir():
+        raise _fail(path, "каталога нет или это не каталог")
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise _fail(
+            path,
+            f"нет файла {MANIFEST}: запись не завершена (manifest пишется последним) или это не "
+            f"контрольная точка",
+            MANIFEST,
+        )
+    try:
+        manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(path, f"файл {MANIFEST} повреждён: это не JSON ({exc})", MANIFEST) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise _fail(
+            path, f"файл {MANIFEST}: неизвестный формат {got!r}, ожидался {FORMAT!r}", MANIFEST
+        )
+    if manifest.get("manifest_sha256") != _manifest_self_hash(manifest):
+        raise _fail(path, f"файл {MANIFEST} изменён: его собственная SHA-256 не сходится", MANIFEST)
+    files, comps = manifest.get("files"), manifest.get("components")
+    if not isinstance(files, dict) or not isinstance(comps, dict):
+        raise _fail(path, f"файл {MANIFEST}: нет списков files и components", MANIFEST)
+    for fname, meta in files.items():
+        if (
+            not isinstance(meta, dict)
+            or not _is_int(meta.get("bytes"))
+            or not isinstance(meta.get("sha256"), str)
+        ):
+            raise _fail(path, f"файл {MANIFEST}: для {fname} нет размера и SHA-256", MANIFEST)
+    for comp, names in comps.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _fail(path, f"файл {MANIFEST}: у компонента {comp} нет списка файлов", MANIFEST)
+        for fname in names:
+            if fname not in files:
+                raise _fail(
+                    path,
+                    f"файл {MANIFEST}: компонент {comp} ссылается на {fname}, которого нет в files",
+                    MANIFEST,
+                )
+    for fname in files:
+        if "/" in fname or "\\" in fname or fname.startswith(".") or fname == MANIFEST:
+            raise _fail(path, f"файл {MANIFEST}: недопустимое имя файла {fname!r}", MANIFEST)
+    return manifest
+
+
+def _check_config(path: Path, manifest: Mapping, config: Mapping | None) -> None:
+    if config is None:
+        return
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config должно быть словарём или None, получено {type(config)}")
+    if config_hash(dict(config)) == manifest.get("config_sha256"):
+        return
+    saved = manifest.get("config") or {}
+    diffs = [
+        f"{k}: {saved.get(k, '—')!r} → {config.get(k, '—')!r}"
+        for k in sorted(set(saved) | set(config), key=str)
+        if saved.get(k, "—") != config.get(k, "—")
+    ]
+    detail = "; ".join(diffs) if diffs else "хэш не совпадает"
+    raise _fail(
+        path,
+        f"конфигурация запуска не совпадает с записанной в {MANIFEST} (было → сейчас): {detail}",
+        MANIFEST,
+    )
+
+
+def _read_verified(path: Path, config: Mapping | None) -> tuple[dict, dict[str, bytes]]:
+    manifest = _read_manifest(path)
+    _check_config(path, manifest, config)
+    blobs: dict[str, bytes] = {}
+    for fname, meta in manifest["files"].items():
+        fpath = path / fname
+        if not fpath.is_file():
+            raise _fail(path, f"нет файла {fname}, указанного в {MANIFEST}", fname)
+        data = fpath.read_bytes()
+        if len(data) != meta.get("bytes"):
+            what = "обрезан" if len(data) < meta.get("bytes", 0) else "длиннее записанного"
+            raise _fail(
+                path,
+                f"файл {fname} {what}: {len(data)} Б вместо {meta.get('bytes')} Б по {MANIFEST}",
+                fname,
+            )
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            raise _fail(
+                path,
+                f"файл {fname}: SHA-256 не совпадает с {MANIFEST} — файл изменён или повреждён",
+                fname,
+            )
+        blobs[fname] = data
+    return manifest, blobs
+
+
+def verify_checkpoint(path: str | os.PathLike, config: Mapping | None = None) -> dict:
+    """Проверяет каталог контрольной точки и возвращает её manifest; иначе CheckpointError.
+
+    Проверки: manifest.json есть, это JSON нашего формата и его собственная SHA-256 сходится;
+    каждый файл из manifest есть, его размер (байты) и SHA-256 совпадают; если задан config —
+    его хэш совпадает с записанным (в сообщении — какие ключи различаются).
+    """
+    manifest, _ = _read_verified(_path("path", path), config)
+    return manifest
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """manifest.json контрольной точки (без проверки файлов данных); CheckpointError, если его нет."""
+    return _read_manifest(_path("path", path))
+
+
+def load_checkpoint(path: str | os.PathLike, config: Mapping | None = None) -> dict:
+    """Читает проверенную контрольную точку: словарь компонент → состояние (как в save_checkpoint).
+
+    Сначала ``verify_checkpoint`` (размеры, SHA-256, config), потом разбор: JSON и
+    safetensors из уже проверенных байтов. pickle и torch.load не используются: произвольные
+    объекты из файла не создаются. Весь каталог читается в память — для учебных размеров.
+    """
+    import safetensors.torch
+
+    path = _path("path", path)
+    manifest, blobs = _read_verified(path, config)
+    state: dict[str, Any] = {}
+    for comp, names in manifest["components"].items():
+        tensors: dict = {}
+        skeleton: Any = None
+        for fname in names:
+            try:
+                if fname.endswith(".safetensors"):
+                    tensors = safetensors.torch.load(blobs[fname])
+                elif fname.endswith(".json"):
+                    skeleton = json.loads(blobs[fname].decode("utf-8"))
+            except Exception as exc:
+                raise _fail(
+                    path, f"файл {fname} не читается: {type(exc).__name__}: {exc}", fname
+                ) from None
+        if skeleton is None:
+            raise _fail(path, f"у компонента {comp} нет файла {comp}.json", MANIFEST)
+        try:
+            state[comp] = _decode(skeleton, tensors, path, f"{comp}.json")
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise _fail(
+                path, f"файл {comp}.json: неверная структура ({exc})", f"{comp}.json"
+            ) from None
+    return state
+
+
+def scan_checkpoints(root: str | os.PathLike, config: Mapping | None = None):
+    """Таблица pandas всех каталогов контрольных точек в root, новые сверху.
+
+    Столбцы: name, step, ok (прошла ли verify_checkpoint), problem (сообщение по-русски),
+    total_bytes (байты по manifest). Временные каталоги ".tmp-…" — незавершённые записи.
+    """
+    import pandas as pd
+
+    root = _path("root", root)
+    rows = []
+    if root.is_dir():
+        for entry in sorted(root.iterdir(), key=lambda p: p.name):
+            if not entry.is_dir():
+                continue
+            m = _NAME_RE.match(entry.name)
+            if entry.name.startswith(_TMP_PREFIX):
+                rows.append(
+                    {
+                        "name": entry.name,
+                        "step": None,
+                        "ok": False,
+                        "problem": "временный каталог: запись не завершена",
+                        "total_bytes": None,
+                    }
+                )
+                continue
+            if not m:
+                continue
+            try:
+                manifest = verify_checkpoint(entry, config)
+                rows.append(
+                    {
+                        "name": entry.name,
+                        "step": int(m.group(1)),
+                        "ok": True,
+                        "problem": "",
+                        "total_bytes": manifest.get("total_bytes"),
+                    }
+                )
+            except CheckpointError as exc:
+                rows.append(
+                    {
+                        "name": entry.name,
+                        "step": int(m.group(1)),
+                        "ok": False,
+                        "problem": str(exc),
+                        "total_bytes": None,
+                    }
+                )
+    frame = pd.DataFrame(rows, columns=["name", "step", "ok", "problem", "total_bytes"])
+    key = frame["step"].fillna(-1).astype(float)
+    return (
+        frame.assign(_k=key)
+        .sort_values("_k", ascending=False)
+        .drop(columns="_k")
+        .reset_index(drop=True)
+    )
+
+
+def latest_checkpoint(root: str | os.PathLike, config: Mapping | None = None) -> Path | None:
+    """Самая новая полная контрольная точка в root (каталог "step-NNNNNN", прошедший проверку).
+
+    Незавершённые (временные каталоги, нет manifest) и повреждённые пропускаются; None — если
+    годных нет. Новизна — по номеру шага в имени.
+    """
+    root = _path("root", root)
+    if not root.is_dir():
+        return None
+    candidates = []
+    for entry in root.iterdir():
+        m = _NAME_RE.match(entry.name)
+        if m and entry.is_dir():
+            candidates.append((int(m.group(1)), entry))
+    for _, entry in sorted(candidates, reverse=True):
+        try:
+            verify_checkpoint(entry, config)
+        except CheckpointError:
+            continue
+        return entry
+    return None
+
+
+def remove_incomplete(root: str | os.PathLike) -> list[str]:
+    """Удаляет временные каталоги ".tmp-…" незавершённых записей в root; их имена.
+
+    Вызывать, только когда в root не пишет ни один другой процесс.
+    """
+    root = _path("root", root)
+    removed = []
+    if root.is_dir():
+        for entry in sorted(root.iterdir()):
+            if entry.is_dir() and entry.name.startswith(_TMP_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
+
+
+# ----------------------------------------------------------------------------- проверка аварией
+
+
+def resume_full(
+    run_factory: Callable[[], ToyRLRun], checkpoint_path: str | os.PathLike
+) -> ToyRLRun:
+    """Честное восстановление: свежий запуск из run_factory() и всё его состояние из контрольной точки."""
+    run = run_factory()
+    run.load_state_dict(load_checkpoint(checkpoint_path, config=run.config))
+    return run
+
+
+def resume_weights_only(
+    run_factory: Callable[[], ToyRLRun], checkpoint_path: str | os.PathLike
+) -> ToyRLRun:
+    """Нечестное восстановление: только веса политики; остальное — как у нового запуска.
+
+    Номер шага и версия политики берутся из manifest (как скрипт, читающий шаг из имени
+    каталога), поэтому журнал сравним по шагам; оптимизатор, планировщик, ГСЧ, курсор данных,
+    учебная программа, нормировщик, верификатор и очередь — свежие.
+    """
+    run = run_factory()
+    state = load_checkpoint(checkpoint_path, config=run.config)
+    run.load_weights_only(state)
+    step = read_manifest(checkpoint_path).get("step") or 0
+    run.global_step = run.policy_version = int(step)
+    return run
+
+
+def _diff_fields(a: Mapping, b: Mapping) -> list[str]:
+    return [k for k in sorted(set(a) | set(b)) if a.get(k, None) != b.get(k, None)]
+
+
+@dataclass
+class CrashTestResult:
+    """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N.
+
+    restored_step — шаг контрольной точки, с которой восстанавливались (≤ crash_at);
+    lost_events — события шагов restored_step+1..crash_at, вычисленные до аварии (их работа
+    потеряна); recomputed_identical — ветвь full пересчитала их точно так же;
+    checkpoint — manifest этой контрольной точки.
+    """
+
+    branches: dict[str, list[dict]]
+    crash_at: int
+    restored_step: int
+    total_steps: int
+    checkpoint_every: int
+    seed: int
+    lost_events: list[dict] = field(default_factory=list)
+    recomputed_identical: bool = True
+    checkpoint: dict = field(default_factory=dict)
+    custom_resume: bool = False
+
+    def first_divergence(self, branch: str, reference: str = "continuous") -> int | None:
+        """Первый шаг, на котором событие ветви branch отличается от reference; None — не отличается."""
+        a, b = self._branch(branch), self._branch(reference)
+        for i in range(max(len(a), len(b))):
+            if i >= len(a) or i >= len(b) or a[i] != b[i]:
+                return i + 1
+        return None
+
+    def diverged_fields(self, branch: str, step: int | None = None) -> list[str]:
+        """Поля события, которыми ветвь отличается от continuous на шаге step (по умолчанию — первом)."""
+        step = self.first_divergence(branch) if step is None else step
+        if step is None:
+            return []
+        a, b = self._branch(branch), self._branch("continuous")
+        if step > len(a) or step > len(b):
+            return ["<нет события>"]
+        return _diff_fields(a[step - 1], b[step - 1])
+
+    def _branch(self, name: str) -> list[dict]:
+        if name not in self.branches:
+            raise ValueError(
+                f"branch должно быть одним из {list(self.branches)}, получено {name!r}"
+            )
+        return self.branches[name]
+
+    @property
+    def passed(self) -> bool:
+        """full совпала с continuous на всех шагах, а weights_only разошлась сразу после восстановления."""
+        return (
+            self.first_divergence("full") is None
+            and len(self.branches["full"]) == self.total_steps
+            and self.first_divergence("weights_only") == self.restored_step + 1
+        )
+
+    def frame(self):
+        """Таблица pandas для графика: строка на (ветвь, шаг).
+
+        Столбцы: branch, step, mean_reward, cumulative_reward (сумма средних наград с шага 1),
+        loss, lr, policy_version, verifier_version, curriculum_level, same_as_continuous.
+        """
+        import pandas as pd
+
+        ref = self.branches.get("continuous", [])
+        rows = []
+        for name, events in self.branches.items():
+            total = 0.0
+            for i, ev in enumerate(events):
+                total += ev["mean_reward"]
+                rows.append(
+                    {
+                        "branch": name,
+                        "step": i + 1,
+                        "mean_reward": ev["mean_reward"],
+                        "cumulative_reward": total,
+                        "loss": ev["loss"],
+                        "lr": ev["lr"],
+                        "policy_version": ev["policy_version"],
+                        "verifier_version": ev["verifier_version"],
+                        "curriculum_level": ev["curriculum_level"],
+                        "same_as_continuous": i < len(ref) and ev == ref[i],
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def summary(self) -> str:
+        """Сводка по-русски: где авария, откуда восстановление, где расходится каждая ветвь."""
+        n = self.checkpoint_every
+        every = "после каждого шага" if n == 1 else f"каждые {_steps(n)}"
+        lines = [
+            f"Проверка аварией: seed={self.seed}, {_steps(self.total_steps)}, контрольная точка "
+            f"{every}, авария после шага {self.crash_at}, восстановление "
+            f"с {checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
+        ]
+        for name in self.branches:
+            if name == "continuous":
+                continue
+            label = "full (своя resume)" if name == "full" and self.custom_resume else name
+            step = self.first_divergence(name)
+            if step is None:
+                lines.append(
+                    f"  {label}: совпадает с непрерывной ветвью на всех {self.total_steps} шагах."
+                )
+            else:
+                fields = ", ".join(self.diverged_fields(name, step))
+                lines.append(
+                    f"  {label}: совпадает до шага {step - 1}, расходится на шаге {step} "
+                    f"(различаются: {fields})."
+                )
+        n = len(self.lost_events)
+        same = "да" if self.recomputed_identical else "НЕТ"
+        lines.append(
+            f"  Шагов после контрольной точки, потерянных при аварии и пересчитанных: {n} "
+            f"(пересчёт совпал: {same})."
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def run_crash_test(
+    total_steps: int,
+    crash_at: int,
+    seed: int = 0,
+    checkpoint_every: int = 4,
+    resume: Callable[[Callable[[], ToyRLRun], Path], ToyRLRun] | None = None,
+    workdir: str | os.PathLike | None = None,
+    **run_kwargs: Any,
+) -> CrashTestResult:
+    """Три ветви одного запуска ToyRLRun(seed, **run_kwargs), по событию на шаг 1..total_steps.
+
+    continuous — без аварии. Аварийный запуск пишет контрольную точку после каждого шага,
+    кратного checkpoint_every, и «падает» после шага crash_at; затем из последней полной
+    контрольной точки s₀ ≤ crash_at (s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every)
+    ветвь full восстанавливает всё (или своей resume), weights_only — только веса, и обе
+    доучиваются до total_steps. Шаги 1..s₀ ветвей — события аварийного запуска.
+    Ожидается: full == continuous побитово; weights_only совпадает до s₀ и расходится на s₀ + 1.
+
+    Контракт resume(run_factory, checkpoint_path) -> ToyRLRun: run_factory() без аргументов
+    создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога последней
+    полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того же
+    эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
+    прежние каталоги step-… и .tmp-… в нём удаляются).
+    """
+    total_steps = _int("total_steps", total_steps, low=2)
+    crash_at = _int("crash_at", crash_at, low=1)
+    checkpoint_every = _int("checkpoint_every", checkpoint_every, low=1)
+    seed = _int("seed", seed, low=0)
+    if crash_at >= total_steps:
+        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    if crash_at < checkpoint_every:
+        raise ValueError(
+            f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
+            f"восстанавливать нечего ({crash_at=}, {checkpoint_every=})"
+        )
+    if resume is not None and not callable(resume):
+        raise ValueError(
+            "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
+        )
+    factory = functools.partial(ToyRLRun, seed, **run_kwargs)
+    ref = factory()
+    continuous = [ref.step() for _ in range(total_steps)]
+
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_")))
+        else:
+            root = _path("workdir", workdir)
+            root.mkdir(parents=True, exist_ok=True)
+            for old in root.iterdir():  # прежние контрольные точки сбили бы latest_checkpoint
+                if old.is_dir() and (_NAME_RE.match(old.name) or old.name.startswith(_TMP_PREFIX)):
+                    shutil.rmtree(old)
+        crashing = factory()
+        before: list[dict] = []
+        for t in range(1, crash_at + 1):
+            before.append(crashing.step())
+            if t % checkpoint_every == 0:
+                save_checkpoint(
+                    crashing.state_dict(),
+                    root / checkpoint_name(t),
+                    crashing.config,
+                    overwrite=True,
+                )
+        del crashing  # авария: всё, что было только в памяти процесса, потеряно
+        ckpt = latest_checkpoint(root)
+        if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
+            raise RuntimeError(f"в {root} нет полной контрольной точки")
+        manifest = read_manifest(ckpt)
+        s0 = int(manifest["step"])
+        after = {}
+        for name, fn in (("full", resume or resume_full), ("weights_only", resume_weights_only)):
+            run = fn(factory, ckpt)
+            if not isinstance(run, ToyRLRun):
+                raise ValueError(f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}")
+            after[name] = [run.step() for _ in range(total_steps - s0)]
+    lost = before[s0:]
+    return CrashTestResult(
+        branches={
+            "continuous": continuous,
+            "full": before[:s0] + after["full"],
+            "weights_only": before[:s0] + after["weights_only"],
+        },
+        crash_at=crash_at,
+        restored_step=s0,
+        total_steps=total_steps,
+        checkpoint_every=checkpoint_every,
+        seed=seed,
+        lost_events=lost,
+        recomputed_identical=after["full"][: len(lost)] == lost,
+        checkpoint=manifest,
+        custom_resume=resume is not None,
+    )
+
+
+_BRANCH_STYLE = {
+    "continuous": {"color": "black", "lw": 3.0, "alpha": 0.35, "label": "непрерывная"},
+    "full": {"color": "tab:green", "lw": 1.6, "ls": "--", "label": "полное восстановление"},
+    "weights_only": {"color": "tab:red", "lw": 1.6, "label": "только веса"},
+}
+_METRIC_LABEL = {
+    "cumulative_reward": "накопленная средняя награда",
+    "mean_reward": "средняя награда пакета",
+    "loss": "потеря (PPO-клип)",
+    "lr": "скорость обучения",
+    "curriculum_level": "уровень учебной программы",
+    "policy_version": "версия политики",
+}
+
+
+def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", ax=None):
+    """График метрики по шагам для трёх ветвей; отмечены авария и точка восстановления.
+
+    metric — столбец CrashTestResult.frame(): cumulative_reward, mean_reward, loss, lr,
+    curriculum_level или policy_version. Возвращает matplotlib Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(result, CrashTestResult):
+        raise ValueError(f"result должно быть CrashTestResult, получено {type(result)}")
+    if metric not in _METRIC_LABEL:
+        raise ValueError(f"metric должно быть одним из {list(_METRIC_LABEL)}, получено {metric!r}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    frame = result.frame()
+    for name in result.branches:
+        part = frame[frame["branch"] == name]
+        style = dict(_BRANCH_STYLE.get(name, {"label": name}))
+        if name == "full" and result.custom_resume:
+            style["label"] = "ваша resume"
+        ax.plot(part["step"], part[metric], marker=".", ms=4, **style)
+    ax.axvline(
+        result.crash_at + 0.5,
+        color="tab:orange",
+        ls=":",
+        lw=1.5,
+        label=f"авария после шага {result.crash_at}",
+    )
+    ax.axvline(
+        result.restored_step + 0.5,
+        color="tab:blue",
+        ls=":",
+        lw=1.2,
+        label=f"контрольная точка: шаг {result.restored_step}",
+    )
+    ax.set_xlabel("шаг обучения")
+    ax.set_ylabel(_METRIC_LABEL[metric])
+    ax.set_title("Проверка аварией: три ветви одного запуска")
+    ax.grid(linestyle=":", alpha=0.6)
+    ax.legend(fontsize="small", frameon=False)
+    if ax.figure is not None:
+        ax.figure.tight_layout()
+    return ax
+
+
+# ----------------------------------------------------------------------------- три вида отказов
+
+
+def simulate_collector_crash(
+    total_steps: int = 12, crash_at: int = 5, seed: int = 0, **run_kwargs: Any
+) -> dict:
+    """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян, запуск продолжается.
+
+    Возвращает словарь: lost_rollouts (сколько потеряно, = batch_size), lost_rollout_ids,
+    events (все total_steps событий), steps_completed, versions_monotonic (версия политики
+    росла на 1 каждый шаг), losses_finite.
+    """
+    total_steps = _int("total_steps", total_steps, low=2)
+    crash_at = _int("crash_at", crash_at, low=1)
+    if crash_at >= total_steps:
+        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    run = ToyRLRun(seed, **run_kwargs)
+    events, lost = [], []
+    for t in range(1, total_steps + 1):
+        events.append(run.step())
+        if t == crash_at:
+            lost = run.drop_in_flight()
+    versions = [e["policy_version"] for e in events]
+    return {
+        "lost_rollouts": run.lost_rollouts,
+        "lost_rollout_ids": lost,
+        "events": events,
+        "steps_completed": len(events),
+        "versions_monotonic": versions == list(range(1, total_steps + 1)),
+        "losses_finite": all(math.isfinite(e["loss"]) for e in events),
+    }
+
+
+def simulate_trainer_crash(
+    crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0, **run_kwargs: Any
+) -> dict:
+    """Отказ тренера после шага crash_at: восстановление с последней контрольной точки s₀.
+
+    Шаги s₀+1..crash_at вычисляются заново. Возвращает: checkpoint_step (s₀), crash_at,
+    recomputed_steps, identical (пересчёт побитово совпал с потерянным), lost_work_steps
+    (= crash_at − s₀, работа, которую пришлось повторить).
+    """
+    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every, **run_kwargs)
+    return {
+        "checkpoint_step": res.restored_step,
+        "crash_at": crash_at,
+        "recomputed_steps": [e["step"] for e in res.lost_events],
+        "identical": res.recomputed_identical and res.first_divergence("full") is None,
+        "lost_work_steps": crash_at - res.restored_step,
+    }
+
+
+@dataclass
+class BatchVerdict:
+    """Решение по пакету: accepted — принят целиком; reasons — почему отклонён (по-русски).
+
+    rollouts — принятые роллауты: весь пакет или пусто, частичного принятия не бывает.
+    """
+
+    accepted: bool
+    reasons: list[str]
+    rollouts: tuple = ()
+
+    def __bool__(self) -> bool:
+        return self.accepted
+
+    def __str__(self) -> str:
+        if self.accepted:
+            n = len(self.rollouts)
+            return f"Пакет принят целиком: {n} {_plural(n, 'роллаут', 'роллаута', 'роллаутов')}."
+        return "Пакет отклонён целиком:\n" + "\n".join(f"  • {r}" for r in self.reasons)
+
+
+def _ids(ids: list, limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" … (всего {len(ids)})" if len(ids) > limit else "")
+
+
+def accept_batch(
+    batch: Any, expected_ids: Sequence, verifier_version: str | None = None
+) -> BatchVerdict:
+    """Принимает пакет роллаутов целиком или отклоняет целиком (шаг 12.5.3); не бросает на данных.
+
+    Отклоняется, если: пакет не список словарей; у роллаута нет rollout_id; id повторяются; есть
+    id не из expected_ids или не хватает ожидаемых; награда отсутствует, не число или не
+    конечна; версии верификатора нет, она не совпадает с verifier_version (если задана) или
+    в пакете смешаны версии. expected_ids — ожидаемые id (ValueError, если это не список
+    уникальных строк или целых).
+    """
+    if isinstance(expected_ids, str | bytes) or not isinstance(
+        expected_ids, Sequence | set | frozenset
+    ):
+        raise ValueError(
+            f"expected_ids должно быть списком id, получено {type(expected_ids).__name__}"
+        )
+    expected = list(expected_ids)
+    if any(not isinstance(i, str | int) or isinstance(i, bool) for i in expected):
+        raise ValueError("expected_ids: id должны быть строками или целыми")
+    if len(set(expected)) != len(expected):
+        raise ValueError("expected_ids: id повторяются")
+    if verifier_version is not None and (
+        not isinstance(verifier_version, str) or not verifier_version
+    ):
+        raise ValueError(
+            f"verifier_version должно быть непустой строкой или None, получено {verifier_version!r}"
+        )
+    if not isinstance(batch, list | tuple):
+        return BatchVerdict(
+            False, [f"пакет должен быть списком роллаутов, получено {type(batch).__name__}"]
+        )
+    reasons: list[str] = []
+    not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
+    if not_dict:
+        reasons.append(f"элементы пакета не словари (позиции {_ids(not_dict)})")
+    items = [r for r in batch if isinstance(r, Mapping)]
+    no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
+    if no_id:
+        reasons.append(f"у роллаутов нет rollout_id (позиции {_ids(no_id)})")
+    ids = [r["rollout_id"] for r in items if "rollout_id" in r]
+    seen, dup = set(), []
+    for i in ids:
+        with contextlib.suppress(TypeError):
+            if i in seen and i not in dup:
+                dup.append(i)
+            seen.add(i)
+    if dup:
+        reasons.append(f"повторяются роллауты: {_ids(dup)}")
+    exp_set = set(expected)
+    unknown = [i for i in ids if not isinstance(i, str | int) or i not in exp_set]
+    if unknown:
+        reasons.append(f"неизвестные роллауты (не из этого пакета): {_ids(unknown)}")
+    missing = [i for i in expected if i not in seen]
+    if missing:
+        reasons.append(f"не хватает {len(missing)} из {len(expected)} роллаутов: {_ids(missing)}")
+    bad_reward = []
+    for r in items:
+        rew = r.get("reward")
+        if not isinstance(rew, numbers.Real) or isinstance(rew, bool) or not math.isfinite(rew):
+            bad_reward.append(r.get("rollout_id", "?"))
+    if bad_reward:
+        reasons.append(f"нет награды или она не конечное число: {_ids(bad_reward)}")
+    bad_ver = [
+        r.get("rollout_id", "?")
+        for r in items
+        if not isinstance(r.get("verifier_version"), str) or not r.get("verifier_version")
+    ]
+    if bad_ver:
+        reasons.append(f"нет версии верификатора: {_ids(bad_ver)}")
+    versions = sorted(
+        {
+            r["verifier_version"]
+            for r in items
+            if isinstance(r.get("verifier_version"), str) and r.get("verifier_version")
+        }
+    )
+    if len(versions) > 1:
+        reasons.append(f"в пакете смешаны версии верификатора: {', '.join(versions)}")
+    if verifier_version is not None and versions and versions != [verifier_version]:
+        other = [v for v in versions if v != verifier_version]
+        reasons.append(
+            f"версия верификатора {', '.join(other)} вместо ожидаемой {verifier_version}"
+        )
+    if not batch and not expected:
+        reasons.append("пакет пуст")
+    if reasons:
+        return BatchVerdict(False, reasons)
+    return BatchVerdict(True, [], tuple(copy.deepcopy(list(batch))))
+
+
+def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
+    """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды.
+
+    Возвращает: expected_ids, partial (частичный пакет), partial_verdict (отклонён целиком),
+    retry_verdict (верификатор перезапущен и оценил весь пакет заново — принят целиком).
+    """
+    run = ToyRLRun(seed, **run_kwargs)
+    batch = run.generate_batch()
+    scored = _int("scored", scored, low=0)
+    if scored >= len(batch):
+        raise ValueError(
+            f"scored должно быть меньше размера пакета {len(batch)}, получено {scored}"
+        )
+    expected = [r["rollout_id"] for r in batch]
+    partial = copy.deepcopy(batch)
+    for ro in partial[scored:]:
+        ro.pop("reward")
+        ro.pop("verifier_version")
+    return {
+        "expected_ids": expected,
+        "partial": partial,
+        "partial_verdict": accept_batch(partial, expected, run.verifier_version),
+        "retry_verdict": accept_batch(batch, expected, run.verifier_version),
+    }
+
+
+# ----------------------------------------------------------------------------- интервал Янга
+
+
+def young_interval(write_s: float, mtbf_s: float) -> float:
+    """Оптимальный интервал контрольных точек по Янгу: I* = sqrt(2·C·M), в секундах.
+
+    C — время записи контрольной точки, M — среднее время между отказами.
+    Приближение: не учитывает время перезапуска и коррелированные отказы.
+    """
+    if not _real_ok(write_s) or not _real_ok(mtbf_s) or write_s <= 0 or mtbf_s <= 0:
+        raise ValueError(f"write_s и mtbf_s должны быть положительны: {write_s=}, {mtbf_s=}")
+    return math.sqrt(2 * write_s * mtbf_s)
+
+
+def _real_ok(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def daly_interval(write_s: float, mtbf_s: float) -> float:
+    """Интервал по Дейли (2006), в секундах: √(2CM)·[1 + ⅓·√(C/2M) + (C/2M)/9] − C при C < 2M, иначе M.
+
+    C — время записи, M — среднее время между отказами (с). Поправка высшего порядка к Янгу;
+    при C ≪ M почти совпадает с ним (чуть меньше).
+    """
+    if not _real_ok(write_s) or not _real_ok(mtbf_s) or write_s <= 0 or mtbf_s <= 0:
+        raise ValueError(f"write_s и mtbf_s должны быть положительны: {write_s=}, {mtbf_s=}")
+    if write_s >= 2 * mtbf_s:
+        return float(mtbf_s)
+    x = write_s / (2 * mtbf_s)
+    return math.sqrt(2 * write_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - write_s
+
+
+def checkpoint_overhead(interval_s: float, write_s: float, mtbf_s: float) -> float:
+    """Доля времени, потерянная на контрольные точки: H(I) ≈ C/I + I/(2M), безразмерная (0.1 = 10 %).
+
+    I — интервал между сохранениями, C — время записи, M — среднее время между отказами
+    (все в секундах). C/I — запись, I/(2M) — в среднем половина интервала пересчитывается после
+    отказа. Минимум при I* = sqrt(2CM), там H = sqrt(2C/M). Приближение верно при C ≪ I ≪ M.
+    """
+    vals = {"interval_s": interval_s, "write_s": write_s, "mtbf_s": mtbf_s}
+    if any(not _real_ok(v) or v <= 0 for v in vals.values()):
+        raise ValueError(f"interval_s, write_s и mtbf_s должны быть положительны: {vals}")
+    return write_s / interval_s + interval_s / (2 * mtbf_s)
+
+
+def _time_unit(seconds: float) -> tuple[float, str]:
+    if seconds < 120:
+        return 1.0, "с"
+    if seconds < 2 * 3600:
+        return 60.0, "мин"
+    return 3600.0, "ч"
+
+
+def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: float | None = None):
+    """График H(I) = C/I + I/(2M) в процентах от интервала I (ось x логарифмическая), I* отмечен.
+
+    Пунктиром — слагаемые: запись C/I и пересчёт I/(2M). current_interval_s — ваш интервал
+    (с), отмечается точкой с его долей потерь. Единица оси x (с, мин, ч) выбирается по I*.
+    Возвращает matplotlib Axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    i_star = young_interval(write_s, mtbf_s)
+    if current_interval_s is not None and (
+        not _real_ok(current_interval_s) or current_interval_s <= 0
+    ):
+        raise ValueError(
+            f"current_interval_s должно быть положительным или None, получено {current_interval_s!r}"
+        )
+    scale, unit = _time_unit(i_star)
+    lo, hi = i_star / 10, i_star * 10
+    if current_interval_s is not None:
+        lo, hi = min(lo, current_interval_s / 2), max(hi, current_interval_s * 2)
+    grid = np.geomspace(lo, hi, 400)
+    total = write_s / grid + grid / (2 * mtbf_s)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    x = grid / scale
+    ax.plot(x, 100 * total, color="tab:blue", lw=2, label="H(I) = C/I + I/(2M)")
+    ax.plot(x, 100 * write_s / grid, color="tab:gray", ls="--", lw=1, label="запись: C/I")
+    ax.plot(
+        x,
+        100 * grid / (2 * mtbf_s),
+        color="tab:gray",
+        ls=":",
+        lw=1.2,
+        label="пересчёт после отказа: I/(2M)",
+    )
+    h_star = checkpoint_overhead(i_star, write_s, mtbf_s)
+    ax.vlines(i_star / scale, 0, 100 * h_star, color="tab:green", ls="-.", lw=1)
+    ax.plot(
+        [i_star / scale],
+        [100 * h_star],
+        "o",
+        color="tab:green",
+        label=f"I* = √(2CM) = {i_star / scale:.3g} {unit}: H = {100 * h_star:.2f} %",
+    )
+    if current_interval_s is not None:
+        h_cur = checkpoint_overhead(current_interval_s, write_s, mtbf_s)
+        ax.plot(
+            [current_interval_s / scale],
+            [100 * h_cur],
+            "s",
+            color="tab:red",
+            label=f"ваш интервал {current_interval_s / scale:.3g} {unit}: H = {100 * h_cur:.2f} %",
+        )
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(0, min(100.0, 100 * float(total.max())) * 1.05)
+    ax.set_xlabel(f"интервал между контрольными точками I, {unit} (логарифмическая шкала)")
+    ax.set_ylabel("потерянное время H(I), %")
+    c_scale, c_unit = _time_unit(write_s)
+    m_scale, m_unit = _time_unit(mtbf_s)
+    ax.set_title(
+        f"Цена контрольных точек: запись C = {write_s / c_scale:.3g} {c_unit},\n"
+        f"среднее время между отказами M = {mtbf_s / m_scale:.3g} {m_unit}"
+    )
+    ax.grid(linestyle=":", alpha=0.6, which="both")
+    ax.legend(fontsize="small", frameon=False, loc="upper center")
+    if ax.figure is not None:
+        ax.figure.tight_layout()
+    return ax
+
+
+# ----------------------------------------------------------------------------- уровень C
+
+
+def _append_event(path: Path, record: dict) -> None:
+    line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _kill_self_once(run_dir: Path, tag: str) -> None:
+    """kill -9 самого себя, но один раз на run_dir: метка-файл не даёт повторно убить перезапуск."""
+    marker = run_dir / f".killed-{tag}"
+    if marker.exists():
+        return
+    _write_file(marker, str(os.getpid()).encode())
+    _fsync_dir(run_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpointed_trainer(
+    rank: int,
+    world_size: int,
+    backend: str,
+    run_dir: str,
+    total_steps: int = 20,
+    checkpoint_every: int = 5,
+    seed: int = 0,
+    kill_at_step: int | None = None,
+    kill_during_write_at_step: int | None = None,
+) -> dict:
+    """Уровень C: настоящий процесс ToyRLRun(seed) с контрольными точками в run_dir.
+
+    При старте: удаляет временные каталоги прерванных записей и продолжает с
+    ``latest_checkpoint(run_dir)``, если она есть. Каждый шаг дописывает строку
+    {"pid": ..., "event": ...} в run_dir/events.jsonl (fsync), после шагов, кратных
+    checkpoint_every, пишет run_dir/step-NNNNNN. kill_at_step=k — после шага k (и его
+    контрольной точки, если она положена) процесс посылает себе SIGKILL (kill -9);
+    kill_during_write_at_step=k (k кратно checkpoint_every) — SIGKILL посреди записи
+    контрольной точки шага k: два файла данных уже во временном каталоге, manifest ещё нет.
+    Каждое убийство срабатывает один раз на run_dir (метка .killed-…), так что тот же вызов
+    при перезапуске доработает до конца. Для запуска: ``multiproc.launch(
+    "course_utils.checkpoint:checkpointed_trainer", 1, args={"run_dir": ...})``; один процесс.
+    """
+    if world_size != 1:
+        raise ValueError(f"checkpointed_trainer рассчитан на один процесс: world_size={world_size}")
+    run_dir_p = _path("run_dir", run_dir)
+    total_steps = _int("total_steps", total_steps, low=1)
+    checkpoint_every = _int("checkpoint_every", checkpoint_every, low=1)
+    kill_at_step = _int("kill_at_step", kill_at_step, low=1, allow_none=True)
+    kill_write = _int(
+        "kill_during_write_at_step", kill_during_write_at_step, low=1, allow_none=True
+    )
+    if kill_write is not None and kill_write % checkpoint_every:
+        raise ValueError(
+            f"kill_during_write_at_step должно быть кратно checkpoint_every: на шаге "
+            f"{kill_write} контрольная точка не пишется ({checkpoint_every=})"
+        )
+    run_dir_p.mkdir(parents=True, exist_ok=True)
+    removed = remove_incomplete(run_dir_p)
+    run = ToyRLRun(seed)
+    resumed_from = None
+    ckpt = latest_checkpoint(run_dir_p)
+    if ckpt is not None:  # чужая конфигурация (другой seed) — CheckpointError, а не тихий старт
+        run = resume_full(functools.partial(ToyRLRun, seed), ckpt)
+        resumed_from = run.global_step
+    events, written = [], []
+    log = run_dir_p / EVENTS_FILE
+    while run.global_step < total_steps:
+        event = run.step()
+        t = event["step"]
+        _append_event(log, {"pid": os.getpid(), "event": event})
+        events.append(event)
+        if t % checkpoint_every == 0:
+            hook = None
+            if t == kill_write:
+                count = [0]
+
+                def hook(fname: str, count=count, tag=f"write-{t}") -> None:
+                    count[0] += 1
+                    if count[0] == 2:
+                        _kill_self_once(run_dir_p, tag)
+
+            save_checkpoint(
+                run.state_dict(),
+                run_dir_p / checkpoint_name(t),
+                run.config,
+                overwrite=True,
+                after_file=hook,
+            )
+            written.append(checkpoint_name(t))
+        if t == kill_at_step:
+            _kill_self_once(run_dir_p, f"step-{t}")
+    from course_utils.rl_procs import state_checksum
+
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "resumed_from": resumed_from,
+        "removed_temp_dirs": removed,
+        "checkpoints_written": written,
+        "events": events,
+        "final_step": run.global_step,
+        "policy_checksum": state_checksum(run.policy),
+    }
+
+
+def events_from_run_dir(run_dir: str | os.PathLike):
+    """Журнал run_dir/events.jsonl как таблица pandas: по строке на шаг (последнее событие шага).
+
+    Шаги, пересчитанные после восстановления, встречаются в журнале несколько раз; остаётся
+    последнее вычисление. Столбцы: step, поля события, pid, computations (сколько раз шаг
+    считали). В frame.attrs: lines, processes (число разных pid), recomputed (сколько лишних
+    вычислений), recomputed_steps, recomputed_identical (все повторы совпали с первым
+    вычислением), torn_lines (недописанные строки — процесс убит посреди записи).
+    """
+    import pandas as pd
+
+    path = _path("run_dir", run_dir) / EVENTS_FILE
+    if not path.is_file():
+        raise ValueError(f"в {run_dir} нет журнала {EVENTS_FILE}")
+    by_step: dict[int, list[tuple[int, dict]]] = {}
+    torn = lines = 0
+    pids = set()
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not raw.strip():
+            continue
+        lines += 1
+        try:
+            rec = json.loads(raw)
+            ev = rec["event"]
+            step = int(ev["step"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            torn += 1
+            continue
+        pids.add(rec.get("pid"))
+        by_step.setdefault(step, []).append((rec.get("pid"), ev))
+    rows, recomputed_steps, identical = [], [], True
+    for step in sorted(by_step):
+        versions = by_step[step]
+        if len(versions) > 1:
+            recomputed_steps.append(step)
+            identical &= all(ev == versions[0][1] for _, ev in versions[1:])
+        pid, ev = versions[-1]
+        rows.append({**ev, "pid": pid, "computations": len(versions)})
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(
+        lines=lines,
+        processes=len(pids),
+        recomputed=sum(len(v) - 1 for v in by_step.values()),
+        recomputed_steps=recomputed_steps,
+        recomputed_identical=identical,
+        torn_lines=torn,
+    )
+    return frame
