@@ -273,6 +273,8 @@ def _returned_cache(output):
 
 def _forward(model, input_ids, attention_mask, position_ids, cache=None):
     kwargs = {_cache_kwarg(model): cache} if cache is not None else {}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1  # логиты только последней позиции: prefill не держит [B, T, V]
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -531,28 +533,36 @@ def recompute_logprobs(
     top_p: float | None = None,
     with_grad: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    micro_batch: int = 8,
 ) -> list[torch.Tensor]:
     """Teacher forcing: ``log π(y_t | x, y_<t)`` для каждого токена политики (маска = 1).
 
-    Один прямой проход по «запрос + ответ»; логиты позиции t−1 предсказывают токен t.
-    ``temperature``/``top_p`` по умолчанию берутся из ``decoding`` каждой записи (то же
+    Прямой проход по «запрос + ответ» пакетами по ``micro_batch`` записей (логиты словаря
+    в 150 тысяч токенов иначе не помещаются в память T4); логиты позиции t−1 предсказывают
+    токен t. ``temperature``/``top_p`` по умолчанию берутся из ``decoding`` каждой записи (то же
     преобразование, что при семплировании); явное значение — для всех записей.
     Возвращает список тензоров float32, по одному на запись, длиной = числу токенов политики.
     """
     recs = _as_records(records)
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch должно быть целым ≥ 1, получено {micro_batch!r}")
     device = next(model.parameters()).device
-    ids, attn, pol = _records_to_batch(recs, device)
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     use_amp = autocast_dtype is not None and device.type == "cuda"
-    with ctx, torch.autocast(device.type, dtype=autocast_dtype, enabled=use_amp):
-        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-        out = []
-        for i, r in enumerate(recs):
-            temp = temperature if temperature is not None else r.decoding.get("temperature", 1.0)
-            p = top_p if top_p is not None else r.decoding.get("top_p", 1.0)
-            where = pol[i, 1:]
-            logp = sampling_logprobs(logits[i][where], temp, p)
-            out.append(logp.gather(-1, ids[i, 1:][where][:, None]).squeeze(-1))
+    out = []
+    for start in range(0, len(recs), micro_batch):
+        chunk = recs[start : start + micro_batch]
+        ids, attn, pol = _records_to_batch(chunk, device)
+        with ctx, torch.autocast(device.type, dtype=autocast_dtype, enabled=use_amp):
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+            for i, r in enumerate(chunk):
+                temp = (
+                    temperature if temperature is not None else r.decoding.get("temperature", 1.0)
+                )
+                p = top_p if top_p is not None else r.decoding.get("top_p", 1.0)
+                where = pol[i, 1:]
+                logp = sampling_logprobs(logits[i][where], temp, p)
+                out.append(logp.gather(-1, ids[i, 1:][where][:, None]).squeeze(-1))
     return out
 
 
@@ -603,6 +613,7 @@ def grpo_step(
     autocast_dtype: torch.dtype | None = None,
     timer: StageTimer | None = None,
     after_stage=None,
+    micro_batch: int = 8,
 ) -> dict:
     """Один шаг GRPO по записям роллаутов.
 
@@ -611,6 +622,7 @@ def grpo_step(
     (по умолчанию ``behavior_logprobs`` из записей). Доля клиппирования учитывает знак A:
     токен клиппирован, если ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``.
     Возвращает loss, clip_fraction, grad_norm (до отсечения), policy_tokens, total_tokens.
+    Градиент накапливается по микропакетам из ``micro_batch`` записей (результат тот же).
     ``after_stage(name)`` (если задан) вызывается после «forward_backward» (градиенты ещё живы)
     и после «optimizer_step» — например, чтобы снять память на границах фаз.
     """
@@ -625,23 +637,38 @@ def grpo_step(
         old_logprobs = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in recs]
     if len(old_logprobs) != len(recs):
         raise ValueError("old_logprobs: нужен ровно один тензор на запись")
+    for i, (o, r) in enumerate(zip(old_logprobs, recs)):
+        if len(o) != r.num_policy_tokens:
+            raise ValueError(
+                f"old_logprobs[{i}]: {len(o)} значений, а токенов политики {r.num_policy_tokens}"
+            )
     adv = group_advantages(recs, reward_weights)
+    n_tok = max(sum(r.num_policy_tokens for r in recs), 1)
     model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss, ratios, advs = 0.0, [], []
     with timer.stage("forward_backward"):
-        new = recompute_logprobs(model, recs, with_grad=True, autocast_dtype=autocast_dtype)
-        new_all = torch.cat(new)
-        old_all = torch.cat([o.to(device).float() for o in old_logprobs])
-        if old_all.shape != new_all.shape:
-            raise ValueError("old_logprobs: длины не совпадают с числом токенов политики")
-        a_all = torch.cat(
-            [torch.full((len(t),), a, device=device) for t, a in zip(new, adv)]
-        ).float()
-        ratio = torch.exp(new_all - old_all)
-        surr = torch.minimum(ratio * a_all, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_all)
-        n_tok = max(int(new_all.numel()), 1)
-        loss = -surr.sum() / n_tok
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # Накопление градиента по микропакетам: Σ_чанков (−Σ surr / N) — тот же градиент,
+        # что у одного прохода, но логиты в памяти только для одного микропакета.
+        for start in range(0, len(recs), micro_batch):
+            chunk = recs[start : start + micro_batch]
+            new = recompute_logprobs(
+                model, chunk, with_grad=True, autocast_dtype=autocast_dtype, micro_batch=len(chunk)
+            )
+            new_c = torch.cat(new)
+            old_c = torch.cat(
+                [o.to(device).float() for o in old_logprobs[start : start + micro_batch]]
+            )
+            a_c = torch.cat(
+                [torch.full((len(t),), a, device=device) for t, a in zip(new, adv[start:])]
+            ).float()
+            ratio = torch.exp(new_c - old_c)
+            surr = torch.minimum(ratio * a_c, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_c)
+            part = -surr.sum() / n_tok
+            part.backward()
+            loss += float(part.detach())
+            ratios.append(ratio.detach())
+            advs.append(a_c)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     if after_stage is not None:
         after_stage("forward_backward")
@@ -651,12 +678,14 @@ def grpo_step(
         after_stage("optimizer_step")
     optimizer.zero_grad(set_to_none=True)
     model.eval()
+    ratio, a_all = torch.cat(ratios), torch.cat(advs)
+    n_policy = int(ratio.numel())
     clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
     return {
-        "loss": float(loss.detach()),
-        "clip_fraction": float(clipped.float().mean()) if n_tok else 0.0,
+        "loss": loss,
+        "clip_fraction": float(clipped.float().mean()) if n_policy else 0.0,
         "grad_norm": float(grad_norm),
-        "policy_tokens": int(new_all.numel()),
+        "policy_tokens": n_policy,
         "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
         "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
     }

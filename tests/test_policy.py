@@ -466,3 +466,24 @@ def test_share_prefill_same_distribution_fewer_prefill_tokens(tiny):
         assert torch.allclose(lp.double(), torch.tensor(rb.behavior_logprobs).double(), atol=1e-4)
     same = sum(ra.response_tokens == rb.response_tokens for ra, rb in zip(a.records, b.records))
     assert same >= len(a.records) - 1  # тот же генератор случайных чисел: ответы те же
+
+
+def test_grpo_micro_batches_accumulate_the_same_gradient(tiny):
+    model, tokenizer, _ = tiny
+    import copy
+
+    hard = policy.make_tasks(3, seed=2, mix={2: 0.5, 3: 0.5})
+    batch = policy.generate_rollouts(model, tokenizer, hard, group_size=4, seed=4)
+    results, weights = [], []
+    for mb in (1, 5, 64):
+        net = copy.deepcopy(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        results.append(policy.grpo_step(net, opt, batch.records, micro_batch=mb))
+        weights.append(net.state_dict()["lm_head.weight"])
+    for r in results[1:]:
+        assert r["loss"] == pytest.approx(results[0]["loss"], abs=1e-6)
+        assert r["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-4)
+        assert r["policy_tokens"] == results[0]["policy_tokens"]
+    assert all(torch.allclose(w, weights[0], atol=1e-6) for w in weights[1:])
+    with pytest.raises(ValueError, match="micro_batch"):
+        policy.recompute_logprobs(model, batch.records, micro_batch=0)
