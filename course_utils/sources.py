@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from course_utils.csv_tables import read_exact_csv
+
 SOURCES_COLUMNS: tuple[str, ...] = (
     "claim_id",
     "lesson_step",
@@ -63,35 +65,11 @@ def load_sources(path: str | Path | None = None) -> pd.DataFrame:
     (подкласс ``ValueError``) с именем файла, номером строки и столбцом.
     """
     path = Path(path) if path is not None else DEFAULT_PATH
-    if not path.is_file():
-        raise FileNotFoundError(f"Файл реестра источников не найден: {path}")
-    try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise SourcesError(f"{path}: файл не читается как CSV в UTF-8: {exc}") from None
-    columns = [str(c).strip() for c in raw.columns]
-    if tuple(columns) != SOURCES_COLUMNS:
-        missing = [c for c in SOURCES_COLUMNS if c not in columns]
-        extra = [c for c in columns if c not in SOURCES_COLUMNS]
-        detail = []
-        if missing:
-            detail.append(f"не хватает столбцов: {', '.join(missing)}")
-        if extra:
-            detail.append(f"лишние столбцы: {', '.join(extra)}")
-        if not detail:
-            detail.append(f"порядок столбцов {', '.join(columns)} не совпадает с ожидаемым")
-        raise SourcesError(
-            f"{path}: {'; '.join(detail)}. Ожидаются ровно: {', '.join(SOURCES_COLUMNS)}"
-        )
-    if raw.empty:
-        raise SourcesError(f"{path}: в реестре нет ни одной строки")
+    rows = read_exact_csv(path, SOURCES_COLUMNS, SourcesError, "реестр источников")
 
     records = []
     seen: dict[str, int] = {}
-    for line, values in zip(range(2, len(raw) + 2), raw.itertuples(index=False, name=None)):
-        cells = {
-            c: (v.strip() if isinstance(v, str) else "") for c, v in zip(SOURCES_COLUMNS, values)
-        }
+    for line, cells in rows:
         where = f"{path}: строка {line}"
         if cells["claim_id"]:
             where += f" (утверждение «{cells['claim_id']}»)"

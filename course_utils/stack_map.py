@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from course_utils.csv_tables import read_exact_csv
+
 STACK_MAP_COLUMNS: tuple[str, ...] = (
     "stack",
     "placement",
@@ -125,40 +127,11 @@ def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     стека и столбца.
     """
     path = Path(path) if path is not None else DEFAULT_PATH
-    if not path.is_file():
-        raise FileNotFoundError(f"Файл карты стеков не найден: {path}")
-    try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise StackMapError(f"{path}: файл не читается как CSV в UTF-8: {exc}") from None
-
-    columns = [str(c).strip() for c in raw.columns]
-    missing = [c for c in STACK_MAP_COLUMNS if c not in columns]
-    extra = [c for c in columns if c not in STACK_MAP_COLUMNS]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"не хватает столбцов: {', '.join(missing)}")
-        if extra:
-            parts.append(f"лишние столбцы: {', '.join(extra)}")
-        raise StackMapError(
-            f"{path}: {'; '.join(parts)}. Ожидаются ровно: {', '.join(STACK_MAP_COLUMNS)}"
-        )
-    if tuple(columns) != STACK_MAP_COLUMNS:
-        raise StackMapError(
-            f"{path}: порядок столбцов {', '.join(columns)} "
-            f"не совпадает с ожидаемым: {', '.join(STACK_MAP_COLUMNS)}"
-        )
-    if raw.empty:
-        raise StackMapError(f"{path}: в карте нет ни одной строки (столбец stack пуст)")
+    rows = read_exact_csv(path, STACK_MAP_COLUMNS, StackMapError, "карта стеков")
 
     records = []
     seen: dict[str, int] = {}
-    for line, row in zip(range(2, len(raw) + 2), raw.itertuples(index=False, name=None)):
-        cells = {
-            col: value.strip() if isinstance(value, str) else ""
-            for col, value in zip(STACK_MAP_COLUMNS, row)
-        }
+    for line, cells in rows:
         stack = cells["stack"]
         if not stack:
             raise StackMapError(f"{path}: строка {line}, столбец «stack»: пустое имя стека")
@@ -929,34 +902,10 @@ def load_speedups(path: str | Path | None = None) -> pd.DataFrame:
     Любое нарушение — ``SpeedupsError`` (подкласс ``ValueError``).
     """
     path = Path(path) if path is not None else SPEEDUPS_PATH
-    if not path.is_file():
-        raise FileNotFoundError(f"Файл ускорений не найден: {path}")
-    try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise SpeedupsError(f"{path}: файл не читается как CSV в UTF-8: {exc}") from None
-    columns = [str(c).strip() for c in raw.columns]
-    if tuple(columns) != SPEEDUP_COLUMNS:
-        missing = [c for c in SPEEDUP_COLUMNS if c not in columns]
-        extra = [c for c in columns if c not in SPEEDUP_COLUMNS]
-        detail = []
-        if missing:
-            detail.append(f"не хватает столбцов: {', '.join(missing)}")
-        if extra:
-            detail.append(f"лишние столбцы: {', '.join(extra)}")
-        if not detail:
-            detail.append(f"порядок столбцов {', '.join(columns)} не совпадает с ожидаемым")
-        raise SpeedupsError(
-            f"{path}: {'; '.join(detail)}. Ожидаются ровно: {', '.join(SPEEDUP_COLUMNS)}"
-        )
-    if raw.empty:
-        raise SpeedupsError(f"{path}: в таблице нет ни одной строки")
+    rows = read_exact_csv(path, SPEEDUP_COLUMNS, SpeedupsError, "таблица ускорений")
 
     records = []
-    for line, values in zip(range(2, len(raw) + 2), raw.itertuples(index=False, name=None)):
-        cells = {
-            c: (v.strip() if isinstance(v, str) else "") for c, v in zip(SPEEDUP_COLUMNS, values)
-        }
+    for line, cells in rows:
 
         def fail(column: str, message: str, line=line, cells=cells) -> SpeedupsError:
             return SpeedupsError(
