@@ -12,7 +12,23 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from course_utils.grading import answers_match
+from course_utils.grading import _plain, answers_match
+
+__all__ = [
+    "CodeFamily",
+    "Family",
+    "family_compare",
+    "get_key",
+    "is_num",
+    "norm",
+    "norm_dict",
+    "plain",
+]
+
+
+def plain(x: Any) -> Any:
+    """numpy / torch / pandas → встроенные числа и списки Python (то же, что в grading)."""
+    return _plain(x)
 
 
 class Family(dict):

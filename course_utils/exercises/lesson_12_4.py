@@ -30,19 +30,13 @@ from course_utils.exercises.common import (
     get_key as _get,
     norm as _norm,
     norm_dict as _norm_dict,
+    plain as _plain,
 )
 from course_utils.grading import Exercise, Misconception, register
 
 # ---------------------------------------------------------------- общее
 RTOL, ATOL = 1e-2, 2e-3
 _TOL = "допуск — 1 % от верного значения или 0.002 по абсолютной величине (что больше)"
-
-
-def _plain(x: Any) -> Any:
-    """numpy / torch → встроенные числа и списки Python."""
-    if type(x).__module__.split(".")[0] in ("numpy", "torch") and hasattr(x, "tolist"):
-        return (x.detach().cpu() if hasattr(x, "detach") else x).tolist()
-    return x
 
 
 def _num(x: Any) -> float | None:

@@ -41,19 +41,13 @@ from course_utils.exercises.common import (
     is_num as _is_num,
     norm as _norm,
     norm_dict as _norm_dict,
+    plain as _plain,
 )
 from course_utils.grading import Exercise, Misconception, answers_match, register
 
 # ---------------------------------------------------------------- общее
 RTOL = 1e-2
 _TOL = "относительный допуск 1 % (rtol = 1e-2)"
-
-
-def _plain(x: Any) -> Any:
-    """numpy / torch / pandas → встроенные числа и списки Python."""
-    if type(x).__module__.split(".")[0] in ("numpy", "torch", "pandas") and hasattr(x, "tolist"):
-        return (x.detach().cpu() if hasattr(x, "detach") else x).tolist()
-    return x
 
 
 def _num(x: Any) -> float | None:
