@@ -1,9 +1,9 @@
 """Тесты реестра источников модуля 12 (data/module_12_sources.csv) и его загрузчика."""
 
-import csv
 import datetime as dt
 
 import pytest
+from csv_rows import read_rows, write_rows
 
 from course_utils import sources as src
 
@@ -107,18 +107,12 @@ def test_sources_for_step_rejects_bad_frame():
 
 
 def _write(path, rows, columns=src.SOURCES_COLUMNS):
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: row.get(c, "") for c in columns})
-    return path
+    return write_rows(path, rows, columns)
 
 
 @pytest.fixture
 def good_rows():
-    with open(src.DEFAULT_PATH, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    return read_rows(src.DEFAULT_PATH)
 
 
 def test_roundtrip(tmp_path, good_rows):

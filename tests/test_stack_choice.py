@@ -4,11 +4,11 @@
 из которой собраны data/stack_map.csv и data/stack_speedups.csv.
 """
 
-import csv
 import datetime as dt
 
 import pandas as pd
 import pytest
+from csv_rows import read_rows, write_rows
 
 from course_utils import stack_map as sm
 
@@ -260,18 +260,12 @@ def test_speedups_match_research(speedups):
 
 
 def _write_speedups(path, rows, columns=sm.SPEEDUP_COLUMNS):
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: row.get(c, "") for c in columns})
-    return path
+    return write_rows(path, rows, columns)
 
 
 @pytest.fixture
 def speedup_rows():
-    with open(sm.SPEEDUPS_PATH, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    return read_rows(sm.SPEEDUPS_PATH)
 
 
 def test_speedups_roundtrip(tmp_path, speedup_rows):

@@ -1,6 +1,5 @@
 """Тесты карты стеков: файл из data/, проверки загрузчика, фильтр и рисунок."""
 
-import csv
 import datetime as dt
 import itertools
 
@@ -11,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from csv_rows import read_rows, write_rows  # noqa: E402
 
 from course_utils import stack_map as sm  # noqa: E402
 
@@ -96,18 +96,12 @@ def test_unconfirmed_marks_are_declared(frame):
 
 
 def _write(path, rows, columns=sm.STACK_MAP_COLUMNS):
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: row.get(c, "") for c in columns})
-    return path
+    return write_rows(path, rows, columns)
 
 
 @pytest.fixture
 def good_rows():
-    with open(sm.DEFAULT_PATH, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    return read_rows(sm.DEFAULT_PATH)
 
 
 def test_roundtrip_of_copied_file(tmp_path, good_rows):
