@@ -6,7 +6,8 @@ Python (каждый в своей сессии и группе процессо
 ждёт их с дедлайном и возвращает ``LaunchResult``: словарь результата каждого ранга, время,
 а при сбое — ранг, код выхода и хвост его stderr (трассировку Python). По таймауту или после
 сбоя одного ранга остальные процессы убиваются целой группой (SIGKILL), сиротами ничего не
-остаётся. Родительский процесс группу ``torch.distributed`` не создаёт.
+остаётся; если умер сам запускатель (SIGKILL, перезапуск ядра), группу каждого ранга убивает
+его сторож. Родительский процесс группу ``torch.distributed`` не создаёт.
 
 Каждый процесс: читает окружение, вызывает ``dist.init_process_group(backend, timeout=...)``
 (init_method env://), затем ``fn(rank=..., world_size=..., backend=..., **args)``; функция
@@ -55,6 +56,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .args import choice, integer
 
 BACKENDS = ("gloo", "nccl")
 MAX_NPROCS = 64
@@ -415,8 +418,6 @@ def _run_once(
         backend,
         "--timeout-s",
         repr(float(timeout_s)),
-        "--parent-pid",
-        str(os.getpid()),
     ]
     for rank in range(nprocs):
         for suffix in ("json", "stdout.txt", "stderr.txt"):
@@ -436,6 +437,9 @@ def _run_once(
     deadline = start + timeout_s
     status = "ok"
     killed: list[int] = []
+    # Канал «жив ли запускатель»: конец записи держит только этот процесс. Когда он умрёт (даже
+    # от SIGKILL), ядро закроет конец записи, сторож каждого ранга прочтёт EOF и убьёт группу.
+    alive_r, alive_w = os.pipe()
     try:
         for rank in range(nprocs):
             child_env = dict(base_env)
@@ -454,14 +458,20 @@ def _run_once(
             ):
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "course_utils.multiproc", *cmd_tail],
+                        [
+                            *(sys.executable, "-m", "course_utils.multiproc", *cmd_tail),
+                            *("--parent-fd", str(alive_r)),
+                        ],
                         env=child_env,
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
                         start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
+                        pass_fds=(alive_r,),
                     )
                 )
+        os.close(alive_r)
+        alive_r = -1
         for rank in range(nprocs):
             threading.Thread(target=waiter, args=(rank,), daemon=True).start()
 
@@ -471,7 +481,13 @@ def _run_once(
             if all(c is not None for c in codes):
                 break
             now = time.monotonic()
-            if any(c not in (None, 0) for c in codes) and first_failure_at is None:
+            # Сбой — ненулевой код или код 0 без файла результата (sys.exit(0) раньше времени):
+            # результат пишется до выхода, поэтому его отсутствие видно сразу.
+            failed = [
+                c not in (None, 0) or (c == 0 and not (run_dir / f"rank_{r}.json").exists())
+                for r, c in enumerate(codes)
+            ]
+            if any(failed) and first_failure_at is None:
                 first_failure_at = now
             if first_failure_at is not None and now >= first_failure_at + FAILURE_GRACE_S:
                 status = "failed"
@@ -487,6 +503,9 @@ def _run_once(
     finally:
         # Исключение (в том числе KeyboardInterrupt в ноутбуке) не должно оставить процессы.
         _stop_all(procs, dump_stacks=False)
+        for fd in (alive_r, alive_w):
+            if fd >= 0:
+                os.close(fd)
     wall_s = time.monotonic() - start
 
     results: list[dict | None] = [None] * nprocs
@@ -642,16 +661,23 @@ class _ReportedError(Exception):
     """Ошибка функции ранга, трассировка которой уже напечатана в stderr."""
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Если запускатель умер (процесс осиротел), ранг завершается сам."""
+def _reap_group_when_launcher_dies(alive_fd: int) -> None:
+    """Сторож ранга: отдельный процесс в группе ранга ждёт EOF канала от запускателя и убивает группу.
 
-    def loop() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os._exit(3)
-
-    threading.Thread(target=loop, daemon=True, name="parent-watchdog").start()
+    Конец записи канала держит только запускатель; когда тот умирает (SIGKILL от OOM, перезапуск
+    ядра Colab), ядро ОС закрывает его, ``os.read`` возвращает b"" и сторож шлёт SIGKILL всей
+    группе: рангу, его «внукам» и себе. Отдельный процесс, а не поток: ему не нужен GIL ранга,
+    занятого долгим вызовом C. Работает в Linux и macOS (fork и группы процессов POSIX).
+    """
+    if os.fork() == 0:  # сторож: до импорта torch, потоков ещё нет
+        try:
+            while os.read(alive_fd, 1):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(0)
+    os.close(alive_fd)
 
 
 def _child_main(ns: argparse.Namespace) -> int:
@@ -661,8 +687,8 @@ def _child_main(ns: argparse.Namespace) -> int:
         import faulthandler
 
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    if ns.parent_pid:
-        _watch_parent(ns.parent_pid)
+    if ns.parent_fd >= 0:
+        _reap_group_when_launcher_dies(ns.parent_fd)
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     if ns.result_dir:
@@ -689,6 +715,14 @@ def _child_main(ns: argparse.Namespace) -> int:
     dist.init_process_group(backend, init_method="env://", **init_kwargs)
     try:
         result = fn(rank=rank, world_size=world_size, backend=backend, **args)
+    except SystemExit as exc:
+        print(
+            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула "
+            f"результат",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
     except Exception as exc:
         # Трассировка начинается с кадра функции пользователя: кадры обёртки ему не нужны.
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
@@ -723,7 +757,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=BACKENDS, default=None)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="таймаут, с")
     parser.add_argument("--nprocs", type=int, default=2, help="только в режиме запускателя")
-    parser.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-fd", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -810,23 +844,27 @@ def smoke_allreduce(
     }
 
 
-def fail_on_rank(rank: int, world_size: int, backend: str, bad_rank: int = 1) -> dict:
-    """Для проверки отчёта о сбое: ранг bad_rank бросает RuntimeError, остальные ждут в barrier.
+FAIL_MODES = ("raise", "exit0", "sigkill")
 
-    Остальные ранги зависли бы (или упали) в barrier — запускатель должен их остановить.
-    0 ≤ bad_rank < world_size.
+
+def fail_on_rank(
+    rank: int, world_size: int, backend: str, bad_rank: int = 1, mode: str = "raise"
+) -> dict:
+    """Для проверки отчёта о сбое: ранг bad_rank падает, остальные ждут в barrier.
+
+    mode: "raise" — RuntimeError; "exit0" — sys.exit(0) без результата (ранг «тихо» исчез);
+    "sigkill" — ранг убивает себя SIGKILL (как OOM killer). Остальные ранги зависли бы (или
+    упали) в barrier — запускатель должен их остановить. 0 ≤ bad_rank < world_size.
     """
-    if (
-        isinstance(bad_rank, bool)
-        or not isinstance(bad_rank, int)
-        or not 0 <= bad_rank < world_size
-    ):
-        raise ValueError(
-            f"bad_rank должно быть целым в [0, {world_size - 1}], получено {bad_rank!r}"
-        )
+    bad_rank = integer("bad_rank", bad_rank, 0, world_size - 1)
+    mode = choice("mode", mode, FAIL_MODES)
     import torch.distributed as dist
 
     if rank == bad_rank:
+        if mode == "exit0":
+            sys.exit(0)
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"намеренная ошибка на ранге {bad_rank}")
     dist.barrier()
     return {"rank": rank, "pid": os.getpid()}

@@ -4,6 +4,7 @@
 тестов немного: успешный all-reduce, сбой ранга, таймаут, путь torchrun и режим запускателя CLI.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -150,6 +151,75 @@ def test_timeout_kills_whole_process_tree(tmp_path):
     assert not [pid for pid in grandchildren if _alive(pid)]
 
 
+@pytest.mark.parametrize("mode, exitcode", [("exit0", 0), ("sigkill", -signal.SIGKILL)])
+def test_rank_that_vanishes_without_result_is_reported_at_once(tmp_path, mode, exitcode):
+    # Ранг 1 исчезает без результата (sys.exit(0) или SIGKILL), ранг 0 ждёт его в barrier.
+    # Сбой должен быть виден сразу, а не по общему дедлайну в 120 с.
+    start = time.monotonic()
+    res = launch(
+        "course_utils.multiproc:fail_on_rank",
+        nprocs=2,
+        args={"bad_rank": 1, "mode": mode},
+        timeout_s=120,
+        run_dir=tmp_path / "run",
+    )
+    elapsed = time.monotonic() - start
+    assert res.status == "failed" and not res.ok, res.summary()
+    assert elapsed < 30, f"сбой замечен через {elapsed:.0f} с"
+    first = res.failures[0]
+    assert first.rank == 1 and not first.killed and first.exitcode == exitcode
+    assert res.results[1] is None
+    if mode == "exit0":
+        assert "Ранг 1: вышел с кодом 0, но не записал результат" in res.summary()
+        assert "вызвала sys.exit(0)" in first.stderr_tail
+    else:
+        assert "Ранг 1: убит сигналом SIGKILL" in res.summary()
+    _assert_all_gone(res)
+
+
+_LAUNCHER = """
+import sys
+from course_utils.multiproc import launch
+launch("course_utils.multiproc:sleep_forever", nprocs=2, args={"spawn_grandchild": True},
+       timeout_s=300, run_dir=sys.argv[1])
+"""
+
+
+def test_launcher_killed_takes_ranks_and_grandchildren_down(tmp_path):
+    # Запускатель (как ядро Colab под OOM killer) получает SIGKILL посреди запуска: ни ранги,
+    # ни их дочерние процессы не должны пережить его.
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, str(run_dir)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(run_dir.glob("grandchild_*.pid"))) < 2:
+            assert launcher.poll() is None, "запускатель завершился раньше времени"
+            assert time.monotonic() < deadline, "ранги не породили внуков за 60 с"
+            time.sleep(0.2)
+        ranks = [p.pid for p in psutil.Process(launcher.pid).children()]
+        grandchildren = [int(p.read_text()) for p in run_dir.glob("grandchild_*.pid")]
+        assert len(ranks) == 2 and all(_alive(pid) for pid in ranks + grandchildren)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while [pid for pid in ranks + grandchildren if _alive(pid)]:
+            assert time.monotonic() < deadline, "процессы пережили запускатель"
+            time.sleep(0.1)
+        assert _processes_mentioning(str(run_dir)) == []
+    finally:
+        for pid in _processes_mentioning(str(run_dir)):  # уборка, если тест упал
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
 def test_torchrun_runs_the_same_entry(tmp_path):
     result_dir = tmp_path / "torchrun"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -273,6 +343,8 @@ def test_entry_point_arguments_validated():
         multiproc.smoke_allreduce(0, 2, "gloo", repeats=0)
     with pytest.raises(ValueError, match="bad_rank"):
         multiproc.fail_on_rank(0, 2, "gloo", bad_rank=2)
+    with pytest.raises(ValueError, match="mode"):
+        multiproc.fail_on_rank(0, 2, "gloo", mode="segfault")
     with pytest.raises(ValueError, match="backend"):
         multiproc.local_device("mpi")
 
