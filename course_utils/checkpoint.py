@@ -10,9 +10,11 @@
   веса (нечестное восстановление);
 * ``save_checkpoint`` / ``load_checkpoint`` / ``verify_checkpoint`` / ``latest_checkpoint`` /
   ``scan_checkpoints`` / ``remove_incomplete`` — запись во временный каталог, fsync файлов и каталога, ``manifest.json``
-  (размеры и SHA-256 файлов, хэш конфигурации, версии, шаг) последним, затем переименование;
-  чтение с проверкой и понятной ошибкой ``CheckpointError``. Тензоры — safetensors, остальное —
-  JSON: pickle не используется ни при записи, ни при чтении;
+  (размеры и SHA-256 файлов, хэш конфигурации, версии, шаг) последним, затем переименование
+  (при замене старая копия уходит в ".old-…" и удаляется последней); чтение с проверкой и
+  понятной ошибкой ``CheckpointError``. Контрольная точка — любой каталог с проверенным
+  manifest, новизна — по шагу в нём. Тензоры — safetensors, остальное — JSON: pickle не
+  используется ни при записи, ни при чтении;
 * ``run_crash_test`` — три ветви одного запуска (шаг 12.5.3): непрерывная, полное восстановление
   и «только веса»; ``CrashTestResult`` с ``first_divergence``, ``frame`` и ``plot_crash_test``.
   Своя функция ``resume(run_factory, checkpoint_path)`` подставляется в ветвь "full";
@@ -41,17 +43,21 @@ import numbers
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from course_utils.args import is_real, path as _path, positive
 
 FORMAT = "course_utils.checkpoint/1"
 MANIFEST = "manifest.json"
@@ -63,7 +69,10 @@ VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
 BRANCHES = ("continuous", "full", "weights_only")
 
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
-_TMP_PREFIX = ".tmp-"
+_TMP_PREFIX = ".tmp-"  # запись идёт (или прервана): файлы данных, manifest последним
+_OLD_PREFIX = ".old-"  # прежняя копия, отодвинутая при overwrite=True до переименования новой
+KIND_MAIN, KIND_TMP, KIND_OLD = "основной", "временный", "старая копия"
+YOUNG_RATIO_WARN = 0.1  # young_interval предупреждает при C/M выше этого (см. его docstring)
 _COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 # Компонент состояния ToyRLRun → (что в нём, что ломается без него). Порядок — порядок записи.
@@ -169,12 +178,6 @@ def _fraction(name: str, value: Any, low: float, high: float, closed_low: bool =
         left = "[" if closed_low else "("
         raise ValueError(f"{name} должно лежать в {left}{low:g}, {high:g}], получено {value!r}")
     return value
-
-
-def _path(name: str, value: Any) -> Path:
-    if not isinstance(value, str | os.PathLike) or not str(value):
-        raise ValueError(f"{name} должно быть путём (str или Path), получено {value!r}")
-    return Path(value)
 
 
 def _plural(n: int, one: str, few: str, many: str) -> str:
@@ -737,6 +740,52 @@ def _manifest_self_hash(manifest: Mapping) -> str:
     return hashlib.sha256(_canonical(body)).hexdigest()
 
 
+def _kind(name: str) -> str:
+    """Вид каталога в root по имени: KIND_TMP (".tmp-…"), KIND_OLD (".old-…") или KIND_MAIN."""
+    if name.startswith(_TMP_PREFIX):
+        return KIND_TMP
+    if name.startswith(_OLD_PREFIX):
+        return KIND_OLD
+    return KIND_MAIN
+
+
+def _publishable(name: Any) -> bool:
+    """Имя, под которым контрольная точка лежит в root: не пустое, без "/" и не с точки."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+    )
+
+
+def _publish(src: Path, target: Path) -> None:
+    """Ставит полную копию src на место target; в любой момент на диске есть полная копия.
+
+    Если target уже есть: 1) target → ".old-<имя>-…" (полная, её находит latest_checkpoint),
+    2) src → target, 3) удаление ".old-…". Убийство между шагами оставляет две полные копии
+    или одну, не ноль; исключение на шаге 2 возвращает старую копию на место.
+    """
+    aside = None
+    if target.exists():
+        aside = target.with_name(f"{_OLD_PREFIX}{target.name}-{secrets.token_hex(4)}")
+        while aside.exists():
+            aside = target.with_name(f"{_OLD_PREFIX}{target.name}-{secrets.token_hex(4)}")
+        os.replace(target, aside)
+        _fsync_dir(target.parent)
+    try:
+        os.replace(src, target)
+    except BaseException:
+        if aside is not None and not target.exists():
+            os.replace(aside, target)
+            _fsync_dir(target.parent)
+        raise
+    _fsync_dir(target.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)  # недоудалённую добьёт remove_incomplete
+
+
 def save_checkpoint(
     state: Mapping,
     path: str | os.PathLike,
@@ -751,13 +800,24 @@ def save_checkpoint(
     <компонент>.safetensors (тензоры) и <компонент>.json (остальное), fsync каждого файла,
     затем manifest.json (компоненты, размеры в байтах, SHA-256 файлов, хэш config, версии,
     шаг, время создания) последним, fsync каталога, переименование в path и fsync родителя.
-    Сбой на любом этапе оставляет только временный каталог, который ``latest_checkpoint``
-    пропускает. Шаг и версии берутся из компонентов "counters" и "versions", если они есть.
+    Сбой до manifest оставляет только недописанный временный каталог, который пропускают
+    ``latest_checkpoint`` и удаляет ``remove_incomplete``. overwrite=True заменяет прежнюю
+    копию так, что полная копия есть на диске в любой момент: прежняя отодвигается в
+    ".old-<имя>-…" и удаляется только после того, как новая встала на место.
+    Имя каталога — любое, кроме начинающихся с точки (они заняты временными каталогами);
+    новизну ``latest_checkpoint`` определяет по шагу в manifest, а не по имени.
+    Шаг и версии берутся из компонентов "counters" и "versions", если они есть.
     after_file(имя) вызывается после каждого записанного файла данных (для опытов с аварией).
     """
     import safetensors.torch
 
     target = _path("path", path)
+    if not _publishable(target.name):
+        raise ValueError(
+            f"path: имя каталога {target.name!r} не годится — нужно непустое имя; имена с точки "
+            f"в начале заняты временными каталогами ({_TMP_PREFIX}…, {_OLD_PREFIX}…). Например: "
+            f"{checkpoint_name(0)!r}"
+        )
     if not isinstance(state, Mapping) or not state:
         raise ValueError(f"state должно быть непустым словарём компонентов, получено {type(state)}")
     bad = [c for c in state if not isinstance(c, str) or not _COMPONENT_RE.match(c)]
@@ -824,16 +884,7 @@ def save_checkpoint(
         manifest["manifest_sha256"] = _manifest_self_hash(manifest)
         _write_file(tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode())
         _fsync_dir(tmp)
-        if target.exists():  # overwrite: старую убираем в сторону, новую ставим на место
-            trash = Path(
-                tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}old-{target.name}-", dir=target.parent)
-            )
-            os.replace(target, trash / target.name)
-            os.replace(tmp, target)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        _publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -845,6 +896,23 @@ def save_checkpoint(
 
 def _fail(path: Path, text: str, file: str = "") -> CheckpointError:
     return CheckpointError(f"Контрольная точка {path}: {text}", path, file)
+
+
+def _required(components: Any) -> tuple[str, ...] | None:
+    """Аргумент components: None (любой набор) или имена обязательных компонентов."""
+    if components is None:
+        return None
+    names = (
+        tuple(components)
+        if isinstance(components, Iterable) and not isinstance(components, str | bytes)
+        else None
+    )
+    if names is None or not all(isinstance(c, str) for c in names):
+        raise ValueError(
+            f"components должно быть набором имён компонентов (строк) или None, "
+            f"получено {components!r}"
+        )
+    return names
 
 
 def _read_manifest(path: Path) -> dict:
@@ -860,6 +928,8 @@ def _read_manifest(path: Path) -> dict:
         )
     try:
         manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except OSError as exc:  # каталог удалили между проверкой и чтением
+        raise _fail(path, f"файл {MANIFEST} не читается: {exc}", MANIFEST) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _fail(path, f"файл {MANIFEST} повреждён: это не JSON ({exc})", MANIFEST) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -916,15 +986,32 @@ def _check_config(path: Path, manifest: Mapping, config: Mapping | None) -> None
     )
 
 
-def _read_verified(path: Path, config: Mapping | None) -> tuple[dict, dict[str, bytes]]:
+def _check_components(path: Path, manifest: Mapping, components: tuple[str, ...] | None) -> None:
+    missing = [c for c in components or () if c not in manifest["components"]]
+    if missing:
+        raise _fail(
+            path,
+            f"в {MANIFEST} нет компонентов: {', '.join(missing)} — состояние неполное, честное "
+            f"продолжение невозможно",
+            MANIFEST,
+        )
+
+
+def _read_verified(
+    path: Path, config: Mapping | None, components: tuple[str, ...] | None = None
+) -> tuple[dict, dict[str, bytes]]:
     manifest = _read_manifest(path)
     _check_config(path, manifest, config)
+    _check_components(path, manifest, components)
     blobs: dict[str, bytes] = {}
     for fname, meta in manifest["files"].items():
         fpath = path / fname
         if not fpath.is_file():
             raise _fail(path, f"нет файла {fname}, указанного в {MANIFEST}", fname)
-        data = fpath.read_bytes()
+        try:
+            data = fpath.read_bytes()
+        except OSError as exc:
+            raise _fail(path, f"файл {fname} не читается: {exc}", fname) from None
         if len(data) != meta.get("bytes"):
             what = "обрезан" if len(data) < meta.get("bytes", 0) else "длиннее записанного"
             raise _fail(
@@ -942,33 +1029,13 @@ def _read_verified(path: Path, config: Mapping | None) -> tuple[dict, dict[str, 
     return manifest, blobs
 
 
-def verify_checkpoint(path: str | os.PathLike, config: Mapping | None = None) -> dict:
-    """Проверяет каталог контрольной точки и возвращает её manifest; иначе CheckpointError.
-
-    Проверки: manifest.json есть, это JSON нашего формата и его собственная SHA-256 сходится;
-    каждый файл из manifest есть, его размер (байты) и SHA-256 совпадают; если задан config —
-    его хэш совпадает с записанным (в сообщении — какие ключи различаются).
-    """
-    manifest, _ = _read_verified(_path("path", path), config)
-    return manifest
-
-
-def read_manifest(path: str | os.PathLike) -> dict:
-    """manifest.json контрольной точки (без проверки файлов данных); CheckpointError, если его нет."""
-    return _read_manifest(_path("path", path))
-
-
-def load_checkpoint(path: str | os.PathLike, config: Mapping | None = None) -> dict:
-    """Читает проверенную контрольную точку: словарь компонент → состояние (как в save_checkpoint).
-
-    Сначала ``verify_checkpoint`` (размеры, SHA-256, config), потом разбор: JSON и
-    safetensors из уже проверенных байтов. pickle и torch.load не используются: произвольные
-    объекты из файла не создаются. Весь каталог читается в память — для учебных размеров.
-    """
+def _load(
+    path: Path, config: Mapping | None, components: tuple[str, ...] | None
+) -> tuple[dict, dict[str, Any]]:
+    """Всё, что проверяет load_checkpoint, и разобранное состояние: (manifest, state)."""
     import safetensors.torch
 
-    path = _path("path", path)
-    manifest, blobs = _read_verified(path, config)
+    manifest, blobs = _read_verified(path, config, components)
     state: dict[str, Any] = {}
     for comp, names in manifest["components"].items():
         tensors: dict = {}
@@ -993,103 +1060,212 @@ def load_checkpoint(path: str | os.PathLike, config: Mapping | None = None) -> d
             raise _fail(
                 path, f"файл {comp}.json: неверная структура ({exc})", f"{comp}.json"
             ) from None
+    return manifest, state
+
+
+def verify_checkpoint(
+    path: str | os.PathLike,
+    config: Mapping | None = None,
+    *,
+    components: Iterable[str] | None = None,
+) -> dict:
+    """Проверяет каталог контрольной точки и возвращает её manifest; иначе CheckpointError.
+
+    Проверяет ровно то же, что ``load_checkpoint`` (проходит одна — пройдёт и другая):
+    manifest.json есть, это JSON нашего формата и его собственная SHA-256 сходится; каждый
+    файл из manifest есть, его размер (байты) и SHA-256 совпадают, JSON и safetensors
+    разбираются, ссылки на тензоры целы; если задан config — его хэш совпадает с записанным
+    (в сообщении — какие ключи различаются); если заданы components — все они есть.
+    """
+    manifest, _ = _load(_path("path", path), config, _required(components))
+    return manifest
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """manifest.json контрольной точки (без проверки файлов данных); CheckpointError, если его нет."""
+    return _read_manifest(_path("path", path))
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    config: Mapping | None = None,
+    *,
+    components: Iterable[str] | None = None,
+) -> dict:
+    """Читает проверенную контрольную точку: словарь компонент → состояние (как в save_checkpoint).
+
+    Проверки — как у ``verify_checkpoint`` (размеры, SHA-256, config), разбор — из уже
+    проверенных байтов. components — обязательные компоненты (например ``COMPONENTS`` для
+    полного восстановления ToyRLRun): если какого-то нет в manifest — CheckpointError, а не
+    неполное состояние. pickle и torch.load не используются: произвольные объекты из файла не
+    создаются. Весь каталог читается в память — для учебных размеров.
+    """
+    _, state = _load(_path("path", path), config, _required(components))
     return state
 
 
-def scan_checkpoints(root: str | os.PathLike, config: Mapping | None = None):
-    """Таблица pandas всех каталогов контрольных точек в root, новые сверху.
+def _created(manifest: Mapping) -> float:
+    created = manifest.get("created_unix")
+    return float(created) if is_real(created) else 0.0
 
-    Столбцы: name, step, ok (прошла ли verify_checkpoint), problem (сообщение по-русски),
-    total_bytes (байты по manifest). Временные каталоги ".tmp-…" — незавершённые записи.
+
+def _order_key(entry: Path, manifest: Mapping | None) -> tuple[int, bool, float, str]:
+    """Ключ новизны: (шаг, основной ли каталог, время создания, имя); больше — новее.
+
+    Шаг — из manifest; если там его нет — из имени "step-NNNNNN" (каталога или записанного в
+    manifest), иначе −1. При равном шаге основной каталог идёт раньше копий ".tmp-…"/".old-…".
+    """
+    manifest = manifest or {}
+    step = manifest.get("step")
+    if not _is_int(step):
+        m = _NAME_RE.match(entry.name) or _NAME_RE.match(str(manifest.get("name", "")))
+        step = int(m.group(1)) if m else -1
+    return int(step), _kind(entry.name) == KIND_MAIN, _created(manifest), entry.name
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Подкаталоги root с читаемым manifest.json, от новых к старым (ключ ``_order_key``)."""
+    found = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if not entry.is_dir():
+                continue
+            try:
+                manifest = _read_manifest(entry)
+            except CheckpointError:
+                continue
+            found.append((_order_key(entry, manifest), entry))
+    return [entry for _, entry in sorted(found, key=lambda x: x[0], reverse=True)]
+
+
+_UNFINISHED = {
+    KIND_TMP: "временный каталог: запись не завершена",
+    KIND_OLD: "старая копия, отодвинутая при замене: удалена не до конца",
+}
+
+
+def scan_checkpoints(
+    root: str | os.PathLike,
+    config: Mapping | None = None,
+    *,
+    components: Iterable[str] | None = None,
+):
+    """Таблица pandas каталогов контрольных точек в root, новые сверху (порядок latest_checkpoint).
+
+    В таблице — каталоги с manifest.json, каталоги "step-NNNNNN" и временные ".tmp-…"/".old-…".
+    Столбцы: name, step (из manifest, иначе из имени), ok (примет ли load_checkpoint с этими
+    config и components), problem (сообщение по-русски), total_bytes (байты по manifest),
+    kind ("основной", "временный" — запись идёт или прервана, "старая копия" — отодвинута
+    при overwrite), created_utc. Первая строка с ok — то, что вернёт ``latest_checkpoint``.
+    У непроверенных временных каталогов step пуст: это незавершённые записи.
     """
     import pandas as pd
 
     root = _path("root", root)
+    components = _required(components)
     rows = []
-    if root.is_dir():
-        for entry in sorted(root.iterdir(), key=lambda p: p.name):
-            if not entry.is_dir():
-                continue
-            m = _NAME_RE.match(entry.name)
-            if entry.name.startswith(_TMP_PREFIX):
-                rows.append(
-                    {
-                        "name": entry.name,
-                        "step": None,
-                        "ok": False,
-                        "problem": "временный каталог: запись не завершена",
-                        "total_bytes": None,
-                    }
-                )
-                continue
-            if not m:
-                continue
-            try:
-                manifest = verify_checkpoint(entry, config)
-                rows.append(
-                    {
-                        "name": entry.name,
-                        "step": int(m.group(1)),
-                        "ok": True,
-                        "problem": "",
-                        "total_bytes": manifest.get("total_bytes"),
-                    }
-                )
-            except CheckpointError as exc:
-                rows.append(
-                    {
-                        "name": entry.name,
-                        "step": int(m.group(1)),
-                        "ok": False,
-                        "problem": str(exc),
-                        "total_bytes": None,
-                    }
-                )
-    frame = pd.DataFrame(rows, columns=["name", "step", "ok", "problem", "total_bytes"])
-    key = frame["step"].fillna(-1).astype(float)
-    return (
-        frame.assign(_k=key)
-        .sort_values("_k", ascending=False)
-        .drop(columns="_k")
-        .reset_index(drop=True)
-    )
+    for entry in sorted(root.iterdir()) if root.is_dir() else []:
+        kind = _kind(entry.name)
+        if not entry.is_dir() or (
+            kind == KIND_MAIN and not _NAME_RE.match(entry.name) and not (entry / MANIFEST).exists()
+        ):
+            continue
+        manifest, ok, problem = None, True, ""
+        try:
+            manifest, _ = _load(entry, config, components)
+        except CheckpointError as exc:
+            ok, problem = False, str(exc)
+            with contextlib.suppress(CheckpointError):
+                manifest = _read_manifest(entry) if kind == KIND_MAIN else None
+        if not ok and kind != KIND_MAIN:
+            problem = f"{_UNFINISHED[kind]} — {problem}"
+        key = _order_key(entry, manifest)
+        rows.append(
+            {
+                "name": entry.name,
+                "step": key[0] if key[0] >= 0 and (ok or kind == KIND_MAIN) else None,
+                "ok": ok,
+                "problem": problem,
+                "total_bytes": manifest.get("total_bytes") if ok else None,
+                "kind": kind,
+                "created_utc": manifest.get("created_utc") if manifest else None,
+                "_key": key if ok or kind == KIND_MAIN else (-1, False, 0.0, entry.name),
+            }
+        )
+    rows.sort(key=lambda r: r["_key"], reverse=True)
+    columns = ["name", "step", "ok", "problem", "total_bytes", "kind", "created_utc"]
+    frame = pd.DataFrame([{k: r[k] for k in columns} for r in rows], columns=columns)
+    return frame.astype({"step": "Int64", "total_bytes": "Int64"})
 
 
-def latest_checkpoint(root: str | os.PathLike, config: Mapping | None = None) -> Path | None:
-    """Самая новая полная контрольная точка в root (каталог "step-NNNNNN", прошедший проверку).
+def latest_checkpoint(
+    root: str | os.PathLike,
+    config: Mapping | None = None,
+    *,
+    components: Iterable[str] | None = None,
+) -> Path | None:
+    """Самая новая контрольная точка в root, которую примет ``load_checkpoint``; иначе None.
 
-    Незавершённые (временные каталоги, нет manifest) и повреждённые пропускаются; None — если
-    годных нет. Новизна — по номеру шага в имени.
+    Проверка — та же, что у ``load_checkpoint(путь, config, components=components)``.
+    Кандидаты — все подкаталоги root с manifest.json под любым именем, в том числе полные копии
+    ".tmp-…" и ".old-…", оставшиеся от записи, убитой посреди замены. Новизна — по шагу в
+    manifest (без шага — по имени "step-NNNNNN"), при равном шаге основной каталог раньше
+    копий, затем более новая. Недописанные, повреждённые, неразбираемые, с чужим config или без
+    обязательного компонента — пропускаются: перезапуск откатывается к предыдущей годной.
     """
     root = _path("root", root)
-    if not root.is_dir():
-        return None
-    candidates = []
-    for entry in root.iterdir():
-        m = _NAME_RE.match(entry.name)
-        if m and entry.is_dir():
-            candidates.append((int(m.group(1)), entry))
-    for _, entry in sorted(candidates, reverse=True):
+    components = _required(components)
+    for entry in _candidates(root):
         try:
-            verify_checkpoint(entry, config)
+            _load(entry, config, components)
         except CheckpointError:
             continue
         return entry
     return None
 
 
-def remove_incomplete(root: str | os.PathLike) -> list[str]:
-    """Удаляет временные каталоги ".tmp-…" незавершённых записей в root; их имена.
+def _remove(entry: Path, removed: list[str]) -> None:
+    shutil.rmtree(entry, ignore_errors=True)
+    removed.append(entry.name)
 
+
+def remove_incomplete(root: str | os.PathLike) -> list[str]:
+    """Доводит до конца прерванные записи в root и возвращает имена удалённых каталогов.
+
+    Временный ".tmp-…" или старый ".old-…" каталог, который не проходит ``verify_checkpoint``, —
+    недописанная запись или недоудалённая копия: удаляется. Полная копия не удаляется, пока она
+    самая новая под своим именем (manifest["name"]): её ставят на место (root/имя) той же
+    безопасной заменой, что в save_checkpoint. Удаляются лишь полные копии старше полной копии
+    под тем же именем — ровно то, что сделала бы завершённая запись с overwrite=True.
     Вызывать, только когда в root не пишет ни один другой процесс.
     """
     root = _path("root", root)
-    removed = []
-    if root.is_dir():
-        for entry in sorted(root.iterdir()):
-            if entry.is_dir() and entry.name.startswith(_TMP_PREFIX):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry.name)
+    removed: list[str] = []
+    copies: dict[str, list[tuple[float, Path]]] = {}
+    for entry in sorted(root.iterdir()) if root.is_dir() else []:
+        if not entry.is_dir() or _kind(entry.name) == KIND_MAIN:
+            continue
+        try:
+            manifest = verify_checkpoint(entry)
+        except CheckpointError:
+            _remove(entry, removed)
+            continue
+        if _publishable(manifest.get("name")):  # иначе не трогаем: её найдёт latest_checkpoint
+            copies.setdefault(manifest["name"], []).append((_created(manifest), entry))
+    for name, found in sorted(copies.items()):
+        found.sort()
+        (created, newest), older = found[-1], found[:-1]
+        target = root / name
+        try:
+            current = _created(verify_checkpoint(target))
+        except CheckpointError:
+            current = None  # под именем ничего нет или копия там не полная
+        if current is None or current < created:
+            _publish(newest, target)
+        else:
+            older.append((created, newest))
+        for _, entry in older:
+            _remove(entry, removed)
     return removed
 
 
@@ -1101,7 +1277,7 @@ def resume_full(
 ) -> ToyRLRun:
     """Честное восстановление: свежий запуск из run_factory() и всё его состояние из контрольной точки."""
     run = run_factory()
-    run.load_state_dict(load_checkpoint(checkpoint_path, config=run.config))
+    run.load_state_dict(load_checkpoint(checkpoint_path, config=run.config, components=COMPONENTS))
     return run
 
 
@@ -1115,7 +1291,7 @@ def resume_weights_only(
     учебная программа, нормировщик, верификатор и очередь — свежие.
     """
     run = run_factory()
-    state = load_checkpoint(checkpoint_path, config=run.config)
+    state = load_checkpoint(checkpoint_path, config=run.config, components=("policy",))
     run.load_weights_only(state)
     step = read_manifest(checkpoint_path).get("step") or 0
     run.global_step = run.policy_version = int(step)
@@ -1269,7 +1445,8 @@ def run_crash_test(
     создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога последней
     полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того же
     эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
-    прежние каталоги step-… и .tmp-… в нём удаляются).
+    прежние контрольные точки в нём — каталоги с manifest.json, step-…, .tmp-… и .old-… —
+    удаляются).
     """
     total_steps = _int("total_steps", total_steps, low=2)
     crash_at = _int("crash_at", crash_at, low=1)
@@ -1297,7 +1474,11 @@ def run_crash_test(
             root = _path("workdir", workdir)
             root.mkdir(parents=True, exist_ok=True)
             for old in root.iterdir():  # прежние контрольные точки сбили бы latest_checkpoint
-                if old.is_dir() and (_NAME_RE.match(old.name) or old.name.startswith(_TMP_PREFIX)):
+                if old.is_dir() and (
+                    _NAME_RE.match(old.name)
+                    or _kind(old.name) != KIND_MAIN
+                    or (old / MANIFEST).exists()
+                ):
                     shutil.rmtree(old)
         crashing = factory()
         before: list[dict] = []
@@ -1311,7 +1492,7 @@ def run_crash_test(
                     overwrite=True,
                 )
         del crashing  # авария: всё, что было только в памяти процесса, потеряно
-        ckpt = latest_checkpoint(root)
+        ckpt = latest_checkpoint(root, components=COMPONENTS)
         if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
             raise RuntimeError(f"в {root} нет полной контрольной точки")
         manifest = read_manifest(ckpt)
@@ -1599,32 +1780,53 @@ def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -
 # ----------------------------------------------------------------------------- интервал Янга
 
 
+def _check_write_below_mtbf(fn: str, write_s: float, mtbf_s: float) -> None:
+    """ValueError при C ≥ M: запись не укладывается между отказами, интервал бессмыслен."""
+    if write_s >= mtbf_s:
+        raise ValueError(
+            f"{fn}: время записи C = {write_s:g} с не меньше среднего времени между отказами "
+            f"M = {mtbf_s:g} с (C/M = {write_s / mtbf_s:.3g}), а формула требует C ≪ M: запись "
+            f"почти никогда не успевает завершиться. Проверьте единицы (оба — в секундах) или "
+            f"сократите запись (асинхронная, по частям)"
+        )
+
+
 def young_interval(write_s: float, mtbf_s: float) -> float:
     """Оптимальный интервал контрольных точек по Янгу: I* = sqrt(2·C·M), в секундах.
 
-    C — время записи контрольной точки, M — среднее время между отказами.
-    Приближение: не учитывает время перезапуска и коррелированные отказы.
+    C — время записи контрольной точки, M — среднее время между отказами (оба в секундах, C ≪ M).
+    Приближение: не учитывает время перезапуска и коррелированные отказы. C ≥ M — ValueError.
+    При C/M > YOUNG_RATIO_WARN = 0.1 — предупреждение: против точного оптимума модели Дейли
+    (без перезапуска) I* завышен на 17 % при C/M = 0.1 и на 43 % при C/M = 0.5 — там точнее
+    ``daly_interval``.
     """
-    if not _real_ok(write_s) or not _real_ok(mtbf_s) or write_s <= 0 or mtbf_s <= 0:
-        raise ValueError(f"write_s и mtbf_s должны быть положительны: {write_s=}, {mtbf_s=}")
-    return math.sqrt(2 * write_s * mtbf_s)
-
-
-def _real_ok(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    write_s = positive("write_s", write_s)
+    mtbf_s = positive("mtbf_s", mtbf_s)
+    _check_write_below_mtbf("young_interval", write_s, mtbf_s)
+    if write_s / mtbf_s > YOUNG_RATIO_WARN:
+        warnings.warn(
+            f"young_interval: C/M = {write_s / mtbf_s:.2g} > {YOUNG_RATIO_WARN:g} (C = "
+            f"{write_s:g} с, M = {mtbf_s:g} с) — приближение Янга требует C ≪ M и здесь "
+            f"завышает интервал; точнее daly_interval(C, M)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return math.sqrt(2 * write_s * mtbf_s)  # минимум C/I + I/(2M)
 
 
 def daly_interval(write_s: float, mtbf_s: float) -> float:
-    """Интервал по Дейли (2006), в секундах: √(2CM)·[1 + ⅓·√(C/2M) + (C/2M)/9] − C при C < 2M, иначе M.
+    """Интервал по Дейли (2006), в секундах: √(2CM)·[1 + ⅓·√(C/2M) + (C/2M)/9] − C.
 
-    C — время записи, M — среднее время между отказами (с). Поправка высшего порядка к Янгу;
-    при C ≪ M почти совпадает с ним (чуть меньше).
+    C — время записи, M — среднее время между отказами (оба в секундах). Поправка высшего
+    порядка к Янгу: при C ≪ M почти совпадает с ним (чуть меньше), а до C/M = 0.99 отличается
+    от точного оптимума модели Дейли (без перезапуска) меньше чем на 2 % — предупреждения нет.
+    C ≥ M — ValueError, как у young_interval: Дейли для C ≥ 2M берёт I = M, но при C ≥ M
+    запуск почти не делает полезной работы, и ответ — сокращать запись, а не подбирать интервал.
     """
-    if not _real_ok(write_s) or not _real_ok(mtbf_s) or write_s <= 0 or mtbf_s <= 0:
-        raise ValueError(f"write_s и mtbf_s должны быть положительны: {write_s=}, {mtbf_s=}")
-    if write_s >= 2 * mtbf_s:
-        return float(mtbf_s)
-    x = write_s / (2 * mtbf_s)
+    write_s = positive("write_s", write_s)
+    mtbf_s = positive("mtbf_s", mtbf_s)
+    _check_write_below_mtbf("daly_interval", write_s, mtbf_s)
+    x = write_s / (2 * mtbf_s)  # C/(2M) < 1/2
     return math.sqrt(2 * write_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - write_s
 
 
@@ -1635,9 +1837,9 @@ def checkpoint_overhead(interval_s: float, write_s: float, mtbf_s: float) -> flo
     (все в секундах). C/I — запись, I/(2M) — в среднем половина интервала пересчитывается после
     отказа. Минимум при I* = sqrt(2CM), там H = sqrt(2C/M). Приближение верно при C ≪ I ≪ M.
     """
-    vals = {"interval_s": interval_s, "write_s": write_s, "mtbf_s": mtbf_s}
-    if any(not _real_ok(v) or v <= 0 for v in vals.values()):
-        raise ValueError(f"interval_s, write_s и mtbf_s должны быть положительны: {vals}")
+    interval_s = positive("interval_s", interval_s)
+    write_s = positive("write_s", write_s)
+    mtbf_s = positive("mtbf_s", mtbf_s)
     return write_s / interval_s + interval_s / (2 * mtbf_s)
 
 
@@ -1661,7 +1863,7 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
 
     i_star = young_interval(write_s, mtbf_s)
     if current_interval_s is not None and (
-        not _real_ok(current_interval_s) or current_interval_s <= 0
+        not is_real(current_interval_s) or current_interval_s <= 0
     ):
         raise ValueError(
             f"current_interval_s должно быть положительным или None, получено {current_interval_s!r}"
@@ -1759,8 +1961,10 @@ def checkpointed_trainer(
 ) -> dict:
     """Уровень C: настоящий процесс ToyRLRun(seed) с контрольными точками в run_dir.
 
-    При старте: удаляет временные каталоги прерванных записей и продолжает с
-    ``latest_checkpoint(run_dir)``, если она есть. Каждый шаг дописывает строку
+    При старте: ``remove_incomplete(run_dir)`` (недописанные временные каталоги удаляются,
+    полные копии прерванной замены ставятся на место) и продолжает с
+    ``latest_checkpoint(run_dir, components=COMPONENTS)`` — новейшей полной контрольной
+    точки, если она есть. Каждый шаг дописывает строку
     {"pid": ..., "event": ...} в run_dir/events.jsonl (fsync), после шагов, кратных
     checkpoint_every, пишет run_dir/step-NNNNNN. kill_at_step=k — после шага k (и его
     контрольной точки, если она положена) процесс посылает себе SIGKILL (kill -9);
@@ -1788,7 +1992,7 @@ def checkpointed_trainer(
     removed = remove_incomplete(run_dir_p)
     run = ToyRLRun(seed)
     resumed_from = None
-    ckpt = latest_checkpoint(run_dir_p)
+    ckpt = latest_checkpoint(run_dir_p, components=COMPONENTS)
     if ckpt is not None:  # чужая конфигурация (другой seed) — CheckpointError, а не тихий старт
         run = resume_full(functools.partial(ToyRLRun, seed), ckpt)
         resumed_from = run.global_step

@@ -1,17 +1,24 @@
 """Тесты course_utils.checkpoint: полная контрольная точка, проверка аварией, отказы, интервал Янга.
 
-Процессные тесты (уровень C) запускают настоящий процесс и убивают его SIGKILL; каждый запуск
-стоит ~3 с (дочерний процесс импортирует torch), их четыре.
+Процессные тесты (уровень C и замена контрольной точки) запускают настоящий процесс и убивают
+его SIGKILL; каждый запуск стоит ~3 с (дочерний процесс импортирует torch), их восемь.
 """
 
+import hashlib
 import json
 import math
+import os
 import pickle
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -23,6 +30,7 @@ from course_utils.rl_procs import state_checksum
 
 matplotlib.use("Agg")
 
+REPO = Path(__file__).resolve().parent.parent
 CYRILLIC = re.compile("[а-яА-ЯёЁ]")
 # Файлы контрольной точки ToyRLRun: тензоры — в .safetensors, остальное — в .json.
 DATA_FILES = [
@@ -357,8 +365,10 @@ def test_load_never_unpickles(saved, monkeypatch):
 
 def test_latest_checkpoint_skips_incomplete_and_corrupt(saved, tmp_path):
     src = saved[0]
-    for step in (4, 8, 12, 16):
-        shutil.copytree(src, tmp_path / ck.checkpoint_name(step))
+    run = ToyRLRun(0)
+    for step in (4, 8, 12, 16):  # новизна — по шагу в manifest, поэтому настоящие шаги
+        _events(run, 4)
+        ck.save_checkpoint(run.state_dict(), tmp_path / ck.checkpoint_name(step), run.config)
     (tmp_path / "step-000012" / "manifest.json").unlink()  # писатель без атомарности
     (tmp_path / "step-000016" / "queue.json").write_text("[]")  # повреждён
     leftover = tmp_path / ".tmp-step-000020-abc"  # процесс убит посреди записи
@@ -375,10 +385,133 @@ def test_latest_checkpoint_skips_incomplete_and_corrupt(saved, tmp_path):
         "step-000004",
     ]
     assert table["ok"].tolist() == [False, False, True, True, False]
+    assert table["step"].tolist()[:4] == [16, 12, 8, 4]
     assert "запись не завершена" in table["problem"].iloc[-1]
+    assert table["kind"].tolist() == ["основной"] * 4 + ["временный"]
     assert ck.remove_incomplete(tmp_path) == [leftover.name] and not leftover.exists()
     assert ck.latest_checkpoint(tmp_path / "нет") is None
     assert ck.checkpoint_name(12) == "step-000012"
+
+
+def test_overwrite_failing_between_renames_restores_old_copy(tmp_path, monkeypatch):
+    """Второе переименование замены падает: старая полная копия возвращается на место."""
+    run = ToyRLRun(0)
+    _events(run, 4)
+    target = ck.save_checkpoint(run.state_dict(), tmp_path / "step-000004", run.config)
+    old_created = ck.read_manifest(target)["created_unix"]
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # старая копия уже отодвинута, новая ещё не на месте
+            raise OSError("диск отключён")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="диск отключён"):
+        ck.save_checkpoint(run.state_dict(), target, run.config, overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004"]
+    assert ck.latest_checkpoint(tmp_path) == target
+    assert ck.read_manifest(target)["created_unix"] == old_created
+
+
+def test_checkpoint_under_any_name_is_found_by_its_step(saved, tmp_path):
+    """Что сохранено, то и находится: имя каталога любое, новизна — по шагу в manifest."""
+    run = ToyRLRun(0)
+    _events(run, 8)
+    ck.save_checkpoint(run.state_dict(), tmp_path / "step-8", run.config)
+    assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-8"
+    shutil.copytree(saved[0], tmp_path / "лучшая")  # шаг 12: новее, хоть имя и не step-…
+    shutil.copytree(tmp_path / "step-8", tmp_path / "step-000099")  # имя врёт: внутри шаг 8
+    assert ck.latest_checkpoint(tmp_path) == tmp_path / "лучшая"
+    table = ck.scan_checkpoints(tmp_path)
+    assert table["name"].iloc[0] == "лучшая" and table["step"].tolist() == [12, 8, 8]
+    assert table["ok"].all() and set(table["kind"]) == {"основной"}
+    with pytest.raises(ValueError, match="имена с точки"):
+        ck.save_checkpoint(run.state_dict(), tmp_path / ".tmp-вручную", run.config)
+
+
+def _reseal(path: Path, spoil) -> None:
+    """Портит каталог spoil(path, manifest) и пересчитывает manifest.json, как писатель с ошибкой.
+
+    Размеры, SHA-256 файлов и собственная SHA-256 manifest (канонический JSON без этого поля)
+    сходятся, так что проверка хэшей проходит; отвергнуть каталог может только разбор.
+    """
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    spoil(path, manifest)
+    files = {}
+    for name in manifest["files"]:
+        if (path / name).exists():
+            data = (path / name).read_bytes()
+            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"], manifest["total_bytes"] = files, sum(f["bytes"] for f in files.values())
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    canonical = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    manifest["manifest_sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    (path / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8")
+
+
+def _garbage_safetensors(path, manifest):
+    (path / "policy.safetensors").write_bytes("это не safetensors".encode())
+
+
+def _dangling_tensor(path, manifest):
+    queue = {"on_restore": "keep", "batches": {"__tensor__": "нет такого"}}
+    (path / "queue.json").write_text(json.dumps(queue), encoding="utf-8")
+
+
+def _component_without_json(path, manifest):
+    (path / "counters.json").unlink()
+    manifest["components"]["counters"] = []
+
+
+_DAMAGE = {
+    "garbage_safetensors": (_garbage_safetensors, "policy.safetensors не читается"),
+    "dangling_tensor": (_dangling_tensor, "ссылается на тензор 'нет такого'"),
+    "component_without_json": (_component_without_json, "у компонента counters нет файла"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_latest_skips_what_load_rejects(saved, tmp_path, damage):
+    """Хэши сходятся, но load_checkpoint отвергает содержимое: latest_checkpoint берёт прежнюю."""
+    run = ToyRLRun(0)
+    _events(run, 8)
+    ck.save_checkpoint(run.state_dict(), tmp_path / "step-000008", run.config)
+    bad = _copy(saved, tmp_path)  # step-000012
+    spoil, message = _DAMAGE[damage]
+    _reseal(bad, spoil)
+    with pytest.raises(CheckpointError, match=message):
+        ck.load_checkpoint(bad)
+    with pytest.raises(CheckpointError, match=message):
+        ck.verify_checkpoint(bad)
+    assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000008"
+    table = ck.scan_checkpoints(tmp_path)
+    assert table["name"].tolist() == ["step-000012", "step-000008"]
+    assert table["ok"].tolist() == [False, True] and message in table["problem"].iloc[0]
+
+
+def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
+    """Контрольная точка без обязательных компонентов — CheckpointError, а не неполное состояние."""
+    first = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=4, checkpoint_every=4)
+    assert first["checkpoints_written"] == ["step-000004"]
+    run = ToyRLRun(0)
+    _events(run, 8)
+    partial = ck.save_checkpoint(run.weights_only_state(), tmp_path / "step-000008", run.config)
+    missing = "optimizer, scheduler, counters, rng, data_cursor, curriculum, normalizer, versions"
+    with pytest.raises(CheckpointError, match=f"нет компонентов: {missing}, queue"):
+        ck.load_checkpoint(partial, components=ck.COMPONENTS)
+    with pytest.raises(CheckpointError, match="нет компонентов: optimizer"):
+        ck.resume_full(lambda: ToyRLRun(0), partial)
+    assert set(ck.load_checkpoint(partial)) == {"policy"}  # без требований — что записано
+    assert ck.latest_checkpoint(tmp_path) == partial
+    assert ck.latest_checkpoint(tmp_path, components=ck.COMPONENTS) == tmp_path / "step-000004"
+    with pytest.raises(ValueError, match="components"):
+        ck.latest_checkpoint(tmp_path, components="policy")
+    res = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=6, checkpoint_every=4)
+    assert res["resumed_from"] == 4
+    assert first["events"] + res["events"] == _events(ToyRLRun(0), 6)
 
 
 # ----------------------------------------------------------------------------- три вида отказов
@@ -471,7 +604,8 @@ def test_young_interval_matches_independent_values():
     # Young (1974), значения из research/anchors_calc_sim.md §5.3: C = 5 мин.
     assert ck.young_interval(300, 24 * 3600) == pytest.approx(120 * 60, rel=1e-12)
     assert ck.young_interval(300, 6 * 3600) == pytest.approx(60 * 60, rel=1e-12)
-    assert ck.young_interval(300, 15 * 60) / 60 == pytest.approx(12.247, abs=5e-4)
+    with pytest.warns(UserWarning, match="C/M"):  # C/M = 1/3: Янг уже груб
+        assert ck.young_interval(300, 15 * 60) / 60 == pytest.approx(12.247, abs=5e-4)
     assert ck.young_interval(50, 10_000) == pytest.approx(1000.0)  # √(2·50·10⁴) вручную
 
 
@@ -481,7 +615,46 @@ def test_daly_interval_matches_daly_figures():
         minutes = ck.daly_interval(300, mtbf_min * 60) / 60
         assert minutes == pytest.approx(exact, abs=1e-4)
         assert minutes == pytest.approx(printed, rel=0.01)
-    assert ck.daly_interval(100, 40) == 40  # C ≥ 2M: интервал = M
+
+
+@pytest.mark.parametrize("fn", [ck.young_interval, ck.daly_interval])
+@pytest.mark.parametrize("write_s, mtbf_s", [(100, 100), (300, 40)])
+def test_intervals_refuse_write_not_shorter_than_mtbf(fn, write_s, mtbf_s):
+    """C ≥ M: запись не укладывается между отказами — интервала, который помог бы, нет."""
+    with pytest.raises(ValueError, match=rf"C = {write_s} с .*M = {mtbf_s} с") as info:
+        fn(write_s, mtbf_s)
+    assert fn.__name__ in str(info.value) and "единицы" in str(info.value)
+
+
+def test_young_interval_warns_unless_write_is_small():
+    with pytest.warns(UserWarning, match=r"C/M = 0.33 > 0.1 \(C = 300 с, M = 900 с\)") as rec:
+        assert ck.young_interval(300, 900) == pytest.approx(math.sqrt(2 * 300 * 900))
+    assert "daly_interval" in str(rec[0].message) and rec[0].filename == __file__
+    with pytest.raises(ValueError, match="C/M = 12.5"):  # M в часах рядом с C в секундах
+        ck.young_interval(300, 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ck.young_interval(300, 3000)  # C/M = 0.1 — ещё без предупреждения
+        ck.young_interval(300, 24 * 3600)
+        ck.daly_interval(300, 900)  # поправка Дейли верна и при C/M = 1/3
+        ck.plot_overhead(120, 24 * 3600)  # как в ноутбуке 12.5
+
+
+def _exact_optimum(write_s: float, mtbf_s: float) -> float:
+    """Точный оптимум модели Дейли без перезапуска: минимум (e^((τ+C)/M) − 1)/τ на сетке."""
+    grid = np.geomspace(1e-3 * mtbf_s, 5 * mtbf_s, 400_001)
+    return float(grid[np.argmin(np.expm1((grid + write_s) / mtbf_s) / grid)])
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 0.99])
+def test_daly_close_to_exact_optimum_where_young_is_not(ratio):
+    """Почему предупреждает только Янг: при C/M ≥ 0.1 он завышает I* на ≥ 16 %, Дейли — < 2 %."""
+    mtbf_s = 3600.0
+    exact = _exact_optimum(ratio * mtbf_s, mtbf_s)
+    assert abs(ck.daly_interval(ratio * mtbf_s, mtbf_s) / exact - 1) < 0.02
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ck.young_interval(ratio * mtbf_s, mtbf_s) / exact - 1 > 0.16
 
 
 def test_overhead_minimum_at_young_interval():
@@ -499,7 +672,7 @@ def test_overhead_minimum_at_young_interval():
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])
 def test_interval_functions_reject_bad_input(bad):
-    with pytest.raises(ValueError, match="должны быть положительны"):
+    with pytest.raises(ValueError, match="write_s"):
         ck.young_interval(bad, 100.0)
     with pytest.raises(ValueError, match="mtbf_s"):
         ck.young_interval(10.0, bad)
@@ -539,6 +712,85 @@ def _launch(tmp_path, tag, **args):
 def _run_events(run_dir) -> tuple[list[dict], dict]:
     frame = ck.events_from_run_dir(run_dir)
     return frame.drop(columns=["pid", "computations"]).to_dict("records"), frame.attrs
+
+
+# Дочерний процесс: та же контрольная точка step-000008 ещё раз с overwrite=True, и SIGKILL
+# (kill -9) в точке argv[1]: до первого переименования, между ними, после второго или посреди
+# удаления отодвинутой старой копии (один её файл уже удалён).
+_OVERWRITE_AND_DIE = """
+import os, shutil, signal, sys
+from pathlib import Path
+from course_utils import checkpoint as ck
+
+point, root = sys.argv[1], Path(sys.argv[2])
+run = ck.ToyRLRun(0)
+for _ in range(8):
+    run.step()
+state = run.state_dict()
+real_replace, real_rmtree, calls = os.replace, shutil.rmtree, []
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def replace(src, dst):
+    calls.append(dst)
+    if point == "before_first_rename":
+        die()
+    real_replace(src, dst)
+    if point == {1: "after_first_rename", 2: "after_second_rename"}.get(len(calls)):
+        die()
+
+
+def rmtree(path, *args, **kwargs):
+    if point == "while_removing_old":
+        sorted(Path(path).rglob("*.safetensors"))[0].unlink()
+        die()
+    real_rmtree(path, *args, **kwargs)
+
+
+os.replace, shutil.rmtree = replace, rmtree
+ck.save_checkpoint(state, root / "step-000008", run.config, overwrite=True)
+sys.exit(3)  # сюда процесс дойти не должен
+"""
+KILL_POINTS = [
+    "before_first_rename",
+    "after_first_rename",
+    "after_second_rename",
+    "while_removing_old",
+]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_overwrite_killed_at_any_point_keeps_a_complete_checkpoint(tmp_path, point):
+    """kill -9 посреди замены step-000008: полная копия находится в любой момент,
+    remove_incomplete её не удаляет, перезапущенный тренер продолжает с шага 8."""
+    run = ToyRLRun(0)
+    _events(run, 8)
+    target = ck.save_checkpoint(run.state_dict(), tmp_path / "step-000008", run.config)
+    old_created = ck.read_manifest(target)["created_unix"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _OVERWRITE_AND_DIE, point, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # настоящий kill -9
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2, names  # старая и новая копии, одна из них ещё не на месте
+    assert ("step-000008" in names) == (point != "after_first_rename"), names
+    found = ck.latest_checkpoint(tmp_path, run.config)
+    assert found is not None, names
+    assert ck.read_manifest(found)["step"] == 8
+    assert ck.scan_checkpoints(tmp_path)["ok"].iloc[0], names
+    ck.remove_incomplete(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000008"], names
+    manifest = ck.verify_checkpoint(target, run.config)
+    assert manifest["created_unix"] != old_created  # на месте новая копия: полную не удалили
+    res = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=9, checkpoint_every=4)
+    assert res["resumed_from"] == 8 and [e["step"] for e in res["events"]] == [9]
 
 
 def test_kill_during_write_never_leaves_a_loadable_newest(tmp_path):

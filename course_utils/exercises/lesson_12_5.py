@@ -689,7 +689,7 @@ def _values_12_5_7(task: dict) -> dict:
     m_s = m_h * 3600
     star = young_interval(c, m_s)
     no_two = math.sqrt(c * m_s)
-    mixed = young_interval(c, m_h)  # M в часах подставлено как секунды
+    mixed = math.sqrt(2 * c * m_h)  # M в часах подставлено как секунды (young_interval: C ≥ M)
     return {
         "m_s": m_s, "i_s": i_s, "star_s": star,
         "H_current": checkpoint_overhead(i_s, c, m_s), "H_star": checkpoint_overhead(star, c, m_s),
