@@ -5,7 +5,8 @@
 не падает на ответе; ``grading.solution(...)`` показывает разбор после первой попытки (по чести,
 как ответы в конце задачника); ``grading.new_variant(...)`` даёт новые числа; ``grading.progress()``
 — таблица всех 21 шагов. Прогресс — JSON по пути ``COURSE_PROGRESS_PATH`` (по умолчанию
-``~/.course_rl_infra_progress.json``), запись атомарная. Упражнения регистрируют модули
+``~/.course_rl_infra_progress.json``): запись атомарная и под flock (два ядра не теряют попыток),
+неверная запись в файле сбрасывается одна (с копией файла). Упражнения регистрируют модули
 ``course_utils.exercises.lesson_12_*`` при первом обращении к реестру.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import glob
 import importlib
 import json
 import math
@@ -20,11 +22,18 @@ import numbers
 import os
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl as _fcntl
+except ImportError:  # Windows: без межпроцессной блокировки (см. _locked)
+    _fcntl = None
 
 __all__ = [
     "COURSE_STEPS", "PLACEHOLDER", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
@@ -197,10 +206,7 @@ def misconceptions(exercise_id: str) -> list[Misconception]:
 def new_variant(exercise_id: str) -> dict:
     """Переходит к следующему варианту (новые числа), запоминает его и показывает условие."""
     ex = _get(exercise_id)
-    data = _load()
-    entry = data["exercises"].setdefault(ex.id, _blank())
-    entry["variant"] += 1
-    _save(data)
+    entry = _update(ex.id, lambda e: e.update(variant=e["variant"] + 1))
     fresh = _make_task(ex, entry["variant"])
     _emit(f"🎲 {ex.id} «{ex.title}», вариант {entry['variant']}.", fresh["statement"])
     return fresh
@@ -442,13 +448,14 @@ def check(exercise_id: str, answer: Any) -> CheckResult:
     ex = _get(exercise_id)
     result = evaluate(ex.id, answer, _entry(ex.id)["variant"])
     if result.status != "not_attempted":
-        data = _load()
-        entry = data["exercises"].setdefault(ex.id, _blank())
-        entry["attempts"] += 1
-        entry["solved"] = entry["solved"] or result.status == "correct"
-        entry["last_attempt"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        entry["last_status"] = result.status
-        _save(data)
+        when = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+        def record(entry: dict) -> None:
+            entry["attempts"] += 1
+            entry["solved"] = entry["solved"] or result.status == "correct"
+            entry["last_attempt"], entry["last_status"] = when, result.status
+
+        _update(ex.id, record)
     result._show()
     result._shown_in = ("shown", getattr(_shell(), "execution_count", None))
     return result
@@ -474,8 +481,11 @@ def _emit(head: str, body: str) -> None:
 
 # ---------------------------------------------------------------- прогресс
 _FORMAT = 1
+_STALE_TMP_S = 5.0  # временный файл старше — остаток прерванной записи (живая длится мс)
 _memory: dict[str, dict] = {}  # путь → прогресс, когда файл не удаётся записать
 _warned: set[str] = set()
+_thread_lock = threading.RLock()  # потоки одного ядра; между процессами — flock
+_lock_depth = 0
 
 
 class ProgressWarning(UserWarning):
@@ -497,31 +507,100 @@ def _blank() -> dict:
     return {"attempts": 0, "solved": False, "variant": 0, "last_attempt": None, "last_status": None}
 
 
-_FIELDS = {"attempts": int, "solved": bool, "variant": int, "last_attempt": str, "last_status": str}
+def _is_timestamp(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and bool(dt.datetime.fromisoformat(value))
+    except ValueError:
+        return False
 
 
-def _validated(raw: Any) -> dict:
+_RECORDED = {status for status in _STATUS if status != "not_attempted"}
+_FIELDS: dict[str, Callable[[Any], bool]] = {  # поле записи → допустимо ли значение
+    "attempts": lambda v: type(v) is int and v >= 0,
+    "solved": lambda v: type(v) is bool,
+    "variant": lambda v: type(v) is int and v >= 0,
+    "last_attempt": lambda v: v is None or _is_timestamp(v),
+    "last_status": lambda v: v is None or (isinstance(v, str) and v in _RECORDED),
+}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _validated(raw: Any) -> tuple[dict, list[str]]:
+    """Проверенный прогресс и список исправлений; ValueError — файл негоден целиком.
+
+    Каждая запись проверяется отдельно: неверное поле сбрасывается к значению по умолчанию,
+    остальные поля и записи сохраняются. Сброшенное attempts становится 1, если запись говорит о
+    попытке (solved или last_status), — иначе решённому шагу снова закрылся бы разбор.
+    """
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         raise ValueError(f"ожидается словарь с format = {_FORMAT}")
     if not isinstance(raw.get("exercises"), dict):
         raise ValueError("поле exercises должно быть словарём")
-    out = {}
+    out, problems = {}, []
     for key, entry in raw["exercises"].items():
-        merged = _blank() | (entry if isinstance(entry, dict) else {"attempts": None})
-        for name, kind in _FIELDS.items():
-            value = merged[name]
-            ok = type(value) is kind and (kind is not int or value >= 0)
-            if not ok and not (value is None and kind is str):
-                raise ValueError(f"в записи {key!r} неверное поле {name!r}")
-        out[key] = {name: merged[name] for name in _FIELDS}
-    return {"format": _FORMAT, "exercises": out}
+        if not isinstance(entry, dict):
+            problems.append(f"запись упражнения {key} — не словарь: {_shown(entry)}")
+            entry = {}
+        fixed, bad = _blank(), []
+        for name, ok in _FIELDS.items():
+            if name in entry and ok(entry[name]):
+                fixed[name] = entry[name]
+            elif name in entry:
+                bad.append(name)
+        if "attempts" in bad and (fixed["solved"] or fixed["last_status"]):
+            fixed["attempts"] = 1
+        if bad:
+            what = "неверное поле" if len(bad) == 1 else "неверные поля"
+            values = ", ".join(f"{name} = {_shown(entry[name])}" for name in bad)
+            problems.append(f"в записи упражнения {key} {what} {values}")
+        out[key] = fixed
+    return {"format": _FORMAT, "exercises": out}, problems
 
 
-def _load() -> dict:
-    """Читает прогресс; повреждённый файл откладывает в сторону и начинает заново."""
-    path, fresh = _progress_path(), {"format": _FORMAT, "exercises": {}}
-    if str(path) in _memory:
-        return _memory[str(path)]
+def _open_lock(path: Path) -> Any:
+    """Открывает и блокирует (flock) файл-спутник .<имя>.lock; None — без блокировки."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_name(f".{path.name}.lock"), "a")  # закрывает _locked
+    except OSError:
+        return None  # папка недоступна: запись всё равно не удастся и предупредит
+    try:
+        _fcntl.flock(handle.fileno(), _fcntl.LOCK_EX)
+    except OSError:  # например, сетевой диск без блокировок
+        handle.close()
+        return None
+    return handle
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Исключительный доступ к прогрессу: между потоками и (где есть fcntl) между процессами.
+
+    Повторный вход из того же потока не блокирует. Без fcntl (Windows) процессы не
+    блокируются: запись остаётся атомарной, но два ядра могут потерять попытку.
+    """
+    global _lock_depth
+    with _thread_lock:
+        handle = _open_lock(path) if _lock_depth == 0 and _fcntl is not None else None
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+            if handle is not None:
+                handle.close()  # закрытие снимает flock
+
+
+class _NeedsRepair(Exception):
+    """Файл прогресса нужно чинить под блокировкой."""
+
+
+def _read(path: Path, repair: bool) -> dict:
+    fresh = {"format": _FORMAT, "exercises": {}}
     try:
         raw = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -531,8 +610,10 @@ def _load() -> dict:
         _warn(f"Не удалось прочитать прогресс {path} ({exc}); он хранится только в памяти.")
         return fresh
     try:
-        return _validated(json.loads(raw))
+        data, problems = _validated(json.loads(raw))
     except Exception as exc:
+        if not repair:
+            raise _NeedsRepair from exc
         aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
         try:
             os.replace(path, aside)
@@ -542,13 +623,77 @@ def _load() -> dict:
             where = "отложить его не удалось, прогресс хранится только в памяти"
         _warn(f"Файл прогресса {path} повреждён ({exc}); {where}. Прогресс начат заново.")
         return fresh
+    if not problems:
+        return data
+    if not repair:
+        raise _NeedsRepair
+    aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+    try:
+        with open(aside, "xb") as fh:  # копия исходного файла, один раз: дальше файл исправен
+            fh.write(raw)
+        where = f"копия исходного файла — {aside.name}"
+    except OSError:
+        _memory[str(path)] = data
+        where = "копию сохранить не удалось, исправленный прогресс хранится только в памяти"
+    shown = "; ".join(problems[:5])
+    if len(problems) > 5:
+        shown += f"; и ещё записей с ошибками: {len(problems) - 5}"
+    _warn(
+        f"В файле прогресса {path}: {shown}. Неверные значения сброшены, остальной прогресс "
+        f"сохранён; {where}."
+    )
+    if str(path) not in _memory:
+        _save(data)
+    return data
+
+
+def _load() -> dict:
+    """Читает прогресс. Файл не JSON — откладывает целиком; неверная запись — только её."""
+    path = _progress_path()
+    if str(path) in _memory:
+        return _memory[str(path)]
+    try:
+        return _read(path, repair=False)
+    except _NeedsRepair:
+        with _locked(path):  # чинит один процесс, остальные прочтут исправленный файл
+            return _read(path, repair=True)
+
+
+def _update(exercise_id: str, change: Callable[[dict], None]) -> dict:
+    """Чтение, изменение записи упражнения и запись — под блокировкой, целиком."""
+    with _locked(_progress_path()):
+        data = _load()
+        entry = data["exercises"].setdefault(exercise_id, _blank())
+        change(entry)
+        _save(data)
+        return dict(entry)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Удаляет временные файлы прерванных записей (старше _STALE_TMP_S, чужие живые не трогаем)."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > _STALE_TMP_S:
+                tmp.unlink()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync папки: переименование переживёт сбой питания (где папку можно открыть)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _save(data: dict) -> None:
-    """Атомарная запись: временный файл в той же папке, fsync, os.replace."""
+    """Атомарная запись: временный файл в той же папке, fsync, os.replace, fsync папки."""
     path = _progress_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -560,6 +705,7 @@ def _save(data: dict) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        _fsync_dir(path.parent)
     except OSError as exc:
         _memory[str(path)] = data
         _warn(

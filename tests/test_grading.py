@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -184,11 +185,8 @@ def test_progress_survives_restart(registry, progress_path):
 
 
 @pytest.mark.parametrize(
-    "content",
-    ["{не json", "[1, 2]", '{"format": 99, "exercises": {}}',
-     '{"format": 1, "exercises": {"t.num": {"attempts": -1}}}',
-     '{"format": 1, "exercises": {"t.num": {"solved": "yes"}}}'],
-)  # fmt: skip
+    "content", ["{не json", "[1, 2]", '{"format": 99, "exercises": {}}', '{"format": 1}']
+)
 def test_corrupt_progress_is_set_aside(registry, progress_path, content):
     progress_path.write_text(content, encoding="utf-8")
     with pytest.warns(grading.ProgressWarning, match="повреждён"):
@@ -201,6 +199,179 @@ def test_corrupt_progress_is_set_aside(registry, progress_path, content):
         warnings.simplefilter("error")  # новый файл исправен: больше никаких предупреждений
         grading.check("t.num", 2)
     assert _stored(progress_path)["t.num"]["attempts"] == 2
+
+
+def _write_progress(path: Path, exercises: dict) -> str:
+    text = json.dumps({"format": 1, "exercises": exercises}, ensure_ascii=False)
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def test_bad_entry_is_reset_alone(registry, progress_path, capsys):
+    grading.register(replace(NUMERIC, id="12.2.6"))
+    grading.register(replace(KV, id="12.2.7"))
+    good = {"attempts": 2, "solved": False, "variant": 1,
+            "last_attempt": "2026-05-04T10:20:00+03:00", "last_status": "wrong"}  # fmt: skip
+    original = _write_progress(progress_path, {"12.2.6": good, "12.2.7": {"attempts": -1}})
+    with pytest.warns(grading.ProgressWarning) as caught:
+        rows = grading.progress().set_index("id")
+    (message,) = [str(w.message) for w in caught]
+    assert "12.2.7" in message and "attempts = -1" in message and "12.2.6" not in message
+    assert rows.loc["12.2.6", "статус"] == "в работе" and rows.loc["12.2.6", "попыток"] == 2
+    assert rows.loc["12.2.6", "вариант"] == 1 and rows.loc["12.2.7", "статус"] == "не начато"
+    (aside,) = progress_path.parent.glob("progress.json.corrupt-*")  # копия — одна, исходная
+    assert aside.read_text(encoding="utf-8") == original and aside.name in message
+    assert _stored(progress_path) == {"12.2.6": good, "12.2.7": grading._blank()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # файл исправлен: ни предупреждений, ни новых копий
+        assert grading.task("12.2.6") == grading.task("12.2.6", 1)
+        grading.solution("12.2.6")
+        assert "16 Б на параметр" in capsys.readouterr().out
+        grading.solution("12.2.7")
+        assert "после первой попытки" in capsys.readouterr().out
+    assert len(list(progress_path.parent.glob("progress.json.corrupt-*"))) == 1
+
+
+BLANK = {"attempts": 0, "solved": False, "variant": 0, "last_attempt": None, "last_status": None}
+BAD_ENTRIES = [  # (запись t.num в файле, что названо в предупреждении, запись после починки)
+    ({"attempts": -1, "variant": 2}, "attempts = -1", {**BLANK, "variant": 2}),
+    ({"attempts": 1.5}, "attempts = 1.5", BLANK),
+    ({"attempts": True}, "attempts = true", BLANK),
+    ({"attempts": "3", "solved": True, "last_status": "correct"}, 'attempts = "3"',
+     {**BLANK, "attempts": 1, "solved": True, "last_status": "correct"}),
+    ({"attempts": 4, "solved": "yes"}, 'solved = "yes"', {**BLANK, "attempts": 4}),
+    ({"attempts": 1, "variant": -2}, "variant = -2", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "variant": None}, "variant = null", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_attempt": "вчера"}, 'last_attempt = "вчера"', {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_attempt": 5}, "last_attempt = 5", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_status": "great"}, 'last_status = "great"', {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "solved": 1, "variant": -1}, "поля solved = 1, variant = -1",
+     {**BLANK, "attempts": 1}),
+    (5, "не словарь: 5", BLANK),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad, named, repaired", BAD_ENTRIES, ids=range(len(BAD_ENTRIES)))
+def test_each_field_is_checked_per_entry(registry, progress_path, bad, named, repaired):
+    kept = {"attempts": 3, "solved": True, "variant": 0, "last_attempt": None,
+            "last_status": "correct"}  # fmt: skip
+    _write_progress(progress_path, {"t.num": bad, "t.kv": kept})
+    with pytest.warns(grading.ProgressWarning, match="t.num") as caught:
+        assert grading.task("t.kv") == grading.task("t.kv", 0)
+    assert named in str(caught[0].message) and "t.kv" not in str(caught[0].message)
+    assert _stored(progress_path) == {"t.num": repaired, "t.kv": kept}
+
+
+def _wait_for(paths: list[Path], procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline and all(proc.poll() is None for proc in procs)
+        time.sleep(0.01)
+
+
+def test_two_kernels_lose_no_attempts(progress_path, tmp_path):
+    """Два процесса одновременно записывают по N попыток в один файл: записаны все 2N."""
+    n, kernels = 30, 2
+    worker = textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from course_utils import grading
+        ex = grading.Exercise("t.race", "гонка", lambda v: {"statement": "s"}, lambda t: 1,
+                              lambda t: "разбор", "", [])
+        with grading.registry_override():
+            grading.register(ex)
+            Path(f"{sys.argv[1]}.ready{sys.argv[3]}").touch()
+            while not Path(sys.argv[1]).exists():
+                time.sleep(0.002)
+            for _ in range(int(sys.argv[2])):
+                grading.check("t.race", 0)
+    """)
+    go = tmp_path / "go"
+    env = {**os.environ, "COURSE_PROGRESS_PATH": str(progress_path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", worker, str(go), str(n), str(i)], cwd=REPO,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for i in range(kernels)
+    ]  # fmt: skip
+    _wait_for([tmp_path / f"go.ready{i}" for i in range(kernels)], procs)
+    go.touch()  # оба процесса импортировали всё и стартуют вместе
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert _stored(progress_path)["t.race"]["attempts"] == n * kernels
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock есть только в Linux и macOS")
+def test_writer_waits_for_lock_held_by_another_process(progress_path):
+    import fcntl
+
+    script = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from course_utils import grading
+        ex = grading.Exercise("t.wait", "t", lambda v: {"statement": "s"}, lambda t: 1,
+                              lambda t: "", "", [])
+        with grading.registry_override():
+            grading.register(ex)
+            Path(sys.argv[1]).touch()
+            grading.check("t.wait", 0)
+    """)
+    ready = progress_path.with_name("ready")
+    env = {**os.environ, "COURSE_PROGRESS_PATH": str(progress_path)}
+    lock_path = progress_path.with_name(".progress.json.lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        _wait_for([ready], [proc])
+        time.sleep(0.5)  # без блокировки check записал бы попытку за миллисекунды
+        assert proc.poll() is None and not progress_path.exists()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert _stored(progress_path)["t.wait"]["attempts"] == 1
+
+
+def test_without_fcntl_progress_is_still_recorded(registry, progress_path, monkeypatch):
+    monkeypatch.setattr(grading, "_fcntl", None)  # как в Windows
+    grading.check("t.num", 1)
+    grading.new_variant("t.num")
+    grading.check("t.num", 2)
+    assert _stored(progress_path)["t.num"]["attempts"] == 2
+    assert _stored(progress_path)["t.num"]["variant"] == 1
+    assert sorted(p.name for p in progress_path.parent.iterdir()) == ["progress.json"]
+
+
+def test_leftover_temp_files_are_removed(registry, progress_path):
+    stale = progress_path.with_name(".progress.json.k2j4d9x1.tmp")  # прерванная запись
+    live = progress_path.with_name(".progress.json.a8f3b2c7.tmp")  # чужая запись идёт сейчас
+    other = progress_path.with_name(".notes.json.k2j4d9x1.tmp")  # не наш файл
+    for tmp in (stale, live, other):
+        tmp.write_text('{"format": 1, "exer', encoding="utf-8")
+    old = time.time() - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    grading.check("t.num", 1)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert _stored(progress_path)["t.num"]["attempts"] == 1
+
+
+def test_directory_is_fsynced_after_rename(registry, progress_path, monkeypatch):
+    import stat
+
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def replace_(src, dst):
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace_)
+    grading.check("t.num", 1)
+    assert events == ["fsync-file", "replace", "fsync-dir"]
 
 
 def test_unwritable_location_keeps_progress_in_memory(registry, tmp_path, monkeypatch, capsys):
@@ -233,7 +404,8 @@ def test_unreadable_progress_path_does_not_crash(registry, tmp_path, monkeypatch
 def test_atomic_write_leaves_only_the_progress_file(registry, progress_path):
     for answer in (1, 2, grading.reference("t.num")):
         grading.check("t.num", answer)
-    assert sorted(p.name for p in progress_path.parent.iterdir()) == ["progress.json"]
+    lock = [".progress.json.lock"] if sys.platform != "win32" else []  # блокировка, не данные
+    assert sorted(p.name for p in progress_path.parent.iterdir()) == [*lock, "progress.json"]
     data = json.loads(progress_path.read_text(encoding="utf-8"))
     assert data["format"] == 1
     assert set(data["exercises"]["t.num"]) == {
