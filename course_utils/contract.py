@@ -5,23 +5,30 @@
 или от среды), логарифмы вероятностей политики поведения, настройки декодирования, награда,
 причина остановки и версия верификатора. ``validate_rollout`` возвращает список нарушений
 (пустой — запись пригодна для честного обновления политики), каждое сообщение начинается с ключа
-правила из ``RULES`` в квадратных скобках. JSONL и Parquet сохраняют все поля без потерь.
+правила из ``RULES`` в квадратных скобках. JSONL и Parquet сохраняют все поля без потерь; рядом
+с файлом пишется его SHA-256 (``<файл>.sha256``, формат sha256sum), и чтение её сверяет.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import io
 import json
 import math
 import numbers
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from course_utils.args import path as check_path
 
 REQUIRED_FIELDS = (
     "sample_id",
@@ -326,8 +333,13 @@ def violated_rules(record) -> list[str]:
 
 
 def _as_records(records, path) -> tuple[str, list[RolloutRecord]]:
-    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
-        raise ValueError(f"path: нужен непустой путь к файлу, получено {_short(path)}")
+    target = check_path("path", path)
+    if target.is_dir():
+        raise ValueError(f"path: {os.fspath(target)!r} — каталог, а нужен путь к файлу")
+    if not target.absolute().parent.is_dir():
+        raise ValueError(
+            f"path: каталога {os.fspath(target.absolute().parent)!r} нет — создайте его"
+        )
     if not isinstance(records, list | tuple):
         raise ValueError(f"records: ожидается список записей, получено {type(records).__name__}")
     out = []
@@ -344,19 +356,59 @@ def _as_records(records, path) -> tuple[str, list[RolloutRecord]]:
     return os.fspath(path), out
 
 
-def _atomic_write(path: str, write) -> None:
-    """Пишет во временный файл рядом с path, fsync, затем os.replace; при ошибке убирает его."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+CHECKSUM_SUFFIX = ".sha256"
+# строка sha256sum: 64 шестнадцатеричные цифры, пробел, пробел или * (двоичный режим), имя файла
+_CHECKSUM_LINE = re.compile(rb"([0-9a-fA-F]{64}) [ *][^\r\n]+\r?\n?")
+
+
+def _temp_file(directory: str, base: str, write) -> str:
+    """Временный файл рядом с целью: write(f), fsync; при ошибке он удаляется."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: str, write) -> None:
+    """Данные и их SHA-256 (path + ".sha256") — во временные файлы рядом, fsync, затем
+    os.replace: сначала данные, потом сумма. При ошибке временные файлы убираются, старые
+    данные и старая сумма остаются как были.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    temps = []
+    try:
+        temps.append(_temp_file(directory, base, write))
+        line = f"{_sha256_file(temps[0])}  {base}\n".encode()  # сумма того, что уже на диске
+        temps.append(_temp_file(directory, base + CHECKSUM_SUFFIX, lambda f: f.write(line)))
+        os.replace(temps[0], path)
+        temps.pop(0)
+        try:
+            os.replace(temps[0], path + CHECKSUM_SUFFIX)
+        except BaseException:
+            with contextlib.suppress(OSError):  # старая сумма к новым данным не подходит
+                os.unlink(path + CHECKSUM_SUFFIX)
+            raise
+        temps.pop(0)
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     # fsync каталога: чтобы само переименование пережило сбой питания (на Windows не нужно)
     with contextlib.suppress(OSError, AttributeError):
@@ -384,28 +436,70 @@ def write_jsonl(records, path) -> None:
         for i, r in enumerate(recs):
             try:
                 line = json.dumps(r.to_dict(), ensure_ascii=False, default=_json_default)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
                 raise ValueError(f"records[{i}]: запись не сериализуется в JSON: {exc}") from None
             f.write(line.encode("utf-8") + b"\n")
 
     _atomic_write(path, write)
 
 
+def _read_checked(path) -> tuple[str, bytes]:
+    """Байты файла, сверенные с SHA-256 из ``<файл>.sha256``, если он есть; иначе ValueError."""
+    name = os.fspath(check_path("path", path))
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: это каталог, а не файл записей")
+    if not os.path.exists(name):
+        raise ValueError(f"{name}: файл не найден")
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"{name}: файл не читается ({exc.strerror or exc})") from None
+    side = name + CHECKSUM_SUFFIX
+    if not os.path.lexists(side):
+        return name, data
+    try:
+        line = Path(side).read_bytes()
+    except OSError as exc:
+        raise ValueError(
+            f"{side}: файл контрольной суммы не читается ({exc.strerror or exc})"
+        ) from None
+    match = _CHECKSUM_LINE.fullmatch(line)
+    if match is None:
+        raise ValueError(
+            f"{side}: файл контрольной суммы повреждён — нужна одна строка sha256sum "
+            "«<64 шестнадцатеричные цифры>  <имя файла>»"
+        )
+    expected, actual = match.group(1).decode().lower(), hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ValueError(
+            f"{name}: сумма SHA-256 файла {actual[:16]}… не совпадает с суммой из "
+            f"{os.path.basename(side)} ({expected[:16]}…) — файл повреждён или изменён после "
+            "записи (или запись прервалась между файлом и суммой); записи не прочитаны"
+        )
+    return name, data
+
+
 def read_jsonl(path) -> list[RolloutRecord]:
-    """Читает записи из JSONL; ValueError называет файл и строку с ошибкой."""
+    """Читает записи из JSONL; ValueError называет файл и строку с ошибкой.
+
+    Если рядом есть ``<файл>.sha256`` (его пишет ``write_jsonl``), байты сверяются с ним.
+    """
+    name, data = _read_checked(path)
     out = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8").strip()
-                if not text:
-                    continue
-                d = json.loads(text)
-                if not isinstance(d, dict):
-                    raise ValueError(f"ожидается объект JSON, получено {type(d).__name__}")
-                out.append(RolloutRecord.from_dict(d))
-            except ValueError as exc:  # сюда входят JSONDecodeError и UnicodeDecodeError
-                raise ValueError(f"{os.fspath(path)}, строка {lineno}: {exc}") from None
+    for lineno, raw in enumerate(io.BytesIO(data), start=1):
+        try:
+            text = raw.decode("utf-8").strip()
+            if not text:
+                continue
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ValueError(f"ожидается объект JSON, получено {type(d).__name__}")
+            out.append(RolloutRecord.from_dict(d))
+        except ValueError as exc:  # сюда входят JSONDecodeError и UnicodeDecodeError
+            raise ValueError(f"{name}, строка {lineno}: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"{name}, строка {lineno}: JSON вложен слишком глубоко") from None
     return out
 
 
@@ -457,26 +551,28 @@ def write_parquet(records, path) -> None:
         try:
             values = [_parquet_cell(fld.name, getattr(r, fld.name), i) for i, r in enumerate(recs)]
             columns.append(pa.array(values, type=fld.type))
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        except (pa.ArrowException, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ValueError(f"write_parquet, поле {fld.name!r}: {exc}") from None
     table = pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA)
     _atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 def read_parquet(path) -> list[RolloutRecord]:
-    """Читает записи из Parquet; ValueError называет файл и строку (номер записи) с ошибкой."""
-    name = os.fspath(path)
-    if not os.path.exists(name):
-        raise FileNotFoundError(f"Файл не найден: {name}")
+    """Читает записи из Parquet; ValueError называет файл и строку (номер записи) с ошибкой.
+
+    Если рядом есть ``<файл>.sha256`` (его пишет ``write_parquet``), байты сверяются с ним.
+    """
+    name, data = _read_checked(path)
     try:
-        table = pq.read_table(name)
-    except (pa.ArrowException, OSError) as exc:
+        table = pq.read_table(pa.BufferReader(data))
+        missing = [f for f in REQUIRED_FIELDS if f not in table.column_names]
+        rows = [] if missing else table.to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: и битый UTF-8
         raise ValueError(f"{name}: файл не читается как Parquet: {exc}") from None
-    missing = [f for f in REQUIRED_FIELDS if f not in table.column_names]
     if missing:
         raise ValueError(f"{name}: в таблице нет столбцов: {', '.join(missing)}")
     out = []
-    for row, d in enumerate(table.to_pylist()):
+    for row, d in enumerate(rows):
         try:
             for k in ("decoding", "reward"):
                 if not isinstance(d[k], str):
@@ -485,6 +581,10 @@ def read_parquet(path) -> list[RolloutRecord]:
             out.append(RolloutRecord.from_dict(d))
         except ValueError as exc:
             raise ValueError(f"{name}, строка {row} (нумерация с 0): {exc}") from None
+        except RecursionError:
+            raise ValueError(
+                f"{name}, строка {row} (нумерация с 0): JSON вложен слишком глубоко"
+            ) from None
     return out
 
 
@@ -492,9 +592,13 @@ def records_to_frame(records):
     """Таблица pandas: строка на запись, поля плюс n_prompt, n_response, n_policy_tokens."""
     import pandas as pd
 
+    if not isinstance(records, list | tuple):
+        raise ValueError(f"records: ожидается список записей, получено {type(records).__name__}")
     names = [f.name for f in dataclasses.fields(RolloutRecord)]
     rows = []
-    for r in records:
+    for i, r in enumerate(records):
+        if not isinstance(r, RolloutRecord | Mapping):
+            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {_short(r)}")
         d = r.to_dict() if isinstance(r, RolloutRecord) else dict(r)
         row = {k: d.get(k) for k in names}
         for col, k in (("n_prompt", "prompt_tokens"), ("n_response", "response_tokens")):

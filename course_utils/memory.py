@@ -34,6 +34,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from course_utils.args import choice, integer, is_real, nonnegative, positive, real
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIGS_DIR = REPO_ROOT / "data" / "model_configs"
 
@@ -63,24 +65,10 @@ _UNITS: dict[str, tuple[int, str, str]] = {
 # ----------------------------------------------------------------------------- проверки
 
 
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _check_int(name: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} должно быть целым ≥ {minimum}, получено {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} должно быть целым ≥ {minimum}, получено {value!r}")
-    return int(value)
-
-
-def _check_nonneg(name: str, value: Any, positive: bool = False) -> numbers.Real:
-    if not _is_real(value):
-        raise ValueError(f"{name} должно быть конечным числом, получено {value!r}")
-    if value < 0 or (positive and value == 0):
-        rng = "> 0" if positive else "≥ 0"
-        raise ValueError(f"{name} должно быть {rng}, получено {value!r}")
+def _check_nonneg(name: str, value: Any, strict: bool = False) -> numbers.Real:
+    """Проверка ``nonnegative``/``positive`` из args, но значение возвращается как есть:
+    Fraction и большие целые не превращаются во float и остаются точными."""
+    (positive if strict else nonnegative)(name, value)
     return value
 
 
@@ -102,9 +90,7 @@ def _fmt_int(n: int) -> str:
 
 
 def _check_unit(unit: Any) -> str:
-    if unit not in _UNITS:
-        raise ValueError(f"unit должно быть одним из {list(_UNITS)}, получено {unit!r}")
-    return unit
+    return choice("unit", unit, _UNITS)
 
 
 # ----------------------------------------------------------------------------- единицы
@@ -131,7 +117,7 @@ def fmt_bytes(
     (степени 10). Для unit="B" печатается целое с разделителями тысяч.
     """
     _check_nonneg("n_bytes", n_bytes)
-    _check_int("digits", digits)
+    digits = integer("digits", digits, 0)
     if _check_unit(unit) == "B":
         return f"{_fmt_int(n_bytes)} Б"
     return f"{to_unit(n_bytes, unit):.{digits}f} {unit_label(unit, explain)}"
@@ -251,9 +237,9 @@ def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
     """Память модельного состояния: B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master), байт.
 
     Это нижний слой сметы: без активаций, KV-кэша, буферов коллективных операций и фрагментации.
-    Дробные байты на параметр округляются вверх до целого байта.
+    Дробные байты на параметр округляются вверх до целого байта. n_params ≥ 1 (7.5e9 — можно).
     """
-    n = _check_int("n_params", n_params)
+    n = integer("n_params", n_params, 1)
     r = _as_recipe(recipe)
     return _ceil_bytes(n * _exact(r.total))
 
@@ -272,9 +258,9 @@ def per_rank_breakdown(
     ранге = ⌈N/D⌉·b: реальные реализации дополняют плоский буфер до кратного D (и выравнивают),
     поэтому берём целое ⌈N/D⌉ элементов; формула статьи ZeRO пишет N/D.
     """
-    n = _check_int("n_params", n_params)
+    n = integer("n_params", n_params, 1)
     r = _as_recipe(recipe)
-    d = _check_int("world_size", world_size, minimum=1)
+    d = integer("world_size", world_size, 1)
     if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
         raise ValueError(
             f"zero_stage должно быть 0 (DDP), 1, 2 или 3 (ZeRO-3 = FSDP full shard), "
@@ -320,11 +306,11 @@ def kv_cache_bytes(
     N_tok — все сохранённые токены всех последовательностей; b — байт на число (bf16: 2).
     Пример лекции: L=32, H_kv=8, d_h=128, b=2 → 131072 Б = 128 КиБ на токен.
     """
-    layers = _check_int("num_layers", num_layers)
-    heads = _check_int("num_kv_heads", num_kv_heads)
-    dim = _check_int("head_dim", head_dim)
-    tokens = _check_int("num_tokens", num_tokens)
-    b = _check_nonneg("bytes_per_value", bytes_per_value, positive=True)
+    layers = integer("num_layers", num_layers, 1)
+    heads = integer("num_kv_heads", num_kv_heads, 1)
+    dim = integer("head_dim", head_dim, 1)
+    tokens = integer("num_tokens", num_tokens, 1)
+    b = _check_nonneg("bytes_per_value", bytes_per_value, strict=True)
     return _ceil_bytes(2 * layers * heads * dim * tokens * _exact(b))
 
 
@@ -342,10 +328,9 @@ def max_concurrent_sequences(
     """
     budget = _exact(_check_nonneg("budget_bytes", budget_bytes))
     weights = _exact(_check_nonneg("weights_bytes", weights_bytes))
-    per_tok = _exact(_check_nonneg("kv_bytes_per_token", kv_bytes_per_token, positive=True))
-    tokens = _check_int("tokens_per_sequence", tokens_per_sequence, minimum=1)
-    if not _is_real(reserve_fraction) or not 0 <= reserve_fraction < 1:
-        raise ValueError(f"reserve_fraction должно быть в [0, 1), получено {reserve_fraction!r}")
+    per_tok = _exact(_check_nonneg("kv_bytes_per_token", kv_bytes_per_token, strict=True))
+    tokens = integer("tokens_per_sequence", tokens_per_sequence, 1)
+    real("reserve_fraction", reserve_fraction, 0.0, 1.0, high_open=True)
     free = budget * (1 - _exact(reserve_fraction)) - weights
     if free <= 0:
         return 0
@@ -425,8 +410,8 @@ class ModelShape:
             "num_attention_heads",
             "num_kv_heads",
             "head_dim",
-        ):
-            _check_int(name, getattr(self, name), minimum=1)
+        ):  # frozen: целое 7.0 из JSON сохраняем как int 7
+            object.__setattr__(self, name, integer(name, getattr(self, name), 1))
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) должно делиться на "
@@ -453,6 +438,9 @@ class ModelShape:
                 f"config: model_type {model_type!r} не поддерживается; допустимые: "
                 f"{', '.join(_SUPPORTED_MODEL_TYPES)} (плотный декодер с SwiGLU)"
             )
+        for k in (*_REQUIRED_KEYS, "num_key_value_heads", "head_dim"):
+            if k in _REQUIRED_KEYS or d.get(k) is not None:  # 0 — ошибка, а не «нет ключа»
+                d[k] = integer(f"config[{k!r}]", d[k], 1)
         heads = d["num_attention_heads"]
         kv_heads = d.get("num_key_value_heads") or heads
         head_dim = d.get("head_dim") or (d["hidden_size"] // heads)
@@ -549,7 +537,7 @@ class ModelShape:
 
     def weights_bytes(self, bytes_per_param: numbers.Real) -> int:
         """Байт весов: N·b (bf16: b = 2), с округлением вверх для дробных b."""
-        b = _check_nonneg("bytes_per_param", bytes_per_param, positive=True)
+        b = _check_nonneg("bytes_per_param", bytes_per_param, strict=True)
         return _ceil_bytes(self.num_params * _exact(b))
 
     def kv_bytes_per_token(self, bytes_per_value: numbers.Real) -> int:
@@ -585,7 +573,7 @@ def lora_trainable_params(
     Смещения адаптеров не обучаются (как bias="none" в peft).
     """
     shape = _as_shape(shape_or_config)
-    r = _check_int("rank", rank, minimum=1)
+    r = integer("rank", rank, 1)
     if isinstance(target_modules, str) or not isinstance(target_modules, tuple | list):
         raise ValueError(
             f"target_modules должно быть списком имён из {LORA_TARGETS}, получено {target_modules!r}"
@@ -612,8 +600,8 @@ def lora_state_bytes(
     Замороженные базовые веса (n_params штук) хранятся в b_base байт (bf16: 2, 4 бита: 0.5) без
     градиентов и состояний; адаптеры (n_trainable) получают полный рецепт.
     """
-    n = _check_int("n_params", n_params)
-    t = _check_int("n_trainable", n_trainable)
+    n = integer("n_params", n_params, 1)
+    t = integer("n_trainable", n_trainable, 1)
     b = _exact(_check_nonneg("base_param_bytes", base_param_bytes))
     return _ceil_bytes(n * b) + state_bytes(t, recipe)
 
@@ -645,7 +633,7 @@ def _check_phases(phases: Any) -> list[tuple[str, dict[str, numbers.Real]]]:
         for key, value in comps.items():
             if not isinstance(key, str):
                 raise ValueError(f"phases[{i}] ({name!r}): имя статьи {key!r} должно быть строкой")
-            if not _is_real(value) or value < 0:
+            if not is_real(value) or value < 0:
                 raise ValueError(
                     f"phases[{i}] ({name!r}): байты статьи {key!r} должны быть числом ≥ 0, "
                     f"получено {value!r}"
@@ -694,7 +682,7 @@ def plot_memory_timeline(
     checked = _check_phases(phases)
     _check_unit(unit)
     if budget_bytes is not None:
-        _check_nonneg("budget_bytes", budget_bytes, positive=True)
+        _check_nonneg("budget_bytes", budget_bytes, strict=True)
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -792,12 +780,9 @@ def accelerate_rule(n_params_or_shape: Any, mixed_precision: str = "float16") ->
     optimizer 8P, step 8P. Столбец «Training using Adam» печатает max этих статей (не сумму).
     Для целого числа на входе P_acc = n_params (голова и буферы неизвестны).
     """
-    if mixed_precision not in _ACCELERATE_DTYPES:
-        raise ValueError(
-            f"mixed_precision должно быть одним из {_ACCELERATE_DTYPES}, получено {mixed_precision!r}"
-        )
-    if isinstance(n_params_or_shape, numbers.Integral) and not isinstance(n_params_or_shape, bool):
-        n = _check_int("n_params_or_shape", n_params_or_shape)
+    mixed_precision = choice("mixed_precision", mixed_precision, _ACCELERATE_DTYPES)
+    if isinstance(n_params_or_shape, numbers.Real):  # число параметров: 7.5e9 можно, 7.5 нельзя
+        n = integer("n_params_or_shape", n_params_or_shape, 1)
         counted, buffers, largest = n, 0, None
     else:
         shape = _as_shape(n_params_or_shape, "n_params_or_shape")
@@ -964,11 +949,23 @@ def accelerate_estimate(
 
 
 def tensor_bytes(tensors) -> int:
-    """Σ numel·element_size по тензорам (None пропускаются), байт."""
+    """Σ numel·element_size по тензорам (None пропускаются), байт; один тензор — как [тензор]."""
+    import torch
+
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
+        raise ValueError(
+            "tensors должно быть списком или генератором тензоров torch (для state_dict — "
+            f".values()), получено {type(tensors).__name__}"
+        )
     total = 0
-    for t in tensors:
-        if t is not None:
-            total += t.numel() * t.element_size()
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"tensors[{i}] должно быть тензором torch или None, получено {t!r}")
+        total += t.numel() * t.element_size()
     return total
 
 
@@ -981,6 +978,13 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
     """
     import torch
 
+    if not isinstance(getattr(optimizer, "state", None), dict):
+        raise ValueError(
+            "optimizer должно быть оптимизатором torch (torch.optim.Optimizer со словарём state), "
+            f"получено {optimizer!r}"
+        )
+    if not isinstance(include_step, bool):
+        raise ValueError(f"include_step должно быть True или False, получено {include_step!r}")
     total = 0
     for state in optimizer.state.values():
         for key, value in state.items():
@@ -995,9 +999,9 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
 def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
     """Детерминированная MLP-сеть «как трансформер»: layers блоков LayerNorm → Linear(h, 4h) →
     GELU → Linear(4h, h) и выходной Linear(h, h). Параметров: L·(8h² + 7h) + h² + h."""
-    h = _check_int("hidden", hidden, minimum=1)
-    n_layers = _check_int("layers", layers, minimum=1)
-    s = _check_int("seed", seed)
+    h = integer("hidden", hidden, 1)
+    n_layers = integer("layers", layers, 1)
+    s = integer("seed", seed, 0)
     import torch
     from torch import nn
 
@@ -1031,10 +1035,12 @@ def measure_zero_state(
     малым, на наименее загруженный ранг), а не точные срезы 1/D, поэтому байты по рангам неравны;
     сумма по рангам равна полному состоянию 8·N Б точно. ``step`` (0-мерный) не считается.
     """
-    h = _check_int("hidden", hidden, minimum=1)
-    n_layers = _check_int("layers", layers, minimum=1)
-    b = _check_int("batch", batch, minimum=1)
-    _check_nonneg("lr", lr, positive=True)
+    rank = integer("rank", rank, 0)
+    world_size = integer("world_size", world_size, 1)
+    h = integer("hidden", hidden, 1)
+    n_layers = integer("layers", layers, 1)
+    b = integer("batch", batch, 1)
+    lr = positive("lr", lr)
     import torch
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -11,7 +11,8 @@ PPO-подобной цели, π_θ получает градиент. Заде
 * ``effective_sample_size`` и ``normalized_ess``: ESS = (Σw)²/Σw², ESS/n ∈ (0, 1];
 * ``clip_fraction``: доля токенов вне полосы [1−ε, 1+ε_high] или доля, где клиппирование
   действительно срабатывает (с учётом знака преимущества, как в TRL/verl/OpenRLHF);
-* ``log_ratio_stats``: средний и максимальный |log w|, средний log w;
+* ``log_ratio_stats``: средний и максимальный |log w|, средний log w (``log_weight_stats`` —
+  то же по готовым log w);
 * ``behavior_logprob`` и ``raw_logprob``: log-вероятность токена под распределением, из которого
   реально семплировали (температура, top-p с перенормировкой), и под исходным softmax(z/T);
 * ``truncated_weights`` (TIS: min(w, C)) и ``masked_weights`` (MIS/IcePop: w·1[a ≤ w ≤ b]);
@@ -30,17 +31,23 @@ PPO-подобной цели, π_θ получает градиент. Заде
 log w = +inf, w = +inf; ни одна функция это не прячет: ``importance_ratios`` возвращает inf,
 ``log_ratio_stats`` показывает inf, ESS, ``truncated_weights`` и ``masked_weights`` поднимают
 ValueError со ссылкой на ``support_violations``. Если log π = −inf (целевая политика токен не
-выбирает), то w = 0 и log w = −inf — даже если и log μ = −inf. NaN во входах — всегда ошибка.
+выбирает), то w = 0 и log w = −inf — даже если и log μ = −inf. NaN во входах — всегда ошибка,
+как и log-вероятность > 0 (больше допуска ``LOGPROB_TOL`` на округление): это вероятность > 1,
+обычно переданы сами вероятности вместо их логарифмов.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 
 import numpy as np
 
+from course_utils.args import integer, is_real, nonnegative, optional_integer, positive, real
+
 __all__ = [
+    "LOGPROB_TOL",
     "importance_ratios",
     "log_ratios",
     "sequence_log_ratio",
@@ -49,6 +56,7 @@ __all__ = [
     "normalized_ess",
     "clip_fraction",
     "log_ratio_stats",
+    "log_weight_stats",
     "behavior_logprob",
     "raw_logprob",
     "truncated_weights",
@@ -59,6 +67,10 @@ __all__ = [
     "expected_ess_fraction",
     "tim_report",
 ]
+
+# Допуск на округление: log-вероятность до +1e-6 ещё принимается (float32 log_softmax даёт
+# +1e-7 там, где точное значение 0); больше — это вероятность > 1, то есть ошибка входа.
+LOGPROB_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------- общие помощники
@@ -126,6 +138,19 @@ def _floats(x, name: str, *, allow_neg_inf: bool = True, allow_pos_inf: bool = F
     return arr
 
 
+def _logprobs(x, name: str) -> np.ndarray:
+    """Массив log-вероятностей: без NaN и +inf, −inf разрешён (p = 0), значения ≤ LOGPROB_TOL."""
+    arr = _floats(x, name)
+    above = arr > LOGPROB_TOL
+    if above.any():
+        raise ValueError(
+            f"{name}: log-вероятность должна быть ≤ 0 (допуск {LOGPROB_TOL:g} на округление), "
+            f"а на {int(above.sum())} позициях больше, максимум {float(arr.max()):.4g} — "
+            "похоже, переданы сами вероятности, а не их логарифмы"
+        )
+    return arr
+
+
 def _mask(mask, shape: tuple, name: str = "mask") -> np.ndarray:
     """Булева маска формы ``shape``; None — все позиции учитываются. Значения только 0/1."""
     if mask is None:
@@ -155,8 +180,8 @@ def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
 
 
 def _logp_pair(logp_target, logp_behavior):
-    lt = _floats(logp_target, "logp_target")
-    lb = _floats(logp_behavior, "logp_behavior")
+    lt = _logprobs(logp_target, "logp_target")
+    lb = _logprobs(logp_behavior, "logp_behavior")
     _same_shape(lt, lb, "logp_target", "logp_behavior")
     return lt, lb
 
@@ -175,15 +200,6 @@ def _no_pos_inf(w: np.ndarray, valid: np.ndarray, name: str) -> None:
             f"{name}: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
             "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
         )
-
-
-def _positive(value, name: str, *, allow_inf: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} должно быть числом, получено {value!r}")
-    v = float(value)
-    if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{name} должно быть положительным конечным числом, получено {value!r}")
-    return v
 
 
 # --------------------------------------------------------------------------- отношения важности
@@ -317,10 +333,10 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
     (r > 1 + ε_high и A > 0) или (r < 1 − ε и A < 0), как ``clip_ratio`` в TRL.
     A — по токену (форма r) или по последовательности (форма r без последней оси).
     """
-    eps = _positive(eps, "eps")
+    eps = positive("eps", eps)
     if eps >= 1:
         raise ValueError(f"eps должно лежать в (0, 1): нижняя граница 1 − eps ≤ 0, получено {eps}")
-    eps_high = eps if eps_high is None else _positive(eps_high, "eps_high")
+    eps_high = eps if eps_high is None else positive("eps_high", eps_high)
     r = _ratios(ratios)
     m = _mask(mask, r.shape)
     if not m.any():
@@ -351,7 +367,18 @@ def log_ratio_stats(logp_target, logp_behavior, mask=None) -> dict:
     """
     lt, lb = _logp_pair(logp_target, logp_behavior)
     m = _mask(mask, lt.shape)
-    d = _log_ratio_np(lt, lb)[m]
+    return _log_w_stats(_log_ratio_np(lt, lb)[m])
+
+
+def log_weight_stats(log_weights, mask=None) -> dict:
+    """Та же сводка, что у ``log_ratio_stats``, по уже посчитанным log w (например, из
+    ``simulate_log_ratios`` или np.log(w)); log w может быть любого знака, +inf — нарушение поддержки.
+    """
+    d = _floats(log_weights, "log_weights", allow_pos_inf=True)
+    return _log_w_stats(d[_mask(mask, d.shape)])
+
+
+def _log_w_stats(d: np.ndarray) -> dict:
     if d.size == 0:
         raise ValueError("mask: не осталось ни одного токена")
     with np.errstate(invalid="ignore"):
@@ -394,10 +421,7 @@ def _token_logprob(logits, token, temperature, top_p):
     vocab = z.shape[-1]
     if (tok < 0).any() or (tok >= vocab).any():
         raise ValueError(f"token: номер вне словаря [0, {vocab})")
-    for name, v in (("temperature", temperature), ("top_p", top_p)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name} должно быть числом, получено {v!r}")
-    lp = sampling_logprobs(z, float(temperature), float(top_p))
+    lp = sampling_logprobs(z, real("temperature", temperature), real("top_p", top_p))
     idx = torch.from_numpy(tok.astype(np.int64)).to(lp.device)
     out = lp.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
     if kind.tensor is not None:
@@ -433,7 +457,7 @@ def truncated_weights(ratios, cap: float, mask=None):
     Позиции вне маски получают вес 0. w = +inf (нарушение поддержки) — ошибка: усечение
     отсутствующую поддержку не восстанавливает.
     """
-    cap = _positive(cap, "cap")
+    cap = positive("cap", cap)
     kind = _Kind(ratios, mask)
     w = _ratios(ratios)
     m = _mask(mask, w.shape)
@@ -452,11 +476,13 @@ def masked_weights(ratios, low: float, high: float, mask=None):
     Позиции вне маски получают вес 0. 0 ≤ a < b (b может быть inf). w = +inf — ошибка
     (нарушение поддержки не прячется за нулевым весом).
     """
-    if isinstance(low, bool) or not isinstance(low, (int, float, np.integer, np.floating)):
-        raise ValueError(f"low должно быть числом, получено {low!r}")
-    low = float(low)
-    high = _positive(high, "high", allow_inf=True)
-    if math.isnan(low) or low < 0 or low >= high:
+    low = nonnegative("low", low)
+    if not (is_real(high) and high > 0) and not (
+        isinstance(high, numbers.Real) and high == math.inf
+    ):
+        raise ValueError(f"high должно быть числом > 0 (можно inf), получено {high!r}")
+    high = float(high)
+    if low >= high:
         raise ValueError(f"нужно 0 ≤ low < high, получено low={low}, high={high}")
     kind = _Kind(ratios, mask)
     w = _ratios(ratios)
@@ -498,7 +524,7 @@ def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
 
     Возвращает ``max_abs_logit_diff`` (ε), ``max_abs_logprob_diff``, ``bound`` (2ε) и ``holds``.
     """
-    temperature = _positive(temperature, "temperature")
+    temperature = positive("temperature", temperature)
     za = _floats(logits_a, "logits_a", allow_neg_inf=False) / temperature
     zb = _floats(logits_b, "logits_b", allow_neg_inf=False) / temperature
     _same_shape(za, zb, "logits_a", "logits_b")
@@ -522,22 +548,8 @@ def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
 # --------------------------------------------------------------------------- симуляция
 
 
-def _nonneg_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} должно быть целым ≥ 0, получено {value!r}")
-    return int(value)
-
-
 def _sigma(lag: int, sigma_per_lag: float, sigma_tim: float) -> float:
     return math.sqrt(sigma_tim**2 + (sigma_per_lag * lag) ** 2)
-
-
-def _check_sigmas(sigma_per_lag, sigma_tim) -> None:
-    for name, v in (("sigma_per_lag", sigma_per_lag), ("sigma_tim", sigma_tim)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name} должно быть числом ≥ 0, получено {v!r}")
-        if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} должно быть конечным числом ≥ 0, получено {v!r}")
 
 
 def simulate_log_ratios(
@@ -555,13 +567,13 @@ def simulate_log_ratios(
     иллюстративные, а не измеренные: реальные log w коррелированы и зависят от модели и шага.
     Для последовательностей log w_seq ~ N(·, length·σ²) и ESS/n → exp(−length·σ²).
     """
-    lag = _nonneg_int(lag, "lag")
-    length, n = _nonneg_int(length, "length"), _nonneg_int(n, "n")
-    if length < 1 or n < 1:
-        raise ValueError(f"length и n должны быть ≥ 1, получено {length=}, {n=}")
-    _check_sigmas(sigma_per_lag, sigma_tim)
-    sigma = _sigma(lag, float(sigma_per_lag), float(sigma_tim))
-    rng = np.random.default_rng(seed)
+    lag = integer("lag", lag, 0)
+    length = integer("length", length, 1)
+    n = integer("n", n, 1)
+    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
+    sigma_tim = nonnegative("sigma_tim", sigma_tim)
+    sigma = _sigma(lag, sigma_per_lag, sigma_tim)
+    rng = np.random.default_rng(optional_integer("seed", seed, 0))
     return rng.normal(-(sigma**2) / 2, sigma, size=(n, length))
 
 
@@ -573,12 +585,11 @@ def expected_ess_fraction(
     Для логнормальных весов w = e^X, X ~ N(m, s²): (E w)²/E w² = e^{−s²}; у последовательности
     s² = length·σ², у отдельного токена length = 1.
     """
-    lag = _nonneg_int(lag, "lag")
-    length = _nonneg_int(length, "length")
-    if length < 1:
-        raise ValueError(f"length должно быть ≥ 1, получено {length}")
-    _check_sigmas(sigma_per_lag, sigma_tim)
-    return math.exp(-length * _sigma(lag, float(sigma_per_lag), float(sigma_tim)) ** 2)
+    lag = integer("lag", lag, 0)
+    length = integer("length", length, 1)
+    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
+    sigma_tim = nonnegative("sigma_tim", sigma_tim)
+    return math.exp(-length * _sigma(lag, sigma_per_lag, sigma_tim) ** 2)
 
 
 def stale_strategies(
@@ -602,17 +613,21 @@ def stale_strategies(
     """
     import pandas as pd
 
-    lag = np.asarray([_nonneg_int(x, "lags") for x in lags], dtype=float)
-    length = np.asarray([_nonneg_int(x, "lengths") for x in lengths], dtype=float)
-    if lag.size == 0 or lag.shape != length.shape or (length < 1).any():
-        raise ValueError("lags и lengths: непустые, одной длины, длины ≥ 1")
-    _nonneg_int(l_max, "l_max")
-    cap = _positive(cap, "cap")
-    lo, hi = band
-    if not 0 <= lo < 1 < hi:
+    for name, seq in (("lags", lags), ("lengths", lengths)):
+        if isinstance(seq, str | bytes) or not np.iterable(seq):
+            raise ValueError(f"{name} должно быть списком целых, получено {seq!r}")
+    lag = np.asarray([integer("lags[…]", x, 0) for x in lags], dtype=float)
+    length = np.asarray([integer("lengths[…]", x, 1) for x in lengths], dtype=float)
+    if lag.size == 0 or lag.shape != length.shape:
+        raise ValueError("lags и lengths: непустые списки одной длины")
+    l_max = integer("l_max", l_max, 0)
+    cap = positive("cap", cap)
+    ok = isinstance(band, tuple | list) and len(band) == 2 and all(is_real(b) for b in band)
+    if not ok or not 0 <= band[0] < 1 < band[1]:
         raise ValueError(f"band должно быть (low, high) с 0 ≤ low < 1 < high, получено {band!r}")
-    _check_sigmas(sigma_per_lag, 0.0)
-    rng = np.random.default_rng(seed)
+    lo, hi = band
+    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
+    rng = np.random.default_rng(optional_integer("seed", seed, 0))
     z = rng.standard_normal(lag.size)
 
     def log_w(extra_lag: float) -> np.ndarray:
@@ -662,7 +677,7 @@ def _is_ragged(x) -> bool:
 
 
 def _pad(seqs, name: str):
-    rows = [_floats(s, f"{name}[{i}]") for i, s in enumerate(seqs)]
+    rows = [_logprobs(s, f"{name}[{i}]") for i, s in enumerate(seqs)]
     for i, r in enumerate(rows):
         if r.ndim != 1:
             raise ValueError(f"{name}[{i}]: нужна одномерная последовательность, форма {r.shape}")
@@ -686,7 +701,7 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
     ``seq_abs_log_ratio_max``, ``token_ess_fraction`` и ``seq_ess_fraction`` (ESS/n по токенам
     и по последовательностям; NaN при нарушении поддержки), ``support_violations``.
     """
-    threshold = _positive(threshold, "threshold")
+    threshold = positive("threshold", threshold)
     kind = _Kind(*(x[0] if _is_ragged(x) else x for x in (engine_logprobs, trainer_logprobs)))
     if _is_ragged(engine_logprobs) or _is_ragged(trainer_logprobs):
         if not (_is_ragged(engine_logprobs) and _is_ragged(trainer_logprobs)):
@@ -706,8 +721,8 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
                 f"({len(len_e)} и {len(len_t)}) или разные длины (последовательности {diff})"
             )
     else:
-        lb = _floats(engine_logprobs, "engine_logprobs")
-        lt = _floats(trainer_logprobs, "trainer_logprobs")
+        lb = _logprobs(engine_logprobs, "engine_logprobs")
+        lt = _logprobs(trainer_logprobs, "trainer_logprobs")
         _same_shape(lb, lt, "engine_logprobs", "trainer_logprobs")
         if lb.ndim != 2:
             raise ValueError(f"engine_logprobs: нужна форма [batch, T], получено {lb.shape}")

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import numbers
 import os
 import socket
 import statistics
@@ -50,6 +49,7 @@ from typing import Any
 
 import torch
 
+from course_utils.args import integer, is_count, is_real, nonnegative, optional_integer, positive
 from course_utils.rl_procs import ROLE_GENERATOR, ROLE_TRAINER, state_checksum
 
 __all__ = [
@@ -133,27 +133,6 @@ AUDIT_RULES = {
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if not _is_int(value) or value < low or (high is not None and value > high):
-        bound = f"в [{low}, {high}]" if high is not None else f"≥ {low}"
-        raise ValueError(f"{name} должно быть целым {bound}, получено {value!r}")
-    return int(value)
-
-
-def _check_atol(atol: Any) -> float:
-    if not _is_real(atol) or not math.isfinite(atol) or atol < 0:
-        raise ValueError(f"atol должно быть конечным числом ≥ 0, получено {atol!r}")
-    return float(atol)
-
-
 def _short(checksum: Any) -> str:
     return (
         f"{checksum[:10]}…" if isinstance(checksum, str) and len(checksum) > 10 else str(checksum)
@@ -170,7 +149,7 @@ class EventLog:
     def __init__(self, clock: Callable[[], float] | None = None, t0: float | None = None) -> None:
         if clock is not None and not callable(clock):
             raise ValueError(f"clock должно быть функцией без аргументов, получено {clock!r}")
-        if t0 is not None and (not _is_real(t0) or not math.isfinite(t0)):
+        if t0 is not None and not is_real(t0):
             raise ValueError(f"t0 должно быть конечным числом секунд или None, получено {t0!r}")
         self._clock = clock or time.perf_counter
         self._t0 = float(self._clock() if t0 is None else t0)
@@ -183,13 +162,13 @@ class EventLog:
         Необязательные поля — checksum, expected_checksum, request_id, buffer, detail.
         Возвращает словарь события (seq и t заполняются сами).
         """
-        if event not in EVENT_TYPES:
+        if not isinstance(event, str) or event not in EVENT_TYPES:
             raise ValueError(
                 f"event должно быть одним из {sorted(EVENT_TYPES)}, получено {event!r}"
             )
         if not isinstance(replica, str) or not replica:
             raise ValueError(f"replica должно быть непустой строкой, получено {replica!r}")
-        _check_int("version", version, 0)
+        version = integer("version", version, 0)
         optional = [k for k in EVENT_FIELDS if k not in ("seq", "t", "replica", "event", "version")]
         unknown = sorted(set(fields) - set(optional))
         if unknown:
@@ -244,11 +223,15 @@ def _uniform_dtype(model: torch.nn.Module):
 
 
 def _vocab_size(model: torch.nn.Module) -> int | None:
+    """Размер словаря: config.vocab_size, иначе выходной Linear, иначе первый nn.Embedding."""
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if _is_int(vocab):
+    if is_count(vocab):
         return int(vocab)
     out = getattr(model, "get_output_embeddings", lambda: None)()
-    return int(out.out_features) if isinstance(out, torch.nn.Linear) else None
+    if isinstance(out, torch.nn.Linear):
+        return int(out.out_features)
+    emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    return int(emb.num_embeddings) if emb is not None else None
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -298,7 +281,7 @@ def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> 
     model — модель (размер словаря берётся из config.vocab_size) или сам размер словаря.
     На этом входе считаются эталонные логиты каждой версии.
     """
-    vocab = model if _is_int(model) else None
+    vocab = int(model) if is_count(model) else None
     if isinstance(model, torch.nn.Module):
         vocab = _vocab_size(model)
     if vocab is None or vocab < 1:
@@ -306,18 +289,30 @@ def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> 
             f"model должно быть моделью с config.vocab_size или размером словаря ≥ 1, "
             f"получено {model!r}"
         )
-    _check_int("batch", batch, 1)
-    _check_int("length", length, 1)
-    _check_int("seed", seed, 0)
-    gen = torch.Generator().manual_seed(int(seed))
+    batch = integer("batch", batch, 1)
+    length = integer("length", length, 1)
+    seed = integer("seed", seed, 0)
+    gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, int(vocab), (batch, length), generator=gen)
 
 
 def reference_logits(model: torch.nn.Module, probe_ids: torch.Tensor) -> torch.Tensor:
     """Эталонные логиты: forward модели (весов версии) на контрольном входе, без градиентов."""
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model должно быть torch.nn.Module, получено {type(model).__name__}")
-    return _logits(model, _check_input_ids(probe_ids, _vocab_size(model), "probe_ids"))
+    if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
+        raise ValueError(
+            f"model должно быть torch.nn.Module с параметрами, получено {type(model).__name__}"
+        )
+    vocab = _vocab_size(model)
+    probe_ids = _check_input_ids(probe_ids, vocab, "probe_ids")
+    try:
+        return _logits(model, probe_ids)
+    except IndexError as exc:  # словарь модели неизвестен заранее: номер токена вне таблицы
+        if vocab is not None:
+            raise
+        raise ValueError(
+            f"probe_ids: номер токена вне словаря модели (forward: {exc}); нужны номера в "
+            f"[0, размер словаря − 1], получено [{int(probe_ids.min())}, {int(probe_ids.max())}]"
+        ) from None
 
 
 def _source_tensors(source: Any, shapes: Mapping[str, tuple], aliases: set[str]) -> dict:
@@ -408,7 +403,7 @@ class InProcessEngine:
     ) -> None:
         if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
             raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {model!r}")
-        _check_int("version", version, 0)
+        version = integer("version", version, 0)
         if not isinstance(name, str) or not name:
             raise ValueError(f"name должно быть непустой строкой, получено {name!r}")
         if log is not None and not isinstance(log, EventLog):
@@ -576,7 +571,7 @@ class InProcessEngine:
         return _source_tensors(state_dict, self._shapes, self._aliases)
 
     def _check_version(self, version: Any) -> int:
-        _check_int("version", version, 0)
+        version = integer("version", version, 0)
         if version <= self.version:
             raise ValueError(
                 f"version должна расти: реплика {self.name} уже обслуживает {self.version}, "
@@ -647,7 +642,7 @@ class InProcessEngine:
             raise ValueError(
                 "нужна хотя бы одна проверка: expected_checksum или probe_ids+reference"
             )
-        atol = _check_atol(atol)
+        atol = nonnegative("atol", atol)
         idx = 1 - self._active
         version = int(self._versions[idx])
         checksum = self._compute_checksum(idx)
@@ -738,8 +733,8 @@ class InProcessEngine:
         if name not in buffers:
             raise ValueError(f"name: нет параметра {name!r}")
         flat = buffers[name].view(-1)
-        _check_int("index", index, 0, flat.numel() - 1)
-        if not _is_real(delta) or delta == 0 or not math.isfinite(delta):
+        index = integer("index", index, 0, flat.numel() - 1)
+        if not is_real(delta) or delta == 0:
             raise ValueError(f"delta должно быть конечным ненулевым числом, получено {delta!r}")
         with torch.no_grad():
             flat[index] += delta
@@ -784,7 +779,7 @@ def make_replicas(
     model: torch.nn.Module, n: int = 2, version: int = 0, log: EventLog | None = None
 ) -> list[InProcessEngine]:
     """n реплик ``InProcessEngine`` одной модели с общим журналом; имена replica-0, replica-1, …"""
-    _check_int("n", n, 1, 16)
+    n = integer("n", n, 1, 16)
     log = log if log is not None else EventLog()
     return [InProcessEngine(model, version, name=f"replica-{i}", log=log) for i in range(n)]
 
@@ -884,7 +879,7 @@ class Publisher:
         self.engines = list(engines)
         self.log = engines[0].log
         self.name = name
-        self.atol = _check_atol(atol)
+        self.atol = nonnegative("atol", atol)
         template = engines[0]._models[engines[0]._active]
         self._reference = copy.deepcopy(template).eval().requires_grad_(False)
         if probe_ids is None:
@@ -966,14 +961,19 @@ class Publisher:
         версии и проверяется по сумме прочитанных весов; смесь — событие torn_read.
         corrupt — имя реплики, которой после записи портится одно число (ждём verify_fail и abort).
         """
-        _check_int("version", version, 0)
+        version = integer("version", version, 0)
         for flag, value in (("atomic", atomic), ("verify", verify)):
             if not isinstance(value, bool):
                 raise ValueError(f"{flag} должно быть True или False, получено {value!r}")
-        requests = list(requests or [])
+        if requests is None:
+            requests = []
+        if torch.is_tensor(requests) or not isinstance(requests, Sequence | Iterator):
+            raise ValueError(
+                "requests должно быть списком тензоров-входов (по одному на запрос) или None, "
+                f"получено {type(requests).__name__}"
+            )
         inputs = [_check_input_ids(x, self.engines[0].vocab_size, "requests") for x in requests]
-        if steps_per_layer is not None:
-            _check_int("steps_per_layer", steps_per_layer, 1)
+        steps_per_layer = optional_integer("steps_per_layer", steps_per_layer, 1)
         for e in self.engines:
             e._check_version(version)
         self._check_corrupt(corrupt, atomic)
@@ -1136,21 +1136,21 @@ def _normalise(events: Any) -> list[dict]:
             raise ValueError(f"events[{i}] должно быть словарём, получено {type(raw).__name__}")
         ev = {k: _clean(v) for k, v in raw.items()}
         kind = ev.get("event")
-        if kind not in EVENT_TYPES:
+        if not isinstance(kind, str) or kind not in EVENT_TYPES:
             raise ValueError(
                 f"events[{i}]: поле event должно быть одним из {sorted(EVENT_TYPES)}, получено {kind!r}"
             )
         if not isinstance(ev.get("replica"), str) or not ev["replica"]:
             raise ValueError(f"events[{i}]: поле replica должно быть непустой строкой")
         version = ev.get("version")
-        if _is_real(version) and float(version).is_integer() and version >= 0:
+        if is_count(version) and version >= 0:
             ev["version"] = int(version)
         else:
             raise ValueError(
                 f"events[{i}] ({kind}): поле version должно быть целым ≥ 0, получено {version!r}"
             )
         t = ev.get("t")
-        if t is not None and (not _is_real(t) or not math.isfinite(t)):
+        if t is not None and not is_real(t):
             raise ValueError(f"events[{i}]: поле t должно быть числом секунд, получено {t!r}")
         ev["_pos"] = i
         out.append(ev)
@@ -1369,9 +1369,7 @@ def _check_sizes(sizes: Any) -> list[int]:
         raise ValueError(
             f"sizes должно быть непустым списком чисел параметров или None, получено {sizes!r}"
         )
-    for s in sizes:
-        _check_int("sizes[…]", s, 1, MAX_SIZE)
-    return [int(s) for s in sizes]
+    return [integer("sizes[…]", s, 1, MAX_SIZE) for s in sizes]
 
 
 def _trainer_update(net: torch.nn.Module, probe: torch.Tensor, lr: float) -> float:
@@ -1428,20 +1426,18 @@ def broadcast_weights(
     from course_utils.multiproc import local_device
     from course_utils.policy import load_policy
 
-    _check_int("world_size", world_size, 2)
-    _check_int("rank", rank, 0, world_size - 1)
+    world_size = integer("world_size", world_size, 2)
+    rank = integer("rank", rank, 0, world_size - 1)
     if not isinstance(model, str) or not model.strip():
         raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
-    _check_int("versions", versions, 1, 100)
+    versions = integer("versions", versions, 1, 100)
     size_list = _check_sizes(sizes)
-    _check_int("seed", seed, 0)
-    if not _is_real(lr) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr должно быть конечным числом > 0, получено {lr!r}")
-    _check_int("repeats", repeats, 1, 50)
-    atol = _check_atol(atol)
-    if corrupt_version is not None:
-        _check_int("corrupt_version", corrupt_version, 1, versions)
-    _check_int("corrupt_rank", corrupt_rank, 1, world_size - 1)
+    seed = integer("seed", seed, 0)
+    lr = positive("lr", lr)
+    repeats = integer("repeats", repeats, 1, 50)
+    atol = nonnegative("atol", atol)
+    corrupt_version = optional_integer("corrupt_version", corrupt_version, 1, versions)
+    corrupt_rank = integer("corrupt_rank", corrupt_rank, 1, world_size - 1)
 
     device = local_device(backend)
     t_ref = _shared_time_ref(device)

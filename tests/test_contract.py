@@ -1,11 +1,14 @@
 """Тесты контракта роллаута: правила проверки, устойчивость к мусору, точные round-trip."""
 
 import copy
+import hashlib
 import json
 import math
 import os
 import random
+import shutil
 import struct
+import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -396,6 +399,11 @@ def roundtrip_sets():
 FORMATS = {"jsonl": (write_jsonl, read_jsonl), "parquet": (write_parquet, read_parquet)}
 
 
+def _pair(path):
+    """Имена файла данных и его суммы SHA-256 (по алфавиту, как sorted(os.listdir))."""
+    return [path.name, path.name + ".sha256"]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", list(roundtrip_sets()))
 def test_roundtrip_exact(tmp_path, fmt, name):
@@ -410,7 +418,7 @@ def test_roundtrip_exact(tmp_path, fmt, name):
     for i, (a, b) in enumerate(zip(records, back)):
         assert isinstance(b, RolloutRecord)
         assert_exact(a.to_dict(), b.to_dict(), f"{name}[{i}]")
-    assert os.listdir(tmp_path) == [path.name]
+    assert sorted(os.listdir(tmp_path)) == _pair(path)
 
 
 def test_random_records_cover_extremes_and_versions():
@@ -500,7 +508,7 @@ def test_crash_before_commit_keeps_old_file(tmp_path, monkeypatch, fmt, target):
         write([example_multiturn_record()] * 3, path)
     monkeypatch.undo()
     assert path.read_bytes() == old
-    assert os.listdir(tmp_path) == [path.name]
+    assert sorted(os.listdir(tmp_path)) == _pair(path)
     assert read(path) == [example_record()]
 
 
@@ -512,7 +520,7 @@ def test_jsonl_crash_mid_write_keeps_old_file(tmp_path, monkeypatch):
     def dumps_then_crash(obj, *args, **kwargs):
         seen["n"] = seen.get("n", 0) + 1
         if seen["n"] == 3:  # две строки уже ушли во временный файл
-            temps = [p for p in os.listdir(tmp_path) if p != path.name]
+            temps = [p for p in os.listdir(tmp_path) if p not in _pair(path)]
             seen["temp"] = temps
             raise KeyboardInterrupt
         return real_dumps(obj, *args, **kwargs)
@@ -523,7 +531,7 @@ def test_jsonl_crash_mid_write_keeps_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert len(seen["temp"]) == 1  # временный файл был в том же каталоге
     assert path.read_bytes() == old
-    assert os.listdir(tmp_path) == [path.name]
+    assert sorted(os.listdir(tmp_path)) == _pair(path)
 
 
 def test_jsonl_unserializable_record_keeps_old_file(tmp_path):
@@ -532,7 +540,7 @@ def test_jsonl_unserializable_record_keeps_old_file(tmp_path):
     with pytest.raises(ValueError, match=r"records\[2\]"):
         write_jsonl(records, path)
     assert path.read_bytes() == old
-    assert os.listdir(tmp_path) == [path.name]
+    assert sorted(os.listdir(tmp_path)) == _pair(path)
 
 
 def test_parquet_crash_mid_write_keeps_old_file(tmp_path, monkeypatch):
@@ -547,7 +555,7 @@ def test_parquet_crash_mid_write_keeps_old_file(tmp_path, monkeypatch):
         write_parquet([example_multiturn_record()], path)
     monkeypatch.undo()
     assert path.read_bytes() == old
-    assert os.listdir(tmp_path) == [path.name]
+    assert sorted(os.listdir(tmp_path)) == _pair(path)
     assert read_parquet(path) == [example_record()]
 
 
@@ -581,7 +589,7 @@ def test_read_parquet_corrupt_file(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"bad\.parquet"):
         read_parquet(path)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match=r"nope\.parquet: файл не найден"):
         read_parquet(tmp_path / "nope.parquet")
 
 
@@ -590,6 +598,7 @@ def test_read_parquet_bad_rows_and_columns(tmp_path):
     write_parquet([example_record()] * 2, path)
     table = pq.read_table(path)
     rewards = pa.array(['{"correctness": 1.0}', "{broken"], type=pa.string())
+    (tmp_path / "rows.parquet.sha256").unlink()  # дальше файл пишет чужая программа, без суммы
     pq.write_table(
         table.set_column(table.schema.get_field_index("reward"), "reward", rewards), path
     )
@@ -613,3 +622,166 @@ def test_records_to_frame():
     assert df.loc[0, "policy_version"] == 127
     assert df.loc[0, "reward"] == {"correctness": 1.0, "format": 0.0}
     assert records_to_frame([]).shape == (0, len(FIELDS) + 3)
+
+
+# ---------- ошибки пути и вложенности ----------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_readers_refuse_bad_paths_in_russian(tmp_path, fmt):
+    _, read = FORMATS[fmt]
+    with pytest.raises(ValueError, match="path должно быть путём"):
+        read(None)
+    with pytest.raises(ValueError, match=rf"nope\.{fmt}: файл не найден"):
+        read(tmp_path / f"nope.{fmt}")
+    (tmp_path / f"dir.{fmt}").mkdir()
+    with pytest.raises(ValueError, match=rf"dir\.{fmt}: это каталог"):
+        read(tmp_path / f"dir.{fmt}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_writers_refuse_directory_and_missing_parent(tmp_path, fmt):
+    write, _ = FORMATS[fmt]
+    with pytest.raises(ValueError, match="каталог, а нужен путь к файлу"):
+        write([example_record()], tmp_path)
+    with pytest.raises(ValueError, match=r"каталога .*nodir.* нет"):
+        write([example_record()], tmp_path / "nodir" / f"r.{fmt}")
+    assert os.listdir(tmp_path) == []
+
+
+def _deep(depth):
+    return "[" * depth + "]" * depth
+
+
+def test_read_jsonl_deep_nesting_names_file_and_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    good = json.dumps(example_dict())
+    for bad in ("[" * 100_000, f'{{"x": {_deep(100_000)}}}'):
+        path.write_text(good + "\n" + bad + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"deep\.jsonl, строка 2: JSON вложен слишком глубоко"):
+            read_jsonl(path)
+
+
+def test_read_parquet_deep_nesting_names_row(tmp_path):
+    path = tmp_path / "deep.parquet"
+    write_parquet([example_record()] * 2, path)
+    (tmp_path / "deep.parquet.sha256").unlink()  # файл дальше пишет чужая программа
+    table = pq.read_table(path)
+    rewards = pa.array(['{"correctness": 1.0}', _deep(100_000)], type=pa.string())
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("reward"), "reward", rewards), path
+    )
+    with pytest.raises(ValueError, match=r"deep\.parquet, строка 1 \(нумерация с 0\): JSON вложен"):
+        read_parquet(path)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_writers_refuse_deeply_nested_values(tmp_path, fmt):
+    write, _ = FORMATS[fmt]
+    deep: dict = {}
+    for _ in range(100_000):
+        deep = {"x": deep}
+    with pytest.raises(ValueError, match="reward|records\\[0\\]"):
+        write([with_changes(reward=deep)], tmp_path / f"r.{fmt}")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("records", [None, 5, [1], ["abc"]])
+def test_records_to_frame_refuses_garbage(records):
+    with pytest.raises(ValueError, match="records"):
+        records_to_frame(records)
+
+
+# ---------- контрольная сумма SHA-256 рядом с файлом ----------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_writers_add_sha256sum_sidecar(tmp_path, fmt):
+    write, _ = FORMATS[fmt]
+    path = tmp_path / f"r.{fmt}"
+    write([example_record(), example_multiturn_record()], path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    side = tmp_path / f"r.{fmt}.sha256"
+    assert side.read_bytes() == f"{digest}  r.{fmt}\n".encode()
+    if shutil.which("sha256sum"):  # независимая проверка: та же утилита, что у людей
+        res = subprocess.run(
+            ["sha256sum", "-c", side.name], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
+
+
+def _flip_positions(n_bytes, step):
+    """Номера битов: каждый step-й (step нечётен — попадаем во все 8 разрядов) и все биты
+    первых и последних 16 байт (магия PAR1, длина метаданных Parquet)."""
+    edges = [b * 8 + k for b in [*range(16), *range(n_bytes - 16, n_bytes)] for k in range(8)]
+    return sorted(set(range(0, n_bytes * 8, step)) | set(edges))
+
+
+@pytest.mark.parametrize(("fmt", "step"), [("jsonl", 7), ("parquet", 37)])
+def test_every_single_bit_flip_is_refused(tmp_path, fmt, step):
+    write, read = FORMATS[fmt]
+    path = tmp_path / f"r.{fmt}"
+    records = [example_record(), example_multiturn_record()]
+    write(records, path)
+    original = path.read_bytes()
+    positions = _flip_positions(len(original), step)
+    assert len(positions) > 1000
+    accepted = []
+    for bit in positions:
+        data = bytearray(original)
+        data[bit // 8] ^= 1 << (bit % 8)
+        path.write_bytes(bytes(data))
+        try:
+            read(path)
+        except ValueError as exc:
+            assert "SHA-256" in str(exc) and path.name in str(exc)
+        else:
+            accepted.append(bit)
+    assert accepted == []
+    path.write_bytes(original)
+    assert read(path) == records
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_damaged_or_missing_sidecar(tmp_path, fmt):
+    write, read = FORMATS[fmt]
+    path = tmp_path / f"r.{fmt}"
+    write([example_record()], path)
+    side = tmp_path / f"r.{fmt}.sha256"
+    line = side.read_bytes()
+    for bit in [8 * i + k for i in range(64) for k in (0, 2, 6)]:  # по 3 бита каждой цифры
+        damaged = bytearray(line)
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        if bytes(damaged).lower() == line.lower():
+            continue  # 'a' ↔ 'A': та же сумма, sha256sum -c тоже примет
+        side.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=r"SHA-256|контрольной суммы повреждён"):
+            read(path)
+    side.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"r\..*\.sha256: файл контрольной суммы повреждён"):
+        read(path)
+    side.unlink()  # без суммы файл читается как раньше (например, записанный чужой программой)
+    assert read(path) == [example_record()]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failed_sidecar_replace_leaves_new_data_readable(tmp_path, monkeypatch, fmt):
+    path, _ = _old_file(tmp_path, fmt)
+    write, read = FORMATS[fmt]
+    real_replace = os.replace
+    calls = []
+
+    def replace_data_then_fail(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("сбой диска (имитация)")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(contract.os, "replace", replace_data_then_fail)
+    with pytest.raises(OSError, match="имитация"):
+        write([example_multiturn_record()], path)
+    monkeypatch.undo()
+    assert [os.fspath(c) for c in calls] == [os.fspath(path), os.fspath(path) + ".sha256"]
+    # старая сумма к новым данным не подходит и удалена; временных файлов не осталось
+    assert os.listdir(tmp_path) == [path.name]
+    assert read(path) == [example_multiturn_record()]

@@ -127,7 +127,8 @@ def test_state_bytes_against_published_rules():
     assert state_bytes(7 * 10**9, RECIPES["bf16_mixed_adam"]) == 112 * GB
     # EleutherAI cookbook: 2 + 4 + 12 = 18 Б/параметр по умолчанию
     assert state_bytes(10**9, "mixed_fp32_grads") == 18 * GB
-    assert state_bytes(0, "fp32_adam") == 0
+    with pytest.raises(ValueError, match="n_params должно быть целым ≥ 1"):
+        state_bytes(0, "fp32_adam")  # модель без параметров — ошибка ввода, а не «0 байт»
 
 
 # ----------------------------------------------------------------------------- ZeRO / DDP
@@ -183,7 +184,7 @@ def test_per_rank_breakdown_ceil_and_sum():
     "kwargs,arg",
     [
         ({"world_size": 0}, "world_size"),
-        ({"world_size": 2.0}, "world_size"),
+        ({"world_size": 2.5}, "world_size"),
         ({"zero_stage": 4}, "zero_stage"),
         ({"zero_stage": -1}, "zero_stage"),
         ({"zero_stage": True}, "zero_stage"),
@@ -659,3 +660,114 @@ def test_zero_redundancy_optimizer_state_per_rank():
     assert mean == pytest.approx(r0["predicted_zero1_optimizer_bytes_per_rank"], rel=1e-6)
     assert max(by_rank) / mean < 1.25  # жадное разбиение целыми тензорами — почти поровну
     assert math.isfinite(r0["loss"])
+
+
+# ----------------------------------------------------------------------------- ввод: мусор, нули, 7.5e9
+
+_SMALL_CONFIG = {
+    "vocab_size": 10,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}
+
+
+def _adamw():
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: memory.tensor_bytes(None), "tensors должно быть списком"),
+        (lambda: memory.tensor_bytes([1, 2]), r"tensors\[0\] должно быть тензором"),
+        (lambda: memory.tensor_bytes("abc"), "tensors должно быть списком"),
+        (lambda: memory.optimizer_state_bytes(None), "optimizer должно быть оптимизатором"),
+        (lambda: memory.optimizer_state_bytes("adam"), "optimizer должно быть оптимизатором"),
+        (lambda: memory.optimizer_state_bytes(_adamw(), include_step="yes"), "include_step"),
+        (
+            lambda: ModelShape.from_config(_SMALL_CONFIG | {"num_attention_heads": 0}),
+            r"config\['num_attention_heads'\] должно быть целым ≥ 1, получено 0",
+        ),
+        (
+            lambda: ModelShape.from_config(_SMALL_CONFIG | {"num_attention_heads": "2"}),
+            r"config\['num_attention_heads'\] должно быть целым",
+        ),
+        (  # раньше 0 молча заменялся на num_attention_heads
+            lambda: ModelShape.from_config(_SMALL_CONFIG | {"num_key_value_heads": 0}),
+            r"config\['num_key_value_heads'\] должно быть целым ≥ 1",
+        ),
+        (  # раньше 0 молча заменялся на hidden_size // num_attention_heads
+            lambda: ModelShape.from_config(_SMALL_CONFIG | {"head_dim": 0}),
+            r"config\['head_dim'\] должно быть целым ≥ 1",
+        ),
+        (lambda: memory.unit_label([]), "unit должно быть одним из"),
+        (lambda: memory.plot_memory_timeline([("a", {"x": 1})], unit=[]), "unit"),
+    ],
+)
+def test_garbage_gets_russian_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: kv_cache_bytes(0, 8, 128, 10, 2), "num_layers"),
+        (lambda: kv_cache_bytes(32, 0, 128, 10, 2), "num_kv_heads"),
+        (lambda: kv_cache_bytes(32, 8, 0, 10, 2), "head_dim"),
+        (lambda: kv_cache_bytes(32, 8, 128, 0, 2), "num_tokens"),
+        (lambda: memory.accelerate_estimate(0), "n_params_or_shape"),
+        (lambda: memory.accelerate_rule(0), "n_params_or_shape"),
+        (lambda: per_rank_state_bytes(0, "fp32_adam", 2, 1), "n_params"),
+        (lambda: per_rank_breakdown(0, "fp32_adam", 2, 3), "n_params"),
+        (lambda: lora_state_bytes(0, 10, 2, "fp32_adam"), "n_params"),
+        (lambda: lora_state_bytes(10**9, 0, 2, "fp32_adam"), "n_trainable"),
+    ],
+)
+def test_zero_counts_are_refused_not_zero_bytes(call, name):
+    with pytest.raises(ValueError, match=rf"{name} должно быть целым ≥ 1, получено 0"):
+        call()
+
+
+def test_integral_floats_count_like_integers():
+    """7.5e9 — так пишут 7,5 млрд: те же числа, что у целых (ZeRO §3.1 и лекция 12.2)."""
+    # ZeRO-1, Ψ = 7.5B, K = 12, N_d = 64: (2 + 2)Ψ + KΨ/N_d = 30 + 1.40625 ГБ
+    assert per_rank_state_bytes(7.5e9, "bf16_mixed_adam", 64.0, 1) == 31_406_250_000
+    assert state_bytes(7.5e9, "bf16_mixed_adam") == 120 * GB
+    assert kv_cache_bytes(32.0, 8.0, 128.0, 1.0, 2) == 128 * KIB
+    assert memory.accelerate_rule(1e9, "bfloat16")["training_reported"] == 8 * 10**9
+    assert memory.accelerate_estimate(1e9).iloc[0]["наш расчёт, Б"] == 10**9
+    assert lora_state_bytes(1e9, 1e6, 2, "bf16_mixed_adam") == 2 * 10**9 + 16 * 10**6
+    assert max_concurrent_sequences(80 * GIB, 16 * GIB, 128 * KIB, 4096.0) == 128
+    probe = memory.build_probe_model(8.0, 1.0)  # L(8h² + 7h) + h² + h при h = 8, L = 1
+    assert sum(p.numel() for p in probe.parameters()) == 568 + 72
+    shape = ModelShape.from_config(_SMALL_CONFIG | {"num_hidden_layers": 2.0})
+    assert shape.num_layers == 2 and type(shape.num_layers) is int
+    assert shape == ModelShape.from_config(_SMALL_CONFIG)
+
+
+@pytest.mark.parametrize("bad", [7.5, True, 1e9 + 0.5, float("inf"), "7.5e9"])
+def test_non_integral_counts_are_still_refused(bad):
+    with pytest.raises(ValueError, match="n_params должно быть целым"):
+        per_rank_state_bytes(bad, "bf16_mixed_adam", 64, 1)
+    with pytest.raises(ValueError, match="num_layers должно быть целым"):
+        kv_cache_bytes(bad, 8, 128, 1, 2)
+    if not isinstance(bad, str):  # строка — путь к config.json, её ошибка другая
+        with pytest.raises(ValueError, match="n_params_or_shape должно быть целым"):
+            memory.accelerate_rule(bad)
+
+
+def test_tensor_bytes_single_tensor_and_generator():
+    import torch
+
+    assert memory.tensor_bytes(torch.zeros(())) == 4  # 0-мерный тензор раньше падал TypeError
+    assert memory.tensor_bytes(torch.zeros(3, 5, dtype=torch.bfloat16)) == 3 * 5 * 2
+    assert memory.tensor_bytes(t for t in [torch.zeros(2), None, torch.zeros(4)]) == 24

@@ -14,10 +14,10 @@ RNG = np.random.default_rng(12)
 
 
 def _logps(shape, seed=0):
-    """Пара «похожих» массивов логарифмов вероятностей (numpy float64)."""
+    """Пара «похожих» массивов логарифмов вероятностей (numpy float64, все ≤ 0)."""
     rng = np.random.default_rng(seed)
     behavior = -rng.gamma(2.0, 1.0, size=shape)
-    target = behavior + rng.normal(0.0, 0.3, size=shape)
+    target = -np.abs(behavior + rng.normal(0.0, 0.3, size=shape))
     return target, behavior
 
 
@@ -588,3 +588,120 @@ def test_stale_strategies_against_hand_computation():
         op.stale_strategies(lags, lengths, band=(1.5, 2.0))
     with pytest.raises(ValueError, match="lags"):
         op.stale_strategies([], [])
+
+
+# --------------------------------------------------------------------------- log-вероятности ≤ 0
+
+# Вероятности вместо их логарифмов — частая ошибка: π = 0.9 вместо log 0.9 дало бы «w» ≈ 2.7.
+PROBS = np.array([[0.9, 0.4, 0.05]])
+LOGS = np.log(PROBS)
+
+
+def _tim_array(a, b):
+    return op.tim_report(a, b)
+
+
+def _tim_ragged(a, b):
+    return op.tim_report(list(a), list(b))
+
+
+LOGPROB_FUNCS = {
+    "log_ratios": op.log_ratios,
+    "importance_ratios": op.importance_ratios,
+    "sequence_log_ratio": op.sequence_log_ratio,
+    "sequence_ratios": op.sequence_ratios,
+    "log_ratio_stats": op.log_ratio_stats,
+    "support_violations": op.support_violations,
+    "tim_report": _tim_array,
+    "tim_report_ragged": _tim_ragged,
+}
+
+
+@pytest.mark.parametrize("func", LOGPROB_FUNCS)
+@pytest.mark.parametrize("which", ["target", "behavior"])
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_positive_logprobs_are_refused(func, which, as_torch):
+    probs, logs = (_t(PROBS), _t(LOGS)) if as_torch else (PROBS, LOGS)
+    target, behavior = (probs, logs) if which == "target" else (logs, probs)
+    if func.startswith("tim_report"):  # tim_report(engine, trainer): поведение идёт первым
+        args = (behavior, target)
+        name = "trainer_logprobs" if which == "target" else "engine_logprobs"
+    else:
+        args, name = (target, behavior), f"logp_{which}"
+    with pytest.raises(ValueError, match=rf"{name}.*log-вероятность должна быть ≤ 0.*вероятности"):
+        LOGPROB_FUNCS[func](*args)
+
+
+@pytest.mark.parametrize("func", LOGPROB_FUNCS)
+def test_rounding_above_zero_is_tolerated_but_not_more(func):
+    f = LOGPROB_FUNCS[func]
+    lb = np.array([[-0.7, -1.2, -0.1]])
+    near = np.array([[5e-7, -1.0, 0.0]])  # float32 log_softmax даёт такие +1e-7 вместо 0
+    f(near, lb)
+    f(lb, near)
+    over = np.array([[2e-6, -1.0, 0.0]])
+    with pytest.raises(ValueError, match="≤ 0"):
+        f(over, lb)
+
+
+def test_tolerated_rounding_keeps_exact_values():
+    lt, lb = np.array([5e-7, -np.inf, -0.3]), np.array([-0.2, -1.0, -np.inf])
+    w = op.importance_ratios(lt, lb)
+    assert w[0] == pytest.approx(math.exp(5e-7 + 0.2), rel=1e-15)
+    assert w[1] == 0.0 and np.isposinf(w[2])  # соглашения о бесконечностях прежние
+
+
+def test_log_weight_stats_vs_numpy_and_log_ratio_stats():
+    lt, lb = _logps((4, 9), seed=31)
+    mask = RNG.integers(0, 2, size=(4, 9))
+    mask[0, 0] = 1
+    d = (lt - lb)[mask == 1]
+    ours = op.log_weight_stats(lt - lb, mask)
+    assert ours == op.log_ratio_stats(lt, lb, mask)
+    assert ours["mean_abs_log_ratio"] == pytest.approx(np.abs(d).mean(), rel=1e-12)
+    assert ours["max_log_ratio"] == d.max() and ours["n_tokens"] == d.size
+    # log w любого знака — не log-вероятности, их проверка «≤ 0» не касается
+    w = np.array([0.5, 2.0, 4.0])
+    s = op.log_weight_stats(np.log(w))
+    assert s["max_abs_log_ratio"] == pytest.approx(math.log(4.0), rel=1e-15)
+    assert op.log_weight_stats([np.inf, 0.0])["support_violations"] == 1
+    with pytest.raises(ValueError, match="log_weights.*NaN"):
+        op.log_weight_stats([np.nan])
+
+
+def test_counts_accept_integral_floats_and_refuse_the_rest():
+    ref = op.simulate_log_ratios(2, 16, 8, seed=3)
+    np.testing.assert_array_equal(op.simulate_log_ratios(2.0, 16.0, 8.0, seed=3), ref)
+    assert op.expected_ess_fraction(2.0, 16.0) == op.expected_ess_fraction(2, 16)
+    for bad in (1.5, True, None, "2"):
+        with pytest.raises(ValueError, match="lag должно быть целым ≥ 0"):
+            op.simulate_log_ratios(bad, 16, 8)
+    with pytest.raises(ValueError, match="seed"):
+        op.simulate_log_ratios(1, 4, 4, seed="abc")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lags": None}, "lags"),
+        ({"lengths": 5}, "lengths"),
+        ({"lags": [1, None]}, r"lags\[…\]"),
+        ({"lengths": [3, 0]}, r"lengths\[…\] должно быть целым ≥ 1"),
+        ({"band": None}, "band"),
+        ({"band": (0.5, 2.0, 3.0)}, "band"),
+        ({"band": ("a", 2.0)}, "band"),
+    ],
+)
+def test_stale_strategies_garbage_gets_russian_errors(kwargs, match):
+    args = {"lags": [0, 1, 2], "lengths": [10, 20, 30], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        op.stale_strategies(**args)
+
+
+def test_masked_weights_high_may_be_infinite_but_not_garbage():
+    w, share = op.masked_weights([0.2, 1.0, 9.0], 0.5, math.inf)
+    np.testing.assert_array_equal(w, [0.0, 1.0, 9.0])
+    assert share == pytest.approx(1 / 3)
+    for bad in (None, "2", np.nan, 0.0, -1.0):
+        with pytest.raises(ValueError, match="high"):
+            op.masked_weights([1.0], 0.0, bad)

@@ -344,7 +344,7 @@ _KEYS_12_4_7 = {"ess": "num", "ess_norm": "num", "clip_fraction": "num", "max_ab
 def _values_12_4_7(task: dict) -> dict:
     w, a = np.array(task["weights"]), np.array(task["advantages"])
     el, eh = task["eps_low"], task["eps_high"]
-    stats = offpolicy.log_ratio_stats(np.log(w), np.zeros_like(w))
+    stats = offpolicy.log_weight_stats(np.log(w))
     return {
         "ess": offpolicy.effective_sample_size(w),
         "ess_norm": offpolicy.normalized_ess(w),
@@ -557,8 +557,8 @@ def _log_excerpt(rng: random.Random, kind: str, name: str, seed: int) -> list[di
         lag = rng.randint(1, 3) if kind == "lag" else 0
         length = rng.choice([96, 160, 256, 384, 512])
         lw = offpolicy.simulate_log_ratios(lag, length, 1, sigma_lag, sigma_tim, seed=seed + i)
-        stats = offpolicy.log_ratio_stats(lw, np.zeros_like(lw))
-        seq = float(offpolicy.sequence_log_ratio(lw[0], np.zeros(length)))
+        stats = offpolicy.log_weight_stats(lw)
+        seq = float(lw[0].sum())  # log w_seq = Σ_t log w_t
         rows.append(
             {"sample_id": f"{name}-{rng.randint(1000, 9999)}", "behavior_version": u - lag,
              "trainer_version": u, "response_tokens": length,
