@@ -67,6 +67,8 @@ STDERR_TAIL_LINES = 30
 FAILURE_GRACE_S = 1.0
 # Сколько ждать, пока зависшие процессы напечатают стек по SIGUSR1 перед SIGKILL, с.
 STACK_DUMP_WAIT_S = 0.3
+# Сколько ждать, пока убитые группы процессов действительно исчезнут, с.
+GROUP_EXIT_WAIT_S = 5.0
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _RESERVED_ENV = (
     "RANK",
@@ -387,7 +389,22 @@ def _stop_all(procs: list[subprocess.Popen], dump_stacks: bool) -> list[int]:
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=10)
+    # SIGKILL доставляется не мгновенно: ждём, пока группы (сторож, «внуки») опустеют.
+    deadline = time.monotonic() + GROUP_EXIT_WAIT_S
+    for p in procs:
+        while _group_exists(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
     return alive
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run_once(
