@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 VERIFIER_VERSION = "arith-v1"
 DIFFICULTIES = (1, 2, 3)
 DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
+REWARD_WEIGHTS = {"correctness": 1.0, "format": 0.1}  # веса scalar_reward по умолчанию
 PROMPT_TEMPLATE = "Вычисли: {expression}. Ответ дай в виде <answer>число</answer>."
 
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
@@ -100,3 +101,20 @@ def verify(response_text: str, task: ArithTask) -> dict[str, float]:
     if match is None:
         return {"correctness": 0.0, "format": 0.0}
     return {"correctness": float(int(match.group(1)) == task.answer), "format": 1.0}
+
+
+def scalar_reward(reward: dict, weights: dict[str, float] | None = None) -> float:
+    """Скалярная награда ``r = Σ_k w_k · reward[k]``; по умолчанию w = {correctness: 1, format: 0.1}."""
+    weights = weights or REWARD_WEIGHTS
+    return float(sum(w * float(reward.get(k, 0.0)) for k, w in weights.items()))
+
+
+def is_informative_group(rewards) -> bool:
+    """Информативна ли группа GRPO: ответов ≥ 2 и скалярные награды не все равны (std > 0).
+
+    Одно определение на курс: ``rewards`` — те же ``scalar_reward`` (с формат-наградой и
+    ``reward_weights``), из которых ``group_advantages`` считает преимущества. Неинформативная
+    группа получает A = 0 у всех ответов и не даёт градиента.
+    """
+    vals = [float(v) for v in rewards]
+    return len(vals) > 1 and max(vals) > min(vals)

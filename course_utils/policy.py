@@ -9,8 +9,10 @@
 * ``generate_rollouts`` — семплирование с температурой и top-p, которое записывает
   логарифм вероятности каждого выбранного токена под тем распределением, из которого он
   действительно выбран (после температуры и отсечения top-p с перенормировкой);
-* ``recompute_logprobs`` — пересчёт тех же величин тренером (teacher forcing);
-* ``grpo_step`` — групповые преимущества и клиппированная функция потерь по токенам политики;
+* ``recompute_logprobs`` — пересчёт log π тренером (teacher forcing): температура применяется,
+  top-p — нет, как в TRL и verl; разрыв μ − π из-за top-p остаётся виден;
+* ``grpo_step`` — групповые преимущества и клиппированная функция потерь по токенам политики
+  (одна или несколько PPO-эпох по пакету; ``GradScaler`` для fp16 на T4);
 * ``sequential_loop`` — однопроцессный эталонный цикл с таймерами всех этапов.
 
 Таймеры на GPU синхронизируют устройство, память на GPU — ``torch.cuda.max_memory_allocated``,
@@ -32,11 +34,14 @@ from pathlib import Path
 
 import torch
 
+from course_utils.args import integer
 from course_utils.arith_task import (
     DEFAULT_MIX,
     VERIFIER_VERSION,
     ArithTask,
+    is_informative_group,
     make_tasks,
+    scalar_reward,
     target_response,
     verify,
 )
@@ -65,6 +70,8 @@ __all__ = [
     "generate_rollouts",
     "recompute_logprobs",
     "group_advantages",
+    "is_informative_group",
+    "grad_scaler_for",
     "grpo_step",
     "sync_weights",
     "cache_bytes",
@@ -79,6 +86,8 @@ DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 TINY_MODEL_NAME = "tiny"
 # Этапы эталонного цикла — одно определение на курс (profile.STAGES, без импорта torch).
 LOOP_STAGES = STAGES
+ADV_EPS = 1e-6  # ε в A = (r − mean)/(std + ε), как в verl (в TRL — 1e-4)
+NEAR_ZERO_LOGPROB = math.log(1e-8)  # log π_θ ниже этого: π_θ почти не даёт токену массы, нат
 
 
 # --------------------------------------------------------------------------- загрузка модели
@@ -530,18 +539,23 @@ def recompute_logprobs(
     model,
     records,
     temperature: float | None = None,
-    top_p: float | None = None,
+    top_p: float = 1.0,
     with_grad: bool = False,
     autocast_dtype: torch.dtype | None = None,
     micro_batch: int = 8,
 ) -> list[torch.Tensor]:
-    """Teacher forcing: ``log π(y_t | x, y_<t)`` для каждого токена политики (маска = 1).
+    """Teacher forcing: ``log π(y_t | x, y_<t) = log_softmax(logits / T)[y_t]`` (нат) для
+    каждого токена политики (маска = 1).
 
+    Как в TRL (GRPOTrainer) и verl (актор делит логиты на температуру): ``T`` по умолчанию
+    берётся из ``decoding`` каждой записи, а top-p тренер **не** применяет, даже если движок
+    семплировал с top-p < 1. Поэтому там ``log μ − log π = −log(масса ядра) ≥ 0`` — разрыв
+    движка и тренера из-за top-p виден, а не спрятан. Явное ``top_p < 1`` — только для опыта
+    «а если бы тренер тоже отсекал ядро» (урок 12.1); явное ``temperature`` — для всех записей.
     Прямой проход по «запрос + ответ» пакетами по ``micro_batch`` записей (логиты словаря
     в 150 тысяч токенов иначе не помещаются в память T4); логиты позиции t−1 предсказывают
-    токен t. ``temperature``/``top_p`` по умолчанию берутся из ``decoding`` каждой записи (то же
-    преобразование, что при семплировании); явное значение — для всех записей.
-    Возвращает список тензоров float32, по одному на запись, длиной = числу токенов политики.
+    токен t. Возвращает список тензоров float32, по одному на запись, длиной = числу токенов
+    политики.
     """
     recs = _as_records(records)
     if not isinstance(micro_batch, int) or micro_batch < 1:
@@ -559,47 +573,70 @@ def recompute_logprobs(
                 temp = (
                     temperature if temperature is not None else r.decoding.get("temperature", 1.0)
                 )
-                p = top_p if top_p is not None else r.decoding.get("top_p", 1.0)
                 where = pol[i, 1:]
-                logp = sampling_logprobs(logits[i][where], temp, p)
+                logp = sampling_logprobs(logits[i][where], temp, top_p)
                 out.append(logp.gather(-1, ids[i, 1:][where][:, None]).squeeze(-1))
     return out
 
 
-def scalar_reward(reward: dict, weights: dict[str, float] | None = None) -> float:
-    """Скалярная награда ``r = Σ_k w_k · reward[k]``; по умолчанию w = {correctness: 1, format: 0.1}."""
-    weights = weights or {"correctness": 1.0, "format": 0.1}
-    return float(sum(w * float(reward.get(k, 0.0)) for k, w in weights.items()))
-
-
-def group_advantages(records, reward_weights: dict[str, float] | None = None) -> list[float]:
-    """Групповые преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + 1e-6)``.
-
-    Группа — записи с одним ``group_id`` (или ``prompt_id``); std — по генеральной совокупности.
-    В вырожденной группе (все награды равны) все ``A_i = 0``: она не даёт градиента.
-    """
-    recs = _as_records(records)
-    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
+def _group_indices(recs: list[RolloutRecord]) -> dict[str, list[int]]:
+    """Номера записей по группам: ключ — ``group_id``, иначе ``prompt_id``, иначе ``sample_id``."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(recs):
         groups[r.group_id or r.prompt_id or r.sample_id].append(i)
+    return groups
+
+
+def group_advantages(records, reward_weights: dict[str, float] | None = None) -> list[float]:
+    """Групповые преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + ε)``, ε = 1e-6, безразмерные.
+
+    ``r_i = scalar_reward(reward_i, reward_weights)``; группа — записи с одним ``group_id``
+    (или ``prompt_id``). ``std_g`` — несмещённая оценка, делитель N − 1 (``torch.std`` по
+    умолчанию), как в TRL (``GRPOTrainer``, ε = 1e-4) и verl
+    (``compute_grpo_outcome_advantage``, ε = 1e-6). Неинформативная группа
+    (``is_informative_group``: все награды равны, или ответ один и std не определено) даёт
+    A = 0 (verl для группы из одного ответа берёт mean = 0, std = 1, то есть A = r).
+    """
+    recs = _as_records(records)
+    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
     adv = [0.0] * len(recs)
-    for idx in groups.values():
+    for idx in _group_indices(recs).values():
         vals = [rewards[i] for i in idx]
-        mean = sum(vals) / len(vals)
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        if not is_informative_group(vals):
+            continue
+        n, mean = len(vals), sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))  # несмещённая, N − 1
         for i in idx:
-            adv[i] = 0.0 if std < 1e-12 else (rewards[i] - mean) / (std + 1e-6)
+            adv[i] = (rewards[i] - mean) / (std + ADV_EPS)
     return adv
 
 
-def informative_group_fraction(records) -> float:
-    """Доля информативных групп: групп, где награда ``correctness`` не одинакова у всех ответов."""
+def informative_group_fraction(records, reward_weights: dict[str, float] | None = None) -> float:
+    """Доля информативных групп (``is_informative_group``) по скалярной награде, от 0 до 1.
+
+    Награда та же, что у ``group_advantages``: ``scalar_reward(reward, reward_weights)``,
+    с формат-наградой. Группа с одинаковой правильностью, но разным форматом — информативна.
+    """
     recs = _as_records(records)
-    groups: dict[str, set] = defaultdict(set)
-    for r in recs:
-        groups[r.group_id or r.prompt_id or r.sample_id].add(float(r.reward.get("correctness", 0)))
-    return sum(len(v) > 1 for v in groups.values()) / len(groups)
+    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
+    groups = _group_indices(recs).values()
+    return sum(is_informative_group([rewards[i] for i in idx]) for idx in groups) / len(groups)
+
+
+def grad_scaler_for(device, autocast_dtype: torch.dtype | None):
+    """``torch.amp.GradScaler("cuda")``, если тренер считает в autocast float16 на CUDA, иначе None.
+
+    В float16 (T4: bfloat16 нет) градиенты меньше ~6·10⁻⁸ обращаются в 0, а больше 65 504 — в
+    inf. Поэтому потерю умножают на масштаб S, градиенты перед отсечением и шагом делят на S,
+    а шаг с inf/NaN пропускают и уменьшают S. У bfloat16 диапазон как у float32 — масштаб не
+    нужен; на CPU и в float32 ничего не меняется.
+    """
+    dev = torch.device(device)
+    return (
+        torch.amp.GradScaler("cuda")
+        if dev.type == "cuda" and autocast_dtype == torch.float16
+        else None
+    )
 
 
 def grpo_step(
@@ -614,23 +651,32 @@ def grpo_step(
     timer: StageTimer | None = None,
     after_stage=None,
     micro_batch: int = 8,
+    epochs: int = 1,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict:
-    """Один шаг GRPO по записям роллаутов.
+    """Шаг GRPO по записям роллаутов: ``epochs`` обновлений (PPO-эпох) по одному пакету.
 
     ``ρ_t = exp(log π_θ − log π_old)``, ``L = −(1/N) Σ_t min(ρ_t A, clip(ρ_t, 1−ε, 1+ε) A)``,
     сумма только по токенам политики (маска = 1), N — их число. ``π_old`` — ``old_logprobs``
-    (по умолчанию ``behavior_logprobs`` из записей). Доля клиппирования учитывает знак A:
-    токен клиппирован, если ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``.
-    Возвращает loss, clip_fraction, grad_norm (до отсечения), policy_tokens, total_tokens.
+    (по умолчанию ``behavior_logprobs`` из записей) и в эпохах не меняется. Доля клиппирования —
+    как в PPO, TRL и verl: доля токенов, где активен клиппированный член (его градиент 0), то есть
+    ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``. Если ``π_old`` пересчитан этой же
+    моделью, в первой эпохе ρ = 1 и доля равна 0 по построению; клиппирование видно со второй.
+    Возвращает loss, clip_fraction, grad_norm (до отсечения) — средние по эпохам,
+    clip_fraction_by_epoch, near_zero_pi_tokens (токены, которые μ выбрал, а π_θ хоть в одной
+    эпохе почти не даёт им массы: ``log π_θ < log 1e-8``, ρ ≈ 0 и градиента от них нет;
+    обратный случай μ = 0 < π — ``offpolicy.support_violations``),
+    skipped_steps (шаги, пропущенные ``scaler`` из-за inf/NaN), policy_tokens, total_tokens.
     Градиент накапливается по микропакетам из ``micro_batch`` записей (результат тот же).
-    ``after_stage(name)`` (если задан) вызывается после «forward_backward» (градиенты ещё живы)
-    и после «optimizer_step» — например, чтобы снять память на границах фаз.
+    ``scaler`` — ``grad_scaler_for(...)`` при fp16 на CUDA. ``after_stage(name)`` (если задан)
+    вызывается после «forward_backward» (градиенты ещё живы) и после «optimizer_step».
     """
     recs = _as_records(records)
     if not 0 < clip_eps < 1:
         raise ValueError(f"clip_eps должно лежать в (0, 1), получено {clip_eps!r}")
     if not max_grad_norm > 0:
         raise ValueError(f"max_grad_norm должно быть > 0, получено {max_grad_norm!r}")
+    epochs = integer("epochs", epochs, 1)
     device = next(model.parameters()).device
     timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
     if old_logprobs is None:
@@ -645,47 +691,70 @@ def grpo_step(
     adv = group_advantages(recs, reward_weights)
     n_tok = max(sum(r.num_policy_tokens for r in recs), 1)
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss, ratios, advs = 0.0, [], []
-    with timer.stage("forward_backward"):
-        # Накопление градиента по микропакетам: Σ_чанков (−Σ surr / N) — тот же градиент,
-        # что у одного прохода, но логиты в памяти только для одного микропакета.
-        for start in range(0, len(recs), micro_batch):
-            chunk = recs[start : start + micro_batch]
-            new = recompute_logprobs(
-                model, chunk, with_grad=True, autocast_dtype=autocast_dtype, micro_batch=len(chunk)
-            )
-            new_c = torch.cat(new)
-            old_c = torch.cat(
-                [o.to(device).float() for o in old_logprobs[start : start + micro_batch]]
-            )
-            a_c = torch.cat(
-                [torch.full((len(t),), a, device=device) for t, a in zip(new, adv[start:])]
-            ).float()
-            ratio = torch.exp(new_c - old_c)
-            surr = torch.minimum(ratio * a_c, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_c)
-            part = -surr.sum() / n_tok
-            part.backward()
-            loss += float(part.detach())
-            ratios.append(ratio.detach())
-            advs.append(a_c)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    if after_stage is not None:
-        after_stage("forward_backward")
-    with timer.stage("optimizer_step"):
-        optimizer.step()
-    if after_stage is not None:
-        after_stage("optimizer_step")
+    losses, norms, clip_by_epoch, skipped, low = [], [], [], 0, None
+    for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        loss, ratios, advs, news = 0.0, [], [], []
+        with timer.stage("forward_backward"):
+            # Накопление градиента по микропакетам: Σ_чанков (−Σ surr / N) — тот же градиент,
+            # что у одного прохода, но логиты в памяти только для одного микропакета.
+            for start in range(0, len(recs), micro_batch):
+                chunk = recs[start : start + micro_batch]
+                new = recompute_logprobs(
+                    model,
+                    chunk,
+                    with_grad=True,
+                    autocast_dtype=autocast_dtype,
+                    micro_batch=len(chunk),
+                )
+                new_c = torch.cat(new)
+                old_c = torch.cat(
+                    [o.to(device).float() for o in old_logprobs[start : start + micro_batch]]
+                )
+                a_c = torch.cat(
+                    [torch.full((len(t),), a, device=device) for t, a in zip(new, adv[start:])]
+                ).float()
+                ratio = torch.exp(new_c - old_c)
+                surr = torch.minimum(ratio * a_c, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_c)
+                part = -surr.sum() / n_tok
+                (part if scaler is None else scaler.scale(part)).backward()
+                loss += float(part.detach())
+                ratios.append(ratio.detach())
+                advs.append(a_c)
+                news.append(new_c.detach())
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if after_stage is not None:
+            after_stage("forward_backward")
+        with timer.stage("optimizer_step"):
+            if scaler is None:
+                optimizer.step()
+            else:
+                scale = scaler.get_scale()
+                scaler.step(optimizer)  # при inf/NaN в градиентах шаг пропускается
+                scaler.update()
+                skipped += int(scaler.get_scale() < scale)
+        if after_stage is not None:
+            after_stage("optimizer_step")
+        ratio, a_all = torch.cat(ratios), torch.cat(advs)
+        clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
+        clip_by_epoch.append(float(clipped.float().mean()) if ratio.numel() else 0.0)
+        under = torch.cat(news) < NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
+        low = under if low is None else low | under
+        losses.append(loss)
+        norms.append(float(grad_norm))
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    ratio, a_all = torch.cat(ratios), torch.cat(advs)
-    n_policy = int(ratio.numel())
-    clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
     return {
-        "loss": loss,
-        "clip_fraction": float(clipped.float().mean()) if n_policy else 0.0,
-        "grad_norm": float(grad_norm),
-        "policy_tokens": n_policy,
+        "loss": sum(losses) / epochs,
+        "clip_fraction": sum(clip_by_epoch) / epochs,
+        "clip_fraction_by_epoch": clip_by_epoch,
+        "grad_norm": sum(norms) / epochs,
+        "epochs": epochs,
+        "near_zero_pi_tokens": int(low.sum()),
+        "skipped_steps": skipped,
+        "policy_tokens": int(ratio.numel()),
         "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
         "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
     }
@@ -832,12 +901,17 @@ def sequential_loop(
     lr: float = 1e-5,
     seed: int = 0,
     progress: bool = False,
+    epochs: int = 1,
 ) -> LoopResult:
     """Однопроцессный эталонный RL-цикл: prepare → prefill → decode → reward →
     logprob_recompute → forward_backward → optimizer_step → weight_sync.
 
-    Тренер — fp32-копия модели (на GPU с autocast), движок — отдельная копия в типе модели;
-    после шага оптимизатора веса копируются в движок и версия растёт на 1.
+    Тренер — fp32-копия модели (на GPU с autocast; при float16 — с ``GradScaler``), движок —
+    отдельная копия в типе модели; после ``epochs`` шагов оптимизатора по пакету веса
+    копируются в движок и версия растёт на 1. ``π_old`` пересчитывает сам тренер перед
+    обновлением, поэтому при ``epochs = 1`` ρ = 1 и ``clip_fraction`` равна 0 по построению
+    (это не «клиппирование не понадобилось»); при ``epochs ≥ 2`` вторая и следующие эпохи
+    идут по уже сдвинутой π_θ, и клиппирование становится видно.
     ``T_step = Σ этапов`` (время стены шага тоже записано, ``wall_s``); память — пик за шаг
     на GPU или пиковый RSS процесса на CPU.
     """
@@ -849,6 +923,7 @@ def sequential_loop(
         raise ValueError(f"prompts_per_step должно быть целым ≥ 1, получено {prompts_per_step!r}")
     if not lr > 0:
         raise ValueError(f"lr должно быть > 0, получено {lr!r}")
+    epochs = integer("epochs", epochs, 1)
     if model is None:
         model, tokenizer, info = load_policy(name)
     elif tokenizer is None:
@@ -858,6 +933,7 @@ def sequential_loop(
     engine_dtype = next(engine.parameters()).dtype
     trainer = copy.deepcopy(engine).float()
     amp = engine_dtype if device.type == "cuda" and engine_dtype != torch.float32 else None
+    scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4), иначе None
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
     timer = StageTimer(worker="main", sync=_sync_fn(device))
     version, rows, records, texts, step_of_event = 0, [], [], [], []
@@ -886,7 +962,16 @@ def sequential_loop(
         )
         with timer.stage("logprob_recompute"):
             old = recompute_logprobs(trainer, batch.records, autocast_dtype=amp)
-        stats = grpo_step(trainer, optimizer, batch.records, old, autocast_dtype=amp, timer=timer)
+        stats = grpo_step(
+            trainer,
+            optimizer,
+            batch.records,
+            old,
+            autocast_dtype=amp,
+            timer=timer,
+            epochs=epochs,
+            scaler=scaler,
+        )
         with timer.stage("weight_sync"):
             sync_weights(trainer, engine)
             version += 1
@@ -913,8 +998,11 @@ def sequential_loop(
                 "mean_reward": stats["mean_reward"],
                 "informative_groups": informative_group_fraction(batch.records),
                 "loss": stats["loss"],
-                "clip_fraction": stats["clip_fraction"],
+                "epochs": epochs,
+                "clip_fraction": stats["clip_fraction"],  # при epochs = 1 — 0 по построению
                 "grad_norm": stats["grad_norm"],
+                "near_zero_pi_tokens": stats["near_zero_pi_tokens"],
+                "skipped_steps": stats["skipped_steps"],
                 "peak_memory_bytes": peak,
             }
         )

@@ -599,11 +599,12 @@ def _run_trainer(net, tokenizer, info, device, stages, *, verify, **cfg) -> dict
     import torch
 
     from course_utils.contract import RolloutRecord, validate_rollout
-    from course_utils.policy import grpo_step, recompute_logprobs
+    from course_utils.policy import grad_scaler_for, grpo_step, recompute_logprobs
 
     wire_dtype = next(net.parameters()).dtype  # веса уходят движку в его типе
     trainer = net.float()
     amp = wire_dtype if device.type == "cuda" and wire_dtype != torch.float32 else None
+    scaler = grad_scaler_for(device, amp)  # float16 на T4: масштаб потерь GradScaler
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=cfg["lr"])
 
     with stages.stage("handshake"):
@@ -640,7 +641,7 @@ def _run_trainer(net, tokenizer, info, device, stages, *, verify, **cfg) -> dict
         with stages.stage("logprob_recompute", step) as lp:
             old = recompute_logprobs(trainer, records, autocast_dtype=amp)
         with stages.stage("grpo_update", step) as upd:
-            stats = grpo_step(trainer, optimizer, records, old, autocast_dtype=amp)
+            stats = grpo_step(trainer, optimizer, records, old, autocast_dtype=amp, scaler=scaler)
         trained_from, version = version, version + 1
         checksum_s, checksum = 0.0, None
         if verify:
@@ -1040,6 +1041,8 @@ class _QueueTrainer:
     def __init__(self, net, info, device, control, stages, cfg) -> None:
         import torch
 
+        from course_utils.policy import grad_scaler_for
+
         self.info, self.device, self.control, self.stages, self.cfg = (
             info,
             device,
@@ -1052,6 +1055,7 @@ class _QueueTrainer:
         self.amp = (
             self.wire_dtype if device.type == "cuda" and self.wire_dtype != torch.float32 else None
         )
+        self.scaler = grad_scaler_for(device, self.amp)  # float16 на T4: GradScaler
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg["lr"])
         self.cond = threading.Condition()
         self.seq = 0
@@ -1129,7 +1133,11 @@ class _QueueTrainer:
                 records = [RolloutRecord.from_dict(d) for g in groups for d in g["records"]]
                 with self.stages.stage("grpo_update", b) as upd:
                     stats = grpo_step(
-                        self.trainer, self.optimizer, records, autocast_dtype=self.amp
+                        self.trainer,
+                        self.optimizer,
+                        records,
+                        autocast_dtype=self.amp,
+                        scaler=self.scaler,
                     )
                 delay = 0.0
                 if self.cfg["train_delay_s"] > 0:

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from course_utils.arith_task import is_informative_group, scalar_reward
+
 # Пиковая пропускная способность памяти GPU, байт/с (паспортные значения, 1 ГБ/с = 10^9 Б/с).
 GPU_BANDWIDTH_BYTES_PER_S = {
     "T4": 320e9,
@@ -71,15 +73,20 @@ def decode_roofline_tokens_per_s(
     return batch * bandwidth_bytes_per_s / (weights_bytes + batch * kv_bytes_per_sequence)
 
 
-def degenerate_group_share(records) -> tuple[int, float]:
-    """(число групп, доля вырожденных): группа вырождена, если награда correctness у всех равна."""
-    groups: dict[str, set] = defaultdict(set)
+def degenerate_group_share(records, reward_weights: Mapping[str, float] | None = None):
+    """(число групп, доля вырожденных): вырождена группа, которая не ``is_informative_group``.
+
+    Награда — та же скалярная ``scalar_reward(reward, reward_weights)`` (правильность и формат),
+    из которой считаются преимущества GRPO; вырожденная группа даёт A = 0 и не даёт градиента.
+    """
+    groups: dict[str, list[float]] = defaultdict(list)
     for r in records:
         key = r.group_id or r.prompt_id or r.sample_id
-        groups[key].add(float(r.reward.get("correctness", 0.0)))
+        groups[key].append(scalar_reward(r.reward, reward_weights))
     if not groups:
         raise ValueError("records: нет ни одной записи")
-    return len(groups), sum(len(v) == 1 for v in groups.values()) / len(groups)
+    degenerate = sum(not is_informative_group(v) for v in groups.values())
+    return len(groups), degenerate / len(groups)
 
 
 def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.DataFrame:

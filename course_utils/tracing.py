@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from course_utils.arith_task import is_informative_group, scalar_reward
+
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 
 # Единицы оси времени диаграммы Ганта: подпись -> множитель от секунд.
@@ -720,7 +722,6 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
         else math.nan
     )
 
-    weights = {"correctness": 1.0, "format": 0.1}  # как policy.scalar_reward по умолчанию
     rows, prompt_tokens = [], {}
     for i, r in enumerate(records):
         for attr in ("sample_id", "policy_version", "reward", "response_tokens"):
@@ -747,7 +748,7 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
                 "group_id": r.group_id or prompt_id,
                 "behavior_policy_version": int(version),
                 "verifier_version": r.verifier_version,
-                "reward": float(sum(w * float(reward.get(k, 0.0)) for k, w in weights.items())),
+                "reward": scalar_reward(reward),
                 "correctness": float(reward.get("correctness", math.nan)),
                 "tokens": len(r.response_tokens),
                 "stop_reason": r.stop_reason,
@@ -1206,8 +1207,9 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None):
 
     Возвращает DataFrame с индексом (группа, метрика) и столбцами «значение», «единицы»;
     NaN — данных для метрики нет. Определения:
-    * информативная группа — ответы одного group_id с разными наградами (по correctness, если
-      она есть, иначе по reward); вырожденная — все награды равны (градиента GRPO нет);
+    * информативная группа — ``arith_task.is_informative_group`` скалярных наград reward
+      ответов одного group_id (правильность и формат, как у преимуществ GRPO); вырожденная —
+      все награды равны (градиента GRPO нет);
     * задержка политики роллаута из пакета = trainer_policy_version − behavior_policy_version,
       версий; несвежий роллаут — задержка ≥ 1;
     * длительность роллаута = enqueue_time − gen_start (от запуска до готовности с проверкой), с;
@@ -1242,11 +1244,10 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None):
     m["роллаутов"] = float(n)
     m["запросов"] = float(len(tables.prompts))
     m["средняя награда"] = _mean(r["reward"])
-    score = "correctness" if "correctness" in r and r["correctness"].notna().any() else "reward"
     groups = r["group_id"] if "group_id" in r else r["prompt_id"]
-    scored = r.assign(_g=groups)[r[score].notna()]
-    if len(scored):
-        informative = scored.groupby("_g")[score].nunique() > 1
+    scored = r.assign(_g=groups)[r["reward"].notna()]
+    if len(scored):  # reward — скалярная награда, как в arith_task.is_informative_group
+        informative = scored.groupby("_g")["reward"].agg(lambda v: is_informative_group(v.tolist()))
         m["доля информативных групп"] = float(informative.mean())
         m["доля вырожденных групп"] = 1.0 - float(informative.mean())
     else:

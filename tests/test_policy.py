@@ -199,15 +199,44 @@ def test_generate_records_valid_and_logprobs_match_recompute(tiny):
     assert batch.input_tokens == sum(len(r.prompt_tokens) for r in batch.records)
     assert batch.output_tokens == sum(len(r.response_tokens) for r in batch.records)
     assert set(batch.timings) == {"prepare", "prefill", "decode", "reward"}
-    # тренер пересчитывает те же величины одним проходом без KV-кэша
-    recomputed = policy.recompute_logprobs(model, batch.records)
-    for rec, lp in zip(batch.records, recomputed):
+    # с тем же top-p тренер воспроизводит μ движка одним проходом без KV-кэша
+    truncated = policy.recompute_logprobs(model, batch.records, top_p=0.9)
+    for rec, lp in zip(batch.records, truncated):
         assert torch.allclose(
             lp.double(), torch.tensor(rec.behavior_logprobs, dtype=torch.float64), atol=1e-4
         )
-    # сырой softmax (без top-p) даёт другие, меньшие по модулю числа — это и есть TIM из-за top-p
-    raw = policy.recompute_logprobs(model, batch.records, temperature=0.8, top_p=1.0)
-    assert all((r <= b + 1e-6).all() for r, b in zip(raw, recomputed))
+    # по умолчанию тренер top-p не применяет: log π ≤ log μ — разрыв из-за top-p
+    raw = policy.recompute_logprobs(model, batch.records)
+    assert all((r <= b + 1e-6).all() for r, b in zip(raw, truncated))
+
+
+def _hand_logprobs(model, rec, temperature):
+    """log_softmax(logits / T) выбранных токенов политики, отдельный проход на запись, float64."""
+    ids = torch.tensor([list(rec.prompt_tokens) + list(rec.response_tokens)])
+    with torch.no_grad():
+        z = model(input_ids=ids).logits[0, :-1].double() / temperature
+    logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+    target = ids[0, 1:]
+    keep = torch.tensor(rec.policy_mask[1:], dtype=torch.bool)
+    return logp[torch.arange(len(target)), target][keep]
+
+
+def test_recompute_applies_temperature_not_top_p(tiny):
+    """Как TRL и verl: тренер делит логиты на T записи, но ядро top-p не отсекает."""
+    model, tokenizer, _ = tiny
+    hard = policy.make_tasks(4, seed=5, mix={2: 0.5, 3: 0.5})
+    batch = policy.generate_rollouts(
+        model, tokenizer, hard, group_size=4, temperature=0.7, top_p=0.8, seed=3
+    )
+    recomputed = policy.recompute_logprobs(model, batch.records)
+    gaps = []
+    for rec, lp in zip(batch.records, recomputed):
+        expected = _hand_logprobs(model, rec, temperature=0.7)
+        assert torch.allclose(lp.double(), expected, atol=1e-5, rtol=0)
+        gaps.append(torch.tensor(rec.behavior_logprobs, dtype=torch.float64) - expected)
+    gap = torch.cat(gaps)
+    assert (gap >= -1e-5).all(), "log μ − log π = −log(масса ядра) ≥ 0"
+    assert gap.max() > 1e-2, "разрыв движка и тренера из-за top-p должен быть виден"
 
 
 def test_generate_deterministic_by_seed(tiny):
@@ -260,17 +289,40 @@ def _fake_records(rewards_by_group):
     return recs
 
 
-def test_group_advantages_match_numpy():
-    groups = [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
+def test_group_advantages_unbiased_std_like_trl_and_verl():
+    """A = (r − mean)/(std + 1e-6), std — torch.std по умолчанию (несмещённая, N − 1)."""
+    groups = [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0], [1.0]]
     recs = _fake_records(groups)
     adv = policy.group_advantages(recs)
     expected = []
     for g in groups:
-        r = np.array(g) + 0.1  # формат = 1 у всех → +0.1
-        s = r.std()
-        expected += list(np.zeros_like(r) if s == 0 else (r - r.mean()) / (s + 1e-6))
-    assert np.allclose(adv, expected)
-    assert policy.informative_group_fraction(recs) == pytest.approx(2 / 3)
+        r = torch.tensor(g, dtype=torch.float64) + 0.1  # формат = 1 у всех → +0.1
+        if len(g) == 1 or bool((r == r[0]).all()):
+            expected += [0.0] * len(g)  # группа из одного или вырожденная: A = 0
+        else:
+            expected += ((r - r.mean()) / (r.std() + 1e-6)).tolist()
+    assert np.allclose(adv, expected, atol=1e-12, rtol=0)
+    assert np.allclose(adv[:4], [np.sqrt(3) / 2, -np.sqrt(3) / 2, -np.sqrt(3) / 2, np.sqrt(3) / 2])
+    assert policy.informative_group_fraction(recs) == pytest.approx(2 / 4)
+
+
+def test_informative_group_is_defined_by_the_scalar_reward():
+    """Одна и та же правильность, разный формат: награды разные — группа информативна."""
+    recs = _fake_records([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0]])
+    recs[1].reward = {"correctness": 0.0, "format": 0.0}  # группа g0: формат 1, 0, 1, 1
+    for r in recs[8:]:
+        r.reward = {"correctness": 1.0}  # g2: формат не проверен (0) у обоих — вырождена
+    adv = policy.group_advantages(recs)
+    r0 = torch.tensor([0.1, 0.0, 0.1, 0.1], dtype=torch.float64)
+    assert np.allclose(adv[:4], ((r0 - r0.mean()) / (r0.std() + 1e-6)).tolist())
+    assert adv[4:] == [0.0] * 6
+    assert policy.informative_group_fraction(recs) == pytest.approx(1 / 3)
+    # веса награды те же, что у преимуществ: без формата g0 вырождена
+    only = {"correctness": 1.0}
+    assert policy.group_advantages(recs, only) == [0.0] * 10
+    assert policy.informative_group_fraction(recs, only) == 0.0
+    assert policy.is_informative_group([0.1, 0.0]) and not policy.is_informative_group([0.1])
+    assert not policy.is_informative_group([1.1, 1.1, 1.1])
 
 
 def test_grpo_step_loss_and_clip_fraction(tiny):
@@ -323,6 +375,165 @@ def test_grpo_step_changes_weights_and_bad_input(tiny):
         policy.grpo_step(trainer, opt, [])
     with pytest.raises(ValueError, match="old_logprobs"):
         policy.grpo_step(trainer, opt, batch.records, old_logprobs=[torch.zeros(1)])
+
+
+def _hand_advantages(recs):
+    """A = (r − mean)/(torch.std + 1e-6) по группам, r = correctness + 0.1·format; вырожденные — 0."""
+    rewards = [r.reward.get("correctness", 0.0) + 0.1 * r.reward.get("format", 0.0) for r in recs]
+    out = [0.0] * len(recs)
+    for g in {r.group_id for r in recs}:
+        idx = [i for i, r in enumerate(recs) if r.group_id == g]
+        t = torch.tensor([rewards[i] for i in idx], dtype=torch.float64)
+        if len(idx) > 1 and t.max() > t.min():
+            for i, a in zip(idx, ((t - t.mean()) / (t.std() + 1e-6)).tolist()):
+                out[i] = a
+    return out
+
+
+def test_grpo_epochs_clip_fraction_matches_hand_computation(tiny):
+    """Эпоха 2 идёт по сдвинутой π_θ: доля клиппирования PPO (с учётом знака A) > 0."""
+    model, tokenizer, _ = tiny
+    import copy
+
+    hard = policy.make_tasks(3, seed=2, mix={2: 0.5, 3: 0.5})
+    recs = policy.generate_rollouts(model, tokenizer, hard, group_size=4, seed=4).records
+    old = [_hand_logprobs(model, r, 1.0).float() for r in recs]
+    eps, lr = 0.2, 1.0
+    two = copy.deepcopy(model)
+    stats = policy.grpo_step(
+        two, torch.optim.SGD(two.parameters(), lr=lr), recs, old, clip_eps=eps, epochs=2
+    )
+    # та же первая эпоха отдельно (SGD без состояния): веса, по которым шла эпоха 2
+    one = copy.deepcopy(model)
+    policy.grpo_step(one, torch.optim.SGD(one.parameters(), lr=lr), recs, old, clip_eps=eps)
+    adv = _hand_advantages(recs)
+    a = torch.cat([torch.full((len(o),), x, dtype=torch.float64) for o, x in zip(old, adv)])
+    rho = torch.exp(torch.cat([_hand_logprobs(one, r, 1.0) for r in recs]) - torch.cat(old))
+    assert ((rho - (1 + eps)).abs() > 1e-4).all() and ((rho - (1 - eps)).abs() > 1e-4).all()
+    # клиппированный член активен (min выбрал его): ρ > 1+ε при A > 0 или ρ < 1−ε при A < 0
+    clipped = ((rho > 1 + eps) & (a > 0)) | ((rho < 1 - eps) & (a < 0))
+    expected = clipped.double().mean().item()
+    assert expected > 0
+    assert stats["epochs"] == 2
+    assert stats["clip_fraction_by_epoch"][0] == 0.0  # ρ = 1: π_old — та же модель
+    assert stats["clip_fraction_by_epoch"][1] == pytest.approx(expected, abs=1e-9)
+    assert stats["clip_fraction"] == pytest.approx(expected / 2, abs=1e-9)
+    # loss — среднее по эпохам: L1 = −Σ A/N при ρ = 1, L2 — клиппированная цель по новым ρ
+    loss_1 = -a.mean().item()
+    loss_2 = -torch.minimum(rho * a, rho.clamp(1 - eps, 1 + eps) * a).mean().item()
+    assert stats["loss"] == pytest.approx((loss_1 + loss_2) / 2, abs=1e-5)
+    with pytest.raises(ValueError, match="epochs"):
+        policy.grpo_step(one, torch.optim.SGD(one.parameters(), lr=lr), recs, old, epochs=0)
+
+
+def test_sequential_loop_clip_fraction_zero_by_construction_visible_with_epochs(tiny):
+    model, tokenizer, info = tiny
+    import copy
+
+    kwargs = {"tokenizer": tokenizer, "info": info, "lr": 1e-3, "max_new_tokens": 16}
+    single = policy.sequential_loop(2, model=copy.deepcopy(model), **kwargs).steps
+    assert list(single["epochs"]) == [1, 1]
+    assert (single["clip_fraction"] == 0.0).all()  # одно обновление, π_old пересчитан: ρ = 1
+    double = policy.sequential_loop(2, model=copy.deepcopy(model), epochs=2, **kwargs).steps
+    assert list(double["epochs"]) == [2, 2]
+    assert (double["clip_fraction"] > 0).any(), double["clip_fraction"].tolist()
+    with pytest.raises(ValueError, match="epochs"):
+        policy.sequential_loop(1, model=model, epochs=0, **kwargs)
+
+
+def test_grpo_step_counts_tokens_with_near_zero_pi(tiny):
+    """Токены, которым π_θ почти не даёт массы (log π < log 1e-8), считаются, а не прячутся."""
+    model, tokenizer, _ = tiny
+    import copy
+
+    batch = policy.generate_rollouts(
+        model, tokenizer, policy.make_tasks(2, seed=6), group_size=2, seed=2
+    )
+    recs = copy.deepcopy(batch.records)
+    for rec in recs[:2]:  # последний токен ответа — самый маловероятный, T = 0.1 делает его ≈ 0
+        ids = torch.tensor([list(rec.prompt_tokens) + list(rec.response_tokens)])
+        with torch.no_grad():
+            z = model(input_ids=ids).logits[0, -2]
+        rec.response_tokens = list(rec.response_tokens[:-1]) + [int(z.argmin())]
+        rec.decoding = {"temperature": 0.1, "top_p": 1.0}
+    floor = math.log(1e-8)
+    expected = sum(
+        int((_hand_logprobs(model, r, r.decoding["temperature"]) < floor).sum()) for r in recs
+    )
+    assert expected >= 2
+    net = copy.deepcopy(model)
+    stats = policy.grpo_step(net, torch.optim.SGD(net.parameters(), lr=0.0), recs)
+    assert stats["near_zero_pi_tokens"] == expected
+    plain = policy.grpo_step(net, torch.optim.SGD(net.parameters(), lr=0.0), batch.records)
+    assert plain["near_zero_pi_tokens"] == sum(
+        int((_hand_logprobs(model, r, 1.0) < floor).sum()) for r in batch.records
+    )
+
+
+def test_grad_scaler_only_for_float16_autocast_on_cuda():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # без GPU GradScaler("cuda") предупреждает и выключается
+        assert isinstance(policy.grad_scaler_for("cuda", torch.float16), torch.amp.GradScaler)
+    assert policy.grad_scaler_for("cuda", torch.bfloat16) is None
+    assert policy.grad_scaler_for("cuda", None) is None
+    assert policy.grad_scaler_for(torch.device("cpu"), torch.float16) is None
+    assert policy.grad_scaler_for("cpu", None) is None
+
+
+def test_grpo_step_with_grad_scaler_on_cpu_gives_the_same_update(tiny):
+    model, tokenizer, _ = tiny
+    import copy
+
+    hard = policy.make_tasks(3, seed=2, mix={2: 0.5, 3: 0.5})
+    recs = policy.generate_rollouts(model, tokenizer, hard, group_size=4, seed=4).records
+    scalers = {
+        "нет": None,
+        "выключен": torch.amp.GradScaler("cpu", enabled=False),
+        "включён": torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1),
+    }
+    out = {}
+    for name, scaler in scalers.items():
+        net = copy.deepcopy(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.5)
+        stats = policy.grpo_step(net, opt, recs, epochs=2, scaler=scaler)
+        out[name] = (stats, net.state_dict())
+    base, base_w = out["нет"]
+    for name in ("выключен", "включён"):
+        stats, weights = out[name]
+        for key in ("loss", "grad_norm", "clip_fraction", "near_zero_pi_tokens"):
+            assert stats[key] == pytest.approx(base[key], rel=1e-6, abs=1e-9), (name, key)
+        assert stats["skipped_steps"] == 0
+        assert all(torch.allclose(weights[k], base_w[k], atol=1e-7) for k in base_w), name
+    assert all(torch.equal(out["выключен"][1][k], base_w[k]) for k in base_w)
+    # масштаб S = 2^10 вырос дважды (по шагу на эпоху): потери действительно масштабировались
+    assert scalers["включён"].get_scale() == 2.0**12
+
+
+def test_sequential_loop_takes_its_scaler_from_grad_scaler_for(tiny, monkeypatch):
+    model, tokenizer, info = tiny
+    import copy
+
+    calls = []
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
+
+    def spy(device, autocast_dtype):
+        calls.append((torch.device(device).type, autocast_dtype))
+        return scaler
+
+    monkeypatch.setattr(policy, "grad_scaler_for", spy)
+    policy.sequential_loop(
+        2,
+        model=copy.deepcopy(model),
+        tokenizer=tokenizer,
+        info=info,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=8,
+    )
+    assert calls == [("cpu", None)]  # на CPU в float32 autocast нет: настоящий выбор — None
+    assert scaler.get_scale() == 16.0  # по одному шагу с масштабом на каждый шаг цикла
 
 
 def test_sync_weights_copies(tiny):

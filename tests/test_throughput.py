@@ -93,3 +93,17 @@ def test_gpu_bandwidth_lookup():
     assert throughput.gpu_bandwidth("Радиола") is None
     with pytest.raises(ValueError, match="device_name"):
         throughput.gpu_bandwidth("")
+
+
+def test_degenerate_groups_use_the_scalar_reward_with_format():
+    # Группа a: правильность у всех 0, но формат различается — скалярные награды 0 и 0.1
+    # разные, преимущества GRPO ненулевые: группа информативна. Группа b: всё одинаково.
+    recs = []
+    for i, fmt in enumerate([1.0, 0.0, 1.0, 1.0]):
+        r = _rec(0, "a", 0, n_resp=2 + i)
+        r.reward = {"correctness": 0.0, "format": fmt}
+        recs.append(r)
+    recs += [_rec(0, "b", 1, n_resp=2 + i) for i in range(4)]
+    assert throughput.degenerate_group_share(recs) == (2, 0.5)
+    # Только правильность (веса без формата): вырождены обе.
+    assert throughput.degenerate_group_share(recs, {"correctness": 1.0}) == (2, 1.0)
