@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import choice, integer
+from .fmt import count
 
 BACKENDS = ("gloo", "nccl")
 MAX_NPROCS = 64
@@ -137,7 +138,7 @@ class LaunchResult:
 
     def summary(self) -> str:
         """Сводка по-русски: функция, число процессов, бэкенд, время; при сбое — ранги и ошибки."""
-        procs = f"{self.nprocs} {_plural(self.nprocs, 'процесс', 'процесса', 'процессов')}"
+        procs = count(self.nprocs, "процесс", "процесса", "процессов")
         head = f"Запуск {self.entry}: {procs}, бэкенд {self.backend}"
         if self.status == "ok":
             return f"{head} — успешно за {self.wall_s:.2f} с."
@@ -216,14 +217,6 @@ def _hang_frames(stderr_text: str) -> list[str]:
     frames = [ln for ln in main_blocks[-1] if "<frozen runpy>" not in ln]
     internal = ("in <module>", "in main", "in _child_main")
     return [ln for ln in frames if not any(k in ln for k in internal)] or frames
-
-
-def _plural(n: int, one: str, few: str, many: str) -> str:
-    if n % 10 == 1 and n % 100 != 11:
-        return one
-    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
-        return few
-    return many
 
 
 def _signal_name(signum: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import multiproc
+from course_utils.fmt import NBSP
 from course_utils.multiproc import LaunchResult, RankFailure, launch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +94,7 @@ def test_smoke_allreduce_two_processes(tmp_path, monkeypatch):
     assert frame["rank"].tolist() == [0, 1] and frame["value"].tolist() == [3.0, 3.0]
     assert "times_s" not in frame.columns  # списки не разворачиваются
     text = str(res)
-    assert "2 процесса" in text and res.backend in text and "успешно" in text
+    assert f"2{NBSP}процесса" in text and res.backend in text and "успешно" in text
     assert res.raise_for_status() is res
     assert elapsed < 30
     _assert_all_gone(res)
@@ -377,18 +378,13 @@ def test_summary_names_processes_backend_and_first_failure():
         ],
     )
     text = res.summary()
-    assert text.startswith("Запуск pkg.mod:fn: 3 процесса, бэкенд gloo — ОШИБКА")
+    assert text.startswith(f"Запуск pkg.mod:fn: 3{NBSP}процесса, бэкенд gloo — ОШИБКА")
     assert "Ранг 2: код выхода 1" in text and "ValueError: плохо" in text
     assert "Ранг 0 (после сбоя ранга 2): остановлен запускателем" in text
     assert "убит сигналом SIGSEGV" in text
     assert str(res) == text and "status='failed'" in repr(res)
     with pytest.raises(RuntimeError, match="ValueError: плохо"):
         res.raise_for_status()
-
-
-def test_plural_forms():
-    forms = {n: multiproc._plural(n, "процесс", "процесса", "процессов") for n in (1, 2, 5, 11, 21)}
-    assert forms == {1: "процесс", 2: "процесса", 5: "процессов", 11: "процессов", 21: "процесс"}
 
 
 def test_hang_frames_from_faulthandler_dump():
