@@ -732,7 +732,8 @@ def progress():
             when = dt.datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M")
         rows.append(
             {"id": key, "тема": topic, "статус": status,
-             "попыток": entry["attempts"], "решено": entry["solved"], "вариант": entry["variant"],
+             "попыток": entry["attempts"], "решено": "да" if entry["solved"] else "нет",
+             "вариант": entry["variant"],
              "последняя попытка": when}
         )  # fmt: skip
     return pd.DataFrame(rows)

@@ -557,6 +557,7 @@ def test_progress_table(registry):
     assert {"id", "тема", "попыток", "решено", "вариант", "последняя попытка"} <= set(table.columns)
     rows = table.set_index("id")
     assert rows.loc["12.2.6", "статус"] == "решено" and rows.loc["12.2.6", "попыток"] == 1
+    assert rows.loc["12.2.6", "решено"] == "да" and rows.loc["12.1.6", "решено"] == "нет"
     assert rows.loc["12.2.7", "статус"] == "не начато"
     assert rows.loc["12.5.13", "статус"] == "нет в этой версии"
 
