@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import math
 import os
 import socket
@@ -66,6 +67,9 @@ __all__ = [
     "pick_device",
     "pick_dtype",
     "load_policy",
+    "random_shape_model",
+    "decode_ids",
+    "RANDOM_PREFIX",
     "sampling_logprobs",
     "generate_rollouts",
     "recompute_logprobs",
@@ -84,6 +88,10 @@ __all__ = [
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 TINY_MODEL_NAME = "tiny"
+# "random:<имя>" — настоящая архитектура из data/model_configs/<имя>.json со случайными весами.
+RANDOM_PREFIX = "random:"
+RANDOM_SEED = 0
+MODEL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "model_configs"
 # Этапы эталонного цикла — одно определение на курс (profile.STAGES, без импорта torch).
 LOOP_STAGES = STAGES
 ADV_EPS = 1e-6  # ε в A = (r − mean)/(std + ε), как в verl (в TRL — 1e-4)
@@ -104,10 +112,13 @@ class PolicyInfo:
     is_tiny: bool
     fell_back: bool = False
     reason: str = ""
+    is_random: bool = False  # случайные веса настоящей формы (COURSE_MODEL=random:<имя>)
 
     def describe(self) -> str:
         """Одна строка для подписей к измерениям уровня B."""
         name = "крошечная модель курса (data/tiny_arith_lm)" if self.is_tiny else self.model_id
+        if self.is_random:
+            name = f"{self.model_id} — случайные веса, настоящая форма"
         return (
             f"модель: {name}, {self.num_params / 1e6:.2f} млн параметров, "
             f"устройство: {self.device}, тип: {self.dtype}"
@@ -189,6 +200,57 @@ def _load_pretrained(source: str, device: torch.device, dtype: torch.dtype, loca
     return model.to(device).eval(), tokenizer
 
 
+def random_shape_model(
+    shape: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+):
+    """Модель настоящей формы со случайными весами и токенизатор курса: ``(model, tokenizer)``.
+
+    Архитектура — ``data/model_configs/<shape>.json`` (например ``"Qwen2.5-0.5B"``: 24 слоя,
+    GQA с 2 головами KV, словарь 151 936, 494 032 768 параметров), веса — инициализация
+    transformers при зерне ``RANDOM_SEED``; сеть не нужна. Токенизатор — крошечный токенизатор
+    курса (320 токенов): id из словаря модели за его пределами ``decode_ids`` показывает как
+    ``⟨id⟩``. Такая модель меряет время и память настоящей формы, а не качество ответов.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    names = sorted(p.stem for p in MODEL_CONFIGS_DIR.glob("*.json"))
+    if not isinstance(shape, str) or shape not in names:
+        raise ValueError(
+            f"random:<имя>: имя должно быть одним из {names} (data/model_configs), "
+            f"получено {shape!r}"
+        )
+    config = AutoConfig.for_model(**json.loads((MODEL_CONFIGS_DIR / f"{shape}.json").read_text()))
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR), local_files_only=True)
+    tokenizer.padding_side = "left"
+    config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
+    config.bos_token_id = None
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(RANDOM_SEED)
+        with dev:  # веса создаются сразу на устройстве, без копии на CPU
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    return model.eval(), tokenizer
+
+
+def decode_ids(tokenizer, ids) -> str:
+    """Текст ответа; id, которых нет в словаре токенизатора (случайные веса настоящей формы
+    выбирают их из словаря модели), показываются как ``⟨id⟩``, а не теряются молча."""
+    size, parts, run = len(tokenizer), [], []
+    for i in (int(t) for t in ids):
+        if 0 <= i < size:
+            run.append(i)
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, skip_special_tokens=True))
+            run = []
+        parts.append(f"⟨{i}⟩")
+    if run:
+        parts.append(tokenizer.decode(run, skip_special_tokens=True))
+    return "".join(parts)
+
+
 def load_policy(
     name: str | None = None,
     device: str | torch.device | None = None,
@@ -202,6 +264,18 @@ def load_policy(
     requested = resolve_model_name(name)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
+    if requested.startswith(RANDOM_PREFIX):
+        shape = requested[len(RANDOM_PREFIX) :]
+        model, tokenizer = random_shape_model(shape, dev, dt)
+        info = PolicyInfo(
+            model_id=requested,
+            num_params=sum(p.numel() for p in model.parameters()),
+            device=str(dev),
+            dtype=str(dt).replace("torch.", ""),
+            is_tiny=False,
+            is_random=True,
+        )
+        return model, tokenizer, info
     fell_back, reason = False, ""
     is_tiny = requested == TINY_MODEL_NAME or Path(requested).resolve() == TINY_MODEL_DIR
     if is_tiny:
@@ -466,7 +540,7 @@ def generate_rollouts(
             task = tasks[i // group_size]
             k = int(lengths[i])
             response = out_tokens[i, :k].tolist()
-            text = tokenizer.decode(response, skip_special_tokens=True)
+            text = decode_ids(tokenizer, response)
             texts.append(text)
             group = f"{run_id}-v{policy_version}-{task.task_id}"
             mixed = swap_at is not None and k > swap_at
@@ -902,6 +976,7 @@ def sequential_loop(
     seed: int = 0,
     progress: bool = False,
     epochs: int = 1,
+    micro_batch: int = 8,
 ) -> LoopResult:
     """Однопроцессный эталонный RL-цикл: prepare → prefill → decode → reward →
     logprob_recompute → forward_backward → optimizer_step → weight_sync.
@@ -961,7 +1036,9 @@ def sequential_loop(
             timer=timer,
         )
         with timer.stage("logprob_recompute"):
-            old = recompute_logprobs(trainer, batch.records, autocast_dtype=amp)
+            old = recompute_logprobs(
+                trainer, batch.records, autocast_dtype=amp, micro_batch=micro_batch
+            )
         stats = grpo_step(
             trainer,
             optimizer,
@@ -971,6 +1048,7 @@ def sequential_loop(
             timer=timer,
             epochs=epochs,
             scaler=scaler,
+            micro_batch=micro_batch,
         )
         with timer.stage("weight_sync"):
             sync_weights(trainer, engine)
@@ -1029,9 +1107,15 @@ def sequential_loop(
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rehearse"]:  # репетиция уровня B на модели настоящей формы
+        from course_utils import rehearsal
+
+        return rehearsal.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m course_utils.policy")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-tiny-model", help="пересобрать data/tiny_arith_lm")
+    sub.add_parser("rehearse", help="репетиция уровня B: --model random:Qwen2.5-0.5B --json")
     b.add_argument("--out", default=str(TINY_MODEL_DIR))
     b.add_argument("--steps", type=int, default=None)
     b.add_argument("--seed", type=int, default=None)
