@@ -605,7 +605,12 @@ def records_to_frame(records):
             row[col] = len(d[k]) if isinstance(d.get(k), list | tuple) else None
         row["n_policy_tokens"] = _count_ones(d.get("policy_mask"))
         rows.append(row)
-    return pd.DataFrame(rows, columns=names + ["n_prompt", "n_response", "n_policy_tokens"])
+    frame = pd.DataFrame(rows, columns=names + ["n_prompt", "n_response", "n_policy_tokens"])
+    for col in ("policy_version", "n_prompt", "n_response", "n_policy_tokens"):
+        values = [row[col] for row in rows if row[col] is not None]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            frame[col] = frame[col].astype("Int64")  # целые с пропусками: 164, а не 164.0
+    return frame
 
 
 def example_record() -> RolloutRecord:

@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -622,6 +623,17 @@ def test_records_to_frame():
     assert df.loc[0, "policy_version"] == 127
     assert df.loc[0, "reward"] == {"correctness": 1.0, "format": 0.0}
     assert records_to_frame([]).shape == (0, len(FIELDS) + 3)
+
+
+def test_records_to_frame_keeps_integers_with_gaps_integer():
+    # Версия 164 и пропуск: pandas сделал бы столбец float (164.0); печатаем целые как целые.
+    df = records_to_frame([with_changes(policy_version=164), with_changes(policy_version=None)])
+    assert str(df["policy_version"].dtype) == "Int64"
+    assert df["policy_version"].tolist()[0] == 164 and pd.isna(df["policy_version"].tolist()[1])
+    assert "164.0" not in df.to_string() and "164" in df.to_string()
+    # Мусор в столбце (строка) остаётся как есть: тип столбца не навязывается.
+    mixed = records_to_frame([with_changes(policy_version="v1"), with_changes(policy_version=2)])
+    assert mixed["policy_version"].tolist() == ["v1", 2]
 
 
 # ---------- ошибки пути и вложенности ----------
