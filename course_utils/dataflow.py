@@ -33,7 +33,7 @@ class DataflowStage:
 STAGES = (
     DataflowStage(1, "scheduler", "выбрать\nзапросы", "id запросов,\nтокены", ("prepare",)),
     DataflowStage(
-        2, "engine", "сгенерировать\nроллауты", "токены, log μ_v,\nверсия v", ("prefill", "decode")
+        2, "engine", "сгенерировать\nроллауты", "токены, log μᵥ,\nверсия v", ("prefill", "decode")
     ),
     DataflowStage(3, "verifier", "вычислить\nнаграды", "награды,\nверсия проверки", ("reward",)),
     DataflowStage(

@@ -2,29 +2,18 @@
 
 Карта — это снимок кода и документации семи стеков на указанные даты, а не рейтинг.
 Источник фактов — ``data/stack_map.csv``, описание и порядок обновления — ``data/SOURCES.md``.
+Кроме загрузки, фильтра ``supports`` и рисунка модуль даёт ``display_table`` (таблица карты,
+выбора или ускорений с русскими заголовками и ячейками), ``choose_stacks`` (выбор по требованиям
+шага 12.5.4) и ``load_speedups`` (опубликованные ускорения — заявления авторов).
 
-Кроме загрузки, фильтра ``supports`` и рисунка модуль даёт:
-
-* ``choose_stacks`` — выбор стеков по требованиям шага 12.5.4 (узлы, LoRA, многоходовость,
-  асинхронность, ограничение задержки, бэкенд обучения, движок генерации); для каждого стека —
-  какие требования не выполнены, какие ячейки не подтверждены и сколько дней снимку;
-* ``load_speedups`` — опубликованные ускорения из ``data/stack_speedups.csv``; каждая строка —
-  заявление авторов для их конфигурации, а не свойство стека.
-
-Соглашения файла:
-
-* многозначные ячейки разделяются ``|``; загрузчик возвращает их списками
-  (столбцы ``LIST_COLUMNS``);
-* ``placement`` — подтверждённые размещения из ``PLACEMENTS``, ``synchrony`` — подтверждённые
-  режимы из ``SYNCHRONY``;
-* ``placement_synchrony`` — какие *сочетания* размещения и синхронности стек поддерживает,
-  элементы вида ``disaggregated:async``. Оси независимы, но стек не обязан поддерживать
-  их декартово произведение: например, асинхронный тренер может требовать раздельных GPU;
-* элемент списка с ``?`` на конце (``disaggregated:sync?``) — исследование его не подтвердило;
-  такой столбец обязан стоять в ``unconfirmed``;
-* ``unconfirmed`` — столбцы строки, значения которых исследование пометило как
-  неподтверждённые; ячейка со значением ``unconfirmed`` тоже требует этой пометки;
-* ``n/a`` — у стека нет такого параметра.
+Словарь осей один на весь курс (карта, упражнения 12.1.7 и 12.5.12, проверка CSV): размещение
+``PLACEMENTS`` и синхронность ``SYNCHRONY`` — два режима лекции, «синхронно» и «асинхронно».
+«На шаг позади» (one-step-off) — не третий режим, а асинхронный с задержкой ровно 1: он записан
+в ``async_variants`` (``ASYNC_VARIANTS``). Соглашения файла: многозначные ячейки разделяются
+``|`` (столбцы ``LIST_COLUMNS``); ``placement_synchrony`` — поддержанные *сочетания* осей вида
+``disaggregated:async``; элемент с ``?`` на конце исследование не подтвердило, и такой столбец
+обязан стоять в ``unconfirmed`` (как и ячейка со значением ``unconfirmed``); ``n/a`` — параметра
+у стека нет; ``snapshot_note`` объясняет дату снимка относительно ``LECTURE_SNAPSHOT``.
 """
 
 from __future__ import annotations
@@ -37,12 +26,14 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from course_utils import fmt
 from course_utils.csv_tables import read_exact_csv
 
 STACK_MAP_COLUMNS: tuple[str, ...] = (
     "stack",
     "placement",
     "synchrony",
+    "async_variants",
     "placement_synchrony",
     "staleness_control_key",
     "staleness_default",
@@ -54,13 +45,17 @@ STACK_MAP_COLUMNS: tuple[str, ...] = (
     "off_policy_correction",
     "evidence",
     "snapshot_date",
+    "snapshot_note",
     "unconfirmed",
 )
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated")
-SYNCHRONY: tuple[str, ...] = ("sync", "one_step_off", "async")
+SYNCHRONY: tuple[str, ...] = ("sync", "async")  # два режима шага 12.1.3 лекции
+# Варианты асинхронного режима: «на шаг позади» — задержка ровно 1; очередь — до K версий.
+ASYNC_VARIANTS: tuple[str, ...] = ("one_step_off", "queue")
 LIST_COLUMNS: tuple[str, ...] = (
     "placement",
     "synchrony",
+    "async_variants",
     "placement_synchrony",
     "generation_engines",
     "training_backends",
@@ -71,23 +66,72 @@ LIST_SEP = "|"
 UNCONFIRMED_MARK = "?"
 UNCONFIRMED_VALUE = "unconfirmed"
 NOT_APPLICABLE = "n/a"
+SUPPORTED_PREFIX = "да"  # ячейки lora и multi_turn начинаются с «да» или «нет»
+# Дата «фактического снимка» лекции модуля 12: от неё считаются возраст строк и пометки.
+LECTURE_SNAPSHOT = _dt.date(2026, 8, 6)
+STALE_AFTER_DAYS = 180  # строка старше стольких дней на LECTURE_SNAPSHOT помечается
 
-PLACEMENT_LABELS: Mapping[str, str] = {
-    "colocated": "совместное\n(colocated)",
-    "disaggregated": "раздельное\n(disaggregated)",
+# Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
+COLUMN_LABELS: Mapping[str, str] = {
+    "stack": "стек",
+    "placement": "размещение",
+    "synchrony": "синхронность",
+    "async_variants": "варианты асинхронности",
+    "placement_synchrony": "сочетания размещения и синхронности",
+    "staleness_control_key": "ключ ограничения задержки",
+    "staleness_default": "значение ключа по умолчанию",
+    "generation_engines": "движки генерации",
+    "training_backends": "бэкенды обучения",
+    "weight_sync": "синхронизация весов",
+    "lora": "LoRA",
+    "multi_turn": "многоходовые роллауты",
+    "off_policy_correction": "поправка на данные другой политики",
+    "evidence": "источники",
+    "snapshot_date": "дата снимка",
+    "snapshot_note": "пояснение к дате",
+    "unconfirmed": "не подтверждено",
+    # choose_stacks
+    "matches": "подходит",
+    "failed": "не выполнено",
+    "age_days": "возраст снимка, дн.",
+    # load_speedups
+    "claim": "заявление",
+    "speedup_low": "ускорение от, раз",
+    "speedup_high": "ускорение до, раз",
+    "kind": "вид числа",
+    "baseline": "с чем сравнивали",
+    "setup": "конфигурация",
+    "source": "источник",
+    "date": "дата заявления",
+    "evidence_class": "класс доказательства",
 }
-SYNCHRONY_LABELS: Mapping[str, str] = {
-    "sync": "синхронно\n(sync)",
-    "one_step_off": "на шаг позади\n(one-step-off)",
-    "async": "асинхронно\n(async)",
+VALUE_LABELS: Mapping[str, str] = {
+    "colocated": "совместное",
+    "disaggregated": "раздельное",
+    "sync": "синхронно",
+    "async": "асинхронно",
+    "one_step_off": "на шаг позади (задержка ровно 1)",
+    "queue": "очередь (задержка до K версий)",
+    NOT_APPLICABLE: "нет",
+    UNCONFIRMED_VALUE: "не подтверждено",
+    "range": "диапазон",
+    "up_to": "«до X раз»",
+    "point": "одно число",
+    "approx": "«примерно в X раз»",
 }
+PLACEMENT_LABELS: Mapping[str, str] = {p: f"{VALUE_LABELS[p]}\n({p})" for p in PLACEMENTS}
+SYNCHRONY_LABELS: Mapping[str, str] = {s: f"{VALUE_LABELS[s]}\n({s})" for s in SYNCHRONY}
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "stack_map.csv"
 
 # В этих списках «?» не допускается: значения либо из фиксированного набора,
 # либо служебные (источники и имена столбцов).
-_NO_MARK_COLUMNS = ("placement", "synchrony", "evidence", "unconfirmed")
+_NO_MARK_COLUMNS = ("placement", "synchrony", "async_variants", "evidence", "unconfirmed")
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_ONE_STEP_HINT = (
+    "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, "
+    "а one_step_off — в столбец async_variants"
+)
 
 
 class StackMapError(ValueError):
@@ -186,7 +230,8 @@ def _parse_row(cells: dict[str, str], path: Path, line: int) -> dict[str, object
     for column, allowed in (("placement", PLACEMENTS), ("synchrony", SYNCHRONY)):
         bad = [v for v in out[column] if v not in allowed]
         if bad:
-            raise fail(column, f"недопустимые значения {bad}; разрешены {allowed}")
+            hint = _ONE_STEP_HINT if column == "synchrony" else ""
+            raise fail(column, f"недопустимые значения {bad}; разрешены {allowed}{hint}")
 
     pairs = []
     for value in out["placement_synchrony"]:
@@ -212,6 +257,13 @@ def _parse_row(cells: dict[str, str], path: Path, line: int) -> dict[str, object
                 f"а в столбце «{column}» этого нет",
             )
 
+    if "async" in out["synchrony"]:
+        bad = [v for v in out["async_variants"] if v not in ASYNC_VARIANTS]
+        if bad:
+            raise fail("async_variants", f"недопустимые значения {bad}; разрешены {ASYNC_VARIANTS}")
+    elif out["async_variants"] != [NOT_APPLICABLE]:
+        raise fail("async_variants", "в столбце synchrony нет async, значит здесь n/a")
+
     unconfirmed = out["unconfirmed"]
     unknown = [c for c in unconfirmed if c not in STACK_MAP_COLUMNS]
     if unknown:
@@ -235,6 +287,13 @@ def _parse_row(cells: dict[str, str], path: Path, line: int) -> dict[str, object
         and out["staleness_default"] != NOT_APPLICABLE
     ):
         raise fail("staleness_default", "у стека нет ключа устаревания (n/a), значит и здесь n/a")
+    for column in ("lora", "multi_turn"):
+        if column not in unconfirmed and not out[column].startswith((SUPPORTED_PREFIX, "нет")):
+            raise fail(
+                column,
+                f"ячейка начинается с «{SUPPORTED_PREFIX}» или «нет» (иначе внесите столбец в "
+                f"unconfirmed), получено {out[column]!r}",
+            )
     return out
 
 
@@ -259,7 +318,9 @@ def _require_columns(frame: pd.DataFrame, columns: Iterable[str]) -> None:
         raise ValueError(f"frame: нет столбцов {missing}; передайте таблицу из load_stack_map()")
 
 
-def _as_tuple(name: str, value: str | Iterable[str] | None, allowed=None) -> tuple[str, ...]:
+def _as_tuple(
+    name: str, value: str | Iterable[str] | None, allowed=None, hint: str = ""
+) -> tuple[str, ...]:
     if value is None:
         return ()
     values = (value,) if isinstance(value, str) else tuple(value)
@@ -268,7 +329,7 @@ def _as_tuple(name: str, value: str | Iterable[str] | None, allowed=None) -> tup
     if allowed is not None:
         bad = [v for v in values if v not in allowed]
         if bad:
-            raise ValueError(f"{name}: недопустимые значения {bad}; разрешены {allowed}")
+            raise ValueError(f"{name}: недопустимые значения {bad}; разрешены {allowed}{hint}")
     return values
 
 
@@ -287,7 +348,7 @@ def supports(
       каждое значение по отдельности; если задана одна ось — по столбцу этой оси;
     * ``столбец="подстрока"`` (или список подстрок — нужны все) — поиск без учёта регистра;
       в списочных столбцах подстрока ищется в элементах, например
-      ``training_backends="Megatron"``, ``lora="yes"``.
+      ``training_backends="Megatron"``, ``lora="да"``, ``async_variants="one_step_off"``.
 
     По умолчанию засчитываются только подтверждённые факты: элементы с «?» и ячейки
     столбцов из ``unconfirmed`` требование не выполняют. ``include_unconfirmed=True``
@@ -295,7 +356,7 @@ def supports(
     """
     _require_columns(frame, STACK_MAP_COLUMNS)
     placements = _as_tuple("placement", placement, PLACEMENTS)
-    synchronies = _as_tuple("synchrony", synchrony, SYNCHRONY)
+    synchronies = _as_tuple("synchrony", synchrony, SYNCHRONY, _ONE_STEP_HINT)
     needles: dict[str, tuple[str, ...]] = {}
     for column, value in column_contains.items():
         if column not in STACK_MAP_COLUMNS:
@@ -351,41 +412,103 @@ def _matches(
     return all(any(needle in text for text in texts) for needle in needles)
 
 
-def _dates_caption(frame: pd.DataFrame) -> str:
-    dates = sorted(set(frame["snapshot_date"]))
-    if not dates:
-        return "нет строк"
-    if len(dates) == 1:
-        return f"снимок {dates[0].isoformat()}"
-    return f"снимки от {dates[0].isoformat()} до {dates[-1].isoformat()}"
+def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) -> str:
+    """Дата снимка относительно ``reference`` (по умолчанию снимок лекции 2026-08-06), по-русски.
+
+    Возраст = reference − date в днях; строка старше ``STALE_AFTER_DAYS`` = 180 дн. помечается.
+    """
+    if not isinstance(date, _dt.date) or not isinstance(reference, _dt.date):
+        raise ValueError(
+            f"date, reference: ожидаются datetime.date, получено {date!r}, {reference!r}"
+        )
+    days = (reference - date).days
+    where = f"снимка лекции {reference.isoformat()}"
+    if days < 0:
+        return f"на {fmt.count(-days, 'день', 'дня', 'дней')} позже {where}"
+    if days == 0:
+        return f"в день {where}"
+    text = f"за {fmt.count(days, 'день', 'дня', 'дней')} до {where}"
+    if days > STALE_AFTER_DAYS:
+        text += f" — старше {STALE_AFTER_DAYS} дн.: сверьте с текущей версией стека"
+    return text
 
 
-def plot_stack_map(frame: pd.DataFrame, ax=None):
-    """Рисует карту «размещение × синхронность» (2×3 клетки) и возвращает ``Axes``.
+def cell_text(column: str, value: object) -> str:
+    """Ячейка карты (или таблиц выбора и ускорений) для студента: коды осей — словами.
+
+    Списки — через «; », «?» — «(не подтверждено)», сочетание ``disaggregated:async`` —
+    «раздельное × асинхронно», имена столбцов в ``unconfirmed`` — их русские заголовки,
+    ``n/a`` — «нет», даты — ISO, ``True``/``False`` — «да»/«нет».
+    """
+    if isinstance(value, list):
+        return "; ".join(cell_text(column, v) for v in value) or "—"
+    if isinstance(value, bool):
+        return "да" if value else "нет"
+    if isinstance(value, _dt.date):
+        return value.isoformat()
+    text = str(value)
+    bare, confirmed = _strip_mark(text)
+    if column == "placement_synchrony" and ":" in bare:
+        placement, _, synchrony = bare.partition(":")
+        bare = (
+            f"{VALUE_LABELS.get(placement, placement)} × {VALUE_LABELS.get(synchrony, synchrony)}"
+        )
+    elif column == "unconfirmed":
+        bare = COLUMN_LABELS.get(bare, bare)
+    else:
+        bare = VALUE_LABELS.get(bare, bare)
+    return bare if confirmed else f"{bare} (не подтверждено)"
+
+
+def display_table(
+    frame: pd.DataFrame,
+    columns: Iterable[str] | None = None,
+    reference: _dt.date = LECTURE_SNAPSHOT,
+) -> pd.DataFrame:
+    """Таблица для показа: русские заголовки (``COLUMN_LABELS``) и ячейки (``cell_text``).
+
+    Годится для карты (``load_stack_map``), выбора (``choose_stacks``) и ускорений
+    (``load_speedups``); ``columns`` — какие столбцы показать (по умолчанию все). Рядом с
+    ``snapshot_date`` добавляется столбец «относительно снимка лекции» (``snapshot_relation``).
+    Числа (ускорения, возраст) остаются числами.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"frame: ожидается таблица pandas, получено {type(frame).__name__}")
+    columns = list(frame.columns) if columns is None else list(columns)
+    _require_columns(frame, columns)
+    out = {}
+    for column in columns:
+        values = frame[column]
+        numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+        label = COLUMN_LABELS.get(column, column)
+        out[label] = list(values) if numeric else [cell_text(column, v) for v in values]
+        if column == "snapshot_date":
+            out[f"относительно снимка лекции {reference.isoformat()}"] = [
+                snapshot_relation(d, reference) for d in values
+            ]
+    return pd.DataFrame(out)
+
+
+def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_SNAPSHOT):
+    """Рисует карту «размещение × синхронность» (2×2 клетки) и возвращает ``Axes``.
 
     В каждой клетке перечислены стеки, поддерживающие это сочетание; «?» — сочетание
-    исследование не подтвердило. В заголовке — даты снимков, внизу — дата каждого стека.
+    исследование не подтвердило. В заголовке — даты снимков и снимок лекции ``reference``,
+    внизу — дата каждого стека с пометкой «позже лекции» или «старше 180 дн.».
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
     if ax is None:
-        _, ax = plt.subplots(figsize=(11, 6.6), layout="constrained")
+        _, ax = plt.subplots(figsize=(10, 6.6), layout="constrained")
     cells = stack_cells(frame, include_unconfirmed=True)
     stacks = list(frame["stack"])
     colors = plt.get_cmap("tab10").colors
     color_of = {stack: colors[i % len(colors)] for i, stack in enumerate(stacks)}
     n_rows, n_cols = len(PLACEMENTS), len(SYNCHRONY)
-    per_cell = max(
-        [
-            int(((cells["placement"] == p) & (cells["synchrony"] == s)).sum())
-            for p in PLACEMENTS
-            for s in SYNCHRONY
-        ]
-        + [1]
-    )
-    step = min(0.12, 0.86 / per_cell)  # шаг строк в долях высоты клетки
+    in_cell = cells.groupby(["placement", "synchrony"]).size()
+    step = min(0.12, 0.86 / max([*in_cell, 1]))  # шаг строк в долях высоты клетки
     # Кегль по размеру клетки: строка ≈ 1,35 кегля по высоте, буква ≈ 0,75 кегля по ширине.
     # Положение осей до компоновки чуть больше итогового, отсюда запас 0,8.
     box = ax.get_position()
@@ -400,16 +523,8 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
     for i, p in enumerate(PLACEMENTS):
         y0 = n_rows - 1 - i  # «совместное» сверху
         for j, s in enumerate(SYNCHRONY):
-            ax.add_patch(
-                Rectangle(
-                    (j, y0),
-                    1,
-                    1,
-                    facecolor="#f7f7f7" if (i + j) % 2 else "white",
-                    edgecolor="0.55",
-                    linewidth=1.0,
-                )
-            )
+            shade = "#f7f7f7" if (i + j) % 2 else "white"
+            ax.add_patch(Rectangle((j, y0), 1, 1, facecolor=shade, edgecolor="0.55", lw=1.0))
             here = cells[(cells["placement"] == p) & (cells["synchrony"] == s)]
             here = here.assign(order=[stacks.index(x) for x in here["stack"]]).sort_values("order")
             if here.empty:
@@ -433,22 +548,27 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
         [n_rows - 1 - i + 0.5 for i in range(n_rows)], [PLACEMENT_LABELS[p] for p in PLACEMENTS]
     )
     ax.tick_params(length=0, labelsize=10)
-    ax.set_xlabel("синхронность (порядок данных и обновлений)", fontsize=11)
-    ax.set_ylabel("размещение (где генерация и обучение)", fontsize=11)
+    ax.set_xlabel("синхронность («на шаг позади» — частный случай асинхронной)", fontsize=11)
+    ax.set_ylabel("размещение генерации и обучения", fontsize=11)
     for side in ax.spines.values():
         side.set_visible(False)
+    dates = sorted(set(frame["snapshot_date"]))
+    span = f"{dates[0].isoformat()} – {dates[-1].isoformat()}" if dates else "нет строк"
     ax.set_title(
         "Карта стеков RL: размещение × синхронность\n"
-        f"{_dates_caption(frame)}: датированный снимок, не рейтинг\n"
-        "«?» — сочетание не подтверждено исследованием",
+        f"снимки {span} (снимок лекции {reference.isoformat()})\n"
+        "датированный снимок, не рейтинг; «?» — сочетание не подтверждено",
         fontsize=12,
     )
-    entries = [
-        f"{stack} {date.isoformat()}" for stack, date in zip(frame["stack"], frame["snapshot_date"])
-    ]
+    entries = []
+    for stack, date in zip(frame["stack"], frame["snapshot_date"]):
+        days = (reference - date).days
+        mark = " (позже лекции)" if days < 0 else ""
+        mark = f" (старше {STALE_AFTER_DAYS} дн.)" if days > STALE_AFTER_DAYS else mark
+        entries.append(f"{stack} {date.isoformat()}{mark}")
     per_stack = "\n".join("   ".join(entries[i : i + 4]) for i in range(0, len(entries), 4))
     ax.annotate(
-        f"Даты снимков:\n{per_stack}",
+        f"Даты снимков (возраст — на {reference.isoformat()}):\n{per_stack}",
         xy=(0.5, 0),
         xycoords="axes fraction",
         xytext=(0, -58),
@@ -478,7 +598,7 @@ SHARDED_BACKENDS: tuple[str, ...] = ("FSDP", "ZeRO", "Megatron")
 
 # Многоузловой запуск: (подтверждён ли, чем). Подтверждением считается только опубликованный
 # авторами запуск на заведомо нескольких узлах. Стеков, которых здесь нет, касается вывод
-# по ``training_backends`` (см. ``choose_stacks``). Факты — из research/anchors_rl_stacks.md.
+# по ``training_backends`` (см. ``choose_stacks``). Источники — в data/SOURCES.md.
 MULTI_NODE_EVIDENCE: Mapping[str, tuple[bool, str]] = {
     "verl": (
         True,
@@ -632,11 +752,11 @@ def _list_requirement(row, column: str, needle: str, what: str):
 
 
 def _text_requirement(row, column: str, what: str):
-    """Ячейка вида «yes (…)»: поддержка подтверждена, не подтверждена или отсутствует."""
+    """Ячейка вида «да (…)»: поддержка подтверждена, не подтверждена или отсутствует."""
     cell = str(row[column])
     if column in row["unconfirmed"] or cell == UNCONFIRMED_VALUE:
-        return "unconfirmed", f"ячейка «{column}» не подтверждена: «{cell}»"
-    if cell.casefold().startswith("yes"):
+        return "unconfirmed", f"ячейка «{COLUMN_LABELS[column]}» не подтверждена: «{cell}»"
+    if cell.startswith(SUPPORTED_PREFIX):
         return "ok", ""
     return "fails", f"{what} нет: «{cell}»"
 
@@ -645,9 +765,11 @@ def _synchrony_requirement(row, mode: str):
     if mode in row["synchrony"]:
         return "ok", ""
     marked = [v for v in row["placement_synchrony"] if v.endswith(UNCONFIRMED_MARK)]
+    label = VALUE_LABELS[mode]
     if any(_parse_pair(v)[1] == mode for v in marked):
-        return "unconfirmed", f"режим {mode} есть только в неподтверждённых сочетаниях"
-    return "fails", f"нет режима {mode}; есть: {', '.join(row['synchrony'])}"
+        return "unconfirmed", f"режим «{label}» есть только в неподтверждённых сочетаниях"
+    have = ", ".join(f"«{VALUE_LABELS[m]}»" for m in row["synchrony"])
+    return "fails", f"нет режима «{label}»; есть: {have}"
 
 
 def _nodes_requirement(row):
@@ -695,11 +817,11 @@ def choose_stacks(
       или ``"many"``: подтверждено, если авторы опубликовали запуск на нескольких узлах
       (``MULTI_NODE_EVIDENCE``: verl, NeMo RL); иначе, если в ``training_backends`` есть
       шардирующий бэкенд (``SHARDED_BACKENDS``), — «не подтверждено» (вывод курса, не факт);
-    * ``lora`` — ``True``: ячейка ``lora`` начинается с «yes» и не помечена в ``unconfirmed``;
+    * ``lora`` — ``True``: ячейка ``lora`` начинается с «да» и не помечена в ``unconfirmed``;
       ``False`` (полное обучение) поддерживают все стеки — фильтра нет;
     * ``multi_turn`` — ``True``: так же по ячейке ``multi_turn``; ``False`` — фильтра нет;
-    * ``asynchronous`` — ``True``: в ``synchrony`` есть ``async`` (``one_step_off`` не
-      засчитывается); ``False``: есть синхронный режим ``sync``;
+    * ``asynchronous`` — ``True``: в ``synchrony`` есть ``async`` (любой вариант, и «на шаг
+      позади» тоже); ``False``: есть синхронный режим ``sync``;
     * ``lag_bound`` — ``True``: есть ключ ограничения устаревания (``staleness_control_key``
       не ``n/a``); если не подтверждено значение по умолчанию, это попадает в ``unconfirmed``;
     * ``training_backend`` / ``generation_engine`` — подстрока (без учёта регистра) в элементах
@@ -795,7 +917,7 @@ def choose_stacks(
                             "lag_bound",
                             "note",
                             f"значение ключа «{key}» по умолчанию не подтверждено "
-                            "(ячейка staleness_default)",
+                            f"(ячейка «{COLUMN_LABELS['staleness_default']}»)",
                         )
                     )
         if req["training_backend"] is not None:

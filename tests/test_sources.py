@@ -24,11 +24,11 @@ def test_every_row_has_date_source_and_boundary(frame):
     for _, row in frame.iterrows():
         cid = row["claim_id"]
         assert isinstance(row["date_checked"], dt.date), cid
-        # Даты — даты снимков исследования: от самого старого (verl) до самого нового.
-        assert dt.date(2026, 1, 29) <= row["date_checked"] <= dt.date(2026, 8, 22), cid
-        # адрес есть, или вывод курса, или строка прямо говорит, что адрес не проверен
-        unverified = "не зафиксированы" in row["source"]
-        assert "http" in row["source"] or row["evidence_class"] == "derived" or unverified, cid
+        # Даты — от самого старого снимка (verl) до последней сверки со статьями arXiv.
+        assert dt.date(2026, 1, 29) <= row["date_checked"] <= dt.date(2026, 12, 1), cid
+        # адрес есть или это вывод курса; ни одна строка не ссылается на непубличные заметки
+        assert "http" in row["source"] or row["evidence_class"] == "derived", cid
+        assert "заметк" not in row["source"] + row["boundary"], cid
         assert len(row["boundary"]) > 20, cid
         assert len(row["claim"]) > 20, cid
         assert row["evidence_class"] in src.EVIDENCE_CLASSES, cid
@@ -67,6 +67,17 @@ def test_steps_from_lecture(frame):
     assert by_id.loc["verl-fully-async-speedup", "evidence_class"] == "authors_claim"
     assert "2,35–2,67" in by_id.loc["verl-fully-async-speedup", "claim"]
     assert "2,57" in by_id.loc["areal-speedup", "claim"]
+
+
+def test_tim_paper_and_areal_cite_arxiv(frame):
+    by_id = frame.set_index("claim_id")
+    tim = by_id.loc["tim-paper", "source"]
+    assert "Zhong T." in tim and "Yu X." in tim  # первый и последний из восьми авторов
+    assert "https://arxiv.org/abs/2605.14220" in tim
+    areal = by_id.loc["areal-speedup", "source"]
+    assert "https://arxiv.org/abs/2505.24298v1" in areal and "aitopics" not in areal
+    for cid in ("tim-paper", "areal-speedup"):
+        assert by_id.loc[cid, "date_checked"] == dt.date(2026, 12, 1), cid
 
 
 def test_authors_claims_carry_speedups_boundary(frame):

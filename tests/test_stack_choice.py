@@ -1,7 +1,7 @@
 """Тесты выбора стеков по требованиям (choose_stacks) и таблицы опубликованных ускорений.
 
-Ожидаемые ответы взяты из исследовательской заметки курса (research/anchors_rl_stacks.md),
-из которой собраны data/stack_map.csv и data/stack_speedups.csv.
+Ожидаемые ответы — факты из кода и документации стеков на коммитах, перечисленных в
+data/SOURCES.md (по ним собраны data/stack_map.csv и data/stack_speedups.csv).
 """
 
 import datetime as dt
@@ -80,7 +80,7 @@ def test_lora_async_lag_bound(frame):
     for stack in ("verl", "SkyRL"):
         row = _row(strict, stack)
         assert row["matches"] and row["failed"] == []
-        assert any("staleness_default" in u for u in row["unconfirmed"]), stack
+        assert any("значение ключа по умолчанию" in u for u in row["unconfirmed"]), stack
     assert _row(strict, "AReaL")["unconfirmed"] == []
 
 
@@ -113,7 +113,7 @@ def test_many_nodes(frame):
 def test_synchrony_requirement(frame):
     sync = _choose(frame, asynchronous=False)
     assert _matching(sync) == [s for s in ALL if s != "PRIME-RL"]  # PRIME-RL всегда внахлёст
-    assert "нет режима sync" in _row(sync, "PRIME-RL")["failed"][0]
+    assert "нет режима «синхронно»; есть: «асинхронно»" in _row(sync, "PRIME-RL")["failed"][0]
     assert _matching(_choose(frame, asynchronous=True)) == ALL
 
 
@@ -128,7 +128,7 @@ def test_backend_and_engine_substrings(frame):
     sglang = _choose(frame, generation_engine="SGLang")
     assert _matching(sglang) == ["verl", "AReaL"]  # SkyRL убрал SGLang 2026-02-26
     nemo = _row(sglang, "NeMo RL")
-    assert any("SGLang (colocated only)?" in u for u in nemo["unconfirmed"])
+    assert any("SGLang (только совместно)?" in u for u in nemo["unconfirmed"])
     loose = _choose(frame, generation_engine="SGLang", include_unconfirmed=True)
     assert _matching(loose) == ["verl", "NeMo RL", "AReaL"]
     assert "нет движка генерации «SGLang»" in _row(sglang, "SkyRL")["failed"][0]
@@ -247,6 +247,9 @@ def test_speedups_match_research(speedups):
         rows = speedups[speedups["stack"] == stack]
         return set(zip(rows["speedup_low"], rows["speedup_high"]))
 
+    areal = speedups[(speedups["stack"] == "AReaL") & (speedups["speedup_high"] == 2.57)].iloc[0]
+    assert "arxiv.org/abs/2505.24298v1" in areal["source"] and areal["date"] == "2025-05-30"
+    assert not speedups["source"].str.contains("aitopics|chatpaper|catalyzex").any()
     assert (2.35, 2.67) in pairs("verl")  # fully_async, 128 H20
     assert (1.53, 20.57) in pairs("verl")  # HybridFlow
     assert {(2.57, 2.57), (2.77, 2.77)} <= pairs("AReaL")

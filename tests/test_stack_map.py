@@ -40,7 +40,8 @@ def test_shipped_file_loads_with_exact_columns(frame):
     assert sm.DEFAULT_PATH.name == "stack_map.csv"
     assert sm.DEFAULT_PATH.parent.name == "data"
     assert sm.PLACEMENTS == ("colocated", "disaggregated")
-    assert sm.SYNCHRONY == ("sync", "one_step_off", "async")
+    assert sm.SYNCHRONY == ("sync", "async")  # два режима шага 12.1.3 лекции
+    assert sm.ASYNC_VARIANTS == ("one_step_off", "queue")
 
 
 def test_seven_expected_stacks(frame):
@@ -72,7 +73,8 @@ def test_list_cells_are_lists(frame):
     for column in sm.LIST_COLUMNS:
         assert all(isinstance(v, list) for v in frame[column]), column
     row = frame.set_index("stack").loc["verl"]
-    assert row["synchrony"] == ["sync", "one_step_off", "async"]
+    assert row["synchrony"] == ["sync", "async"]
+    assert row["async_variants"] == ["one_step_off", "queue"]
     assert "Megatron" in row["training_backends"]
 
 
@@ -89,7 +91,119 @@ def test_unconfirmed_marks_are_declared(frame):
     by_stack = frame.set_index("stack")["unconfirmed"]
     assert by_stack["TRL"] == []
     assert "lora" in by_stack["OpenRLHF"]
-    assert "colocated:async?" in frame.set_index("stack").loc["PRIME-RL", "placement_synchrony"]
+
+
+def test_prime_rl_has_one_placement(frame):
+    # Одно подтверждённое размещение: отдельные наборы GPU для тренера, оркестратора и vLLM
+    # (docs/scaling.md, configs/rl.py в снимке 559b447); совместного размещения не найдено.
+    row = frame.set_index("stack").loc["PRIME-RL"]
+    assert row["placement"] == ["disaggregated"]
+    assert row["placement_synchrony"] == ["disaggregated:async"]
+    assert row["unconfirmed"] == []
+    cells = sm.stack_cells(frame)
+    assert set(cells.loc[cells["stack"] == "PRIME-RL", "placement"]) == {"disaggregated"}
+
+
+def test_async_variants_keep_one_step_off_inside_async(frame):
+    by_stack = frame.set_index("stack")
+    for stack, row in by_stack.iterrows():
+        if "async" in row["synchrony"]:
+            assert row["async_variants"] and set(row["async_variants"]) <= set(sm.ASYNC_VARIANTS)
+        else:
+            assert row["async_variants"] == ["n/a"], stack
+    assert _names(sm.supports(frame, async_variants="one_step_off")) == ["verl", "NeMo RL", "SkyRL"]
+    # «На шаг позади» — асинхронный режим: все три стека есть в столбце «асинхронно».
+    assert {"verl", "NeMo RL", "SkyRL"} <= set(_names(sm.supports(frame, synchrony="async")))
+
+
+def test_vocabulary_shared_with_exercise_12_1_7():
+    from course_utils.exercises import lesson_12_1 as ex
+
+    assert ex.SETUP_CLASSES == tuple(f"{p}/{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY)
+    assert {cls for _, cls, _ in ex._SETUPS} == set(ex.SETUP_CLASSES)
+    one_step = [cls for text, cls, _ in ex._SETUPS if "k + 1" in text]
+    assert one_step == ["disaggregated/async"]  # «на шаг позади» — асинхронно
+    task = ex._task_12_1_7(0)
+    answer = {**ex._reference_12_1_7(task)}
+    answer["setups"] = {**answer["setups"], "A": "disaggregated/one_step_off"}
+    message = ex._validate_12_1_7(answer, task)
+    assert "на шаг позади" in message and "async" in message
+
+
+def test_snapshot_relation_against_day_counts():
+    lecture = dt.date(2026, 8, 6)
+    assert sm.LECTURE_SNAPSHOT == lecture and sm.STALE_AFTER_DAYS == 180
+    verl = sm.snapshot_relation(dt.date(2026, 1, 29))
+    assert (lecture - dt.date(2026, 1, 29)).days == 189
+    assert verl.startswith("за 189\u00a0дней до снимка лекции 2026-08-06") and "старше 180" in verl
+    nemo = sm.snapshot_relation(dt.date(2026, 8, 22))
+    assert nemo == "на 16\u00a0дней позже снимка лекции 2026-08-06"
+    assert sm.snapshot_relation(dt.date(2026, 8, 5)) == "за 1\u00a0день до снимка лекции 2026-08-06"
+    assert "3\u00a0дня позже" in sm.snapshot_relation(dt.date(2026, 8, 9))
+    assert sm.snapshot_relation(lecture) == "в день снимка лекции 2026-08-06"
+    edge = lecture - dt.timedelta(days=180)
+    assert "старше" not in sm.snapshot_relation(edge)
+    assert "старше" in sm.snapshot_relation(edge - dt.timedelta(days=1))
+    with pytest.raises(ValueError, match="date"):
+        sm.snapshot_relation("2026-01-29")
+
+
+def test_later_snapshots_are_explained(frame):
+    later = frame[frame["snapshot_date"] > sm.LECTURE_SNAPSHOT]
+    assert _names(later) == ["OpenRLHF", "NeMo RL", "PRIME-RL", "SkyRL"]
+    for _, row in later.iterrows():
+        assert "после даты лекции" in row["snapshot_note"], row["stack"]
+    shown = sm.display_table(frame, ["stack", "snapshot_date", "snapshot_note"])
+    relation = dict(zip(shown["стек"], shown["относительно снимка лекции 2026-08-06"]))
+    assert "старше 180" in relation["verl"]
+    assert [s for s, text in relation.items() if "старше" in text] == ["verl"]
+    assert relation["NeMo RL"].startswith("на 16")
+
+
+def test_display_table_is_russian(frame):
+    shown = sm.display_table(frame)
+    assert list(shown.columns[:5]) == [
+        "стек",
+        "размещение",
+        "синхронность",
+        "варианты асинхронности",
+        "сочетания размещения и синхронности",
+    ]
+    assert all(
+        c in sm.COLUMN_LABELS.values() or c.startswith("относительно") for c in shown.columns
+    )
+    row = shown.set_index("стек").loc["NeMo RL"]
+    assert row["синхронность"] == "синхронно; асинхронно"
+    assert (
+        row["варианты асинхронности"]
+        == "на шаг позади (задержка ровно 1); очередь (задержка до K версий)"
+    )
+    assert "раздельное × синхронно (не подтверждено)" in row["сочетания размещения и синхронности"]
+    assert row["не подтверждено"] == "сочетания размещения и синхронности; движки генерации"
+    assert "SGLang (только совместно) (не подтверждено)" in row["движки генерации"]
+    codes = {"colocated", "disaggregated", "sync", "async", "one_step_off", "queue"}
+    for column in ("размещение", "синхронность", "варианты асинхронности"):
+        words = {w for cell in shown[column] for w in cell.replace(";", " ").split()}
+        assert not words & codes, column
+    assert sm.cell_text("staleness_default", "n/a") == "нет"
+    assert sm.cell_text("staleness_default", "unconfirmed") == "не подтверждено"
+    assert sm.cell_text("matches", True) == "да"
+    for lora in frame["lora"]:
+        assert not lora.startswith("yes"), lora  # текст ячеек — по-русски
+    with pytest.raises(ValueError, match="load_stack_map"):
+        sm.display_table(frame, ["stack", "speedup"])
+    with pytest.raises(ValueError, match="frame"):
+        sm.display_table([1, 2])
+
+
+def test_display_table_for_choice_and_speedups(frame):
+    choice = sm.display_table(sm.choose_stacks(frame, lora=True, today=dt.date(2026, 9, 1)))
+    assert list(choice.columns[:4]) == ["стек", "подходит", "не выполнено", "не подтверждено"]
+    assert set(choice["подходит"]) == {"да", "нет"}
+    assert choice["возраст снимка, дн."].dtype.kind == "i"
+    speed = sm.display_table(sm.load_speedups())
+    assert "ускорение до, раз" in speed.columns and speed["ускорение до, раз"].dtype.kind == "f"
+    assert set(speed["вид числа"]) <= set(sm.VALUE_LABELS.values())
 
 
 # --- ошибки загрузчика ----------------------------------------------------------
@@ -136,6 +250,13 @@ def test_wrong_column_order(tmp_path, good_rows):
     [
         ("placement", "colocated|remote", r"«placement».*remote"),
         ("synchrony", "sync|semi_async", r"«synchrony».*semi_async"),
+        ("synchrony", "sync|one_step_off|async", r"«synchrony».*one_step_off.*async_variants"),
+        ("async_variants", "fully", r"«async_variants».*fully"),
+        ("async_variants", "", r"«async_variants».*пустая"),
+        ("async_variants", "queue?", r"«async_variants».*«\?»"),
+        ("snapshot_note", "", r"«snapshot_note».*пустая"),
+        ("lora", "yes (PEFT)", r"«lora».*«да» или «нет»"),
+        ("multi_turn", "partial", r"«multi_turn».*«да» или «нет»"),
         ("placement_synchrony", "colocated:sync|disaggregated:later", r"«placement_synchrony»"),
         ("snapshot_date", "2026-02-30", r"«snapshot_date».*2026-02-30"),
         ("snapshot_date", "24.07.2026", r"«snapshot_date».*ГГГГ-ММ-ДД"),
@@ -225,13 +346,14 @@ def test_unconfirmed_excluded_by_default(frame):
         sm.supports(frame, generation_engines="sglang", include_unconfirmed=True)
     )
     assert "NeMo RL" in _names(sm.supports(frame, generation_engines="vllm"))
-    assert "OpenRLHF" not in _names(sm.supports(frame, lora="flags"))
-    assert "OpenRLHF" in _names(sm.supports(frame, lora="flags", include_unconfirmed=True))
+    assert "OpenRLHF" not in _names(sm.supports(frame, lora="флаги"))
+    assert "OpenRLHF" in _names(sm.supports(frame, lora="флаги", include_unconfirmed=True))
 
 
 def test_single_axis_and_column_filters(frame):
     assert _names(sm.supports(frame)) == EXPECTED_STACKS
-    assert _names(sm.supports(frame, synchrony="one_step_off")) == ["verl", "NeMo RL", "SkyRL"]
+    with pytest.raises(ValueError, match=r"one_step_off.*async_variants"):
+        sm.supports(frame, synchrony="one_step_off")
     assert _names(sm.supports(frame, placement=["colocated", "disaggregated"])) == [
         "TRL",
         "verl",
@@ -240,7 +362,7 @@ def test_single_axis_and_column_filters(frame):
         "SkyRL",
         "AReaL",
     ]
-    megatron_lora = sm.supports(frame, training_backends="megatron", lora="yes")
+    megatron_lora = sm.supports(frame, training_backends="megatron", lora="да")
     assert _names(megatron_lora) == ["verl", "NeMo RL", "SkyRL", "AReaL"]
     assert _names(sm.supports(frame, training_backends=["megatron", "fsdp2"])) == [
         "verl",
@@ -248,7 +370,7 @@ def test_single_axis_and_column_filters(frame):
         "SkyRL",
         "AReaL",
     ]
-    assert _names(sm.supports(frame, generation_engines="vllm", multi_turn="yes")) == (
+    assert _names(sm.supports(frame, generation_engines="vllm", multi_turn="да")) == (
         EXPECTED_STACKS
     )
 
@@ -269,10 +391,11 @@ def test_supports_rejects_bad_arguments(frame):
 def test_stack_cells(frame):
     cells = sm.stack_cells(frame)
     assert set(cells.columns) == {"stack", "placement", "synchrony", "confirmed"}
-    prime = cells[cells["stack"] == "PRIME-RL"]
-    assert set(zip(prime["placement"], prime["confirmed"])) == {
-        ("disaggregated", True),
-        ("colocated", False),
+    areal = cells[cells["stack"] == "AReaL"]
+    assert set(zip(areal["placement"], areal["synchrony"], areal["confirmed"])) == {
+        ("disaggregated", "sync", True),
+        ("disaggregated", "async", True),
+        ("colocated", "sync", False),
     }
     assert len(sm.stack_cells(frame, include_unconfirmed=False)) == cells["confirmed"].sum()
 
@@ -297,25 +420,32 @@ def test_plot_returns_axes_with_all_names(frame):
     assert isinstance(ax, matplotlib.axes.Axes)
     texts = {t.get_text().rstrip("?") for t in ax.texts}
     assert set(EXPECTED_STACKS) <= texts
-    assert "PRIME-RL?" in {t.get_text() for t in ax.texts}  # неподтверждённая клетка
-    assert "2026-01-29" in ax.get_title() and "2026-08-22" in ax.get_title()
+    assert "AReaL?" in {t.get_text() for t in ax.texts}  # неподтверждённая клетка
+    assert "PRIME-RL?" not in {t.get_text() for t in ax.texts}
+    title = ax.get_title()
+    assert "2026-01-29" in title and "2026-08-22" in title and "лекции 2026-08-06" in title
     assert ax.get_xlabel().startswith("синхронность")
     assert ax.get_ylabel().startswith("размещение")
-    labels = " ".join(t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels())
-    for word in ("совместное", "раздельное", "синхронно", "на шаг позади", "асинхронно"):
-        assert word in labels
+    ticks = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    assert ticks == ["синхронно", "асинхронно"]  # два режима, а не три
+    labels = " ".join(t.get_text() for t in ax.get_yticklabels())
+    assert "совместное" in labels and "раздельное" in labels
+    footnote = next(t.get_text() for t in ax.texts if t.get_text().startswith("Даты снимков"))
+    assert "verl 2026-01-29 (старше 180 дн.)" in footnote
+    assert "NeMo RL 2026-08-22 (позже лекции)" in footnote
+    assert "TRL 2026-07-24   " in footnote
     assert _overlaps([t for t in ax.texts if t.get_text().rstrip("?") in EXPECTED_STACKS]) == []
 
 
 def test_plot_full_cells_do_not_overlap(frame):
-    # Худший случай: все семь стеков в каждой из шести клеток.
+    # Худший случай: все семь стеков в каждой из четырёх клеток.
     full = frame.copy()
     every = [f"{p}:{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY]
     full["placement_synchrony"] = [every] * len(full)
     fig, ax = plt.subplots(figsize=(8, 5))
     assert sm.plot_stack_map(full, ax=ax) is ax
     names = [t for t in ax.texts if t.get_text() in EXPECTED_STACKS]
-    assert len(names) == 7 * 6
+    assert len(names) == 7 * len(sm.PLACEMENTS) * len(sm.SYNCHRONY) == 7 * 4
     assert _overlaps(names) == []
     renderer = fig.canvas.get_renderer()
     frame_box = ax.get_window_extent(renderer)
@@ -340,4 +470,5 @@ def test_single_axis_uses_axis_columns(frame):
     assert "AReaL" in _names(sm.supports(frame, placement="colocated"))
     assert "AReaL" not in _names(sm.supports(frame, "colocated", "sync"))
     assert "PRIME-RL" not in _names(sm.supports(frame, placement="colocated"))
-    assert "PRIME-RL" in _names(sm.supports(frame, placement="colocated", include_unconfirmed=True))
+    loose = _names(sm.supports(frame, placement="colocated", include_unconfirmed=True))
+    assert "PRIME-RL" not in loose and "AReaL" in loose

@@ -2,6 +2,7 @@
 
 Модуль регистрирует оба упражнения при импорте. Условия и данные детерминированы по номеру
 варианта; верные ответы считают ``contract.violated_rules`` и функции ``course_utils.profile``.
+Клетки карты 12.1.7 — из словаря осей ``stack_map`` (тот же, что у карты и проверки CSV).
 torch здесь не импортируется.
 
 Типичная ошибка (Misconception) узнаётся не только в «канонической» форме: ``_Family`` — это
@@ -16,7 +17,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from course_utils import contract, profile
+from course_utils import contract, profile, stack_map
 from course_utils.exercises.common import (
     Family as _Family,
     family_compare as _compare,
@@ -351,7 +352,8 @@ register(
 
 
 # ================================================================ 12.1.7 — профиль и две оси
-SETUP_CLASSES = ("colocated/sync", "colocated/async", "disaggregated/sync", "disaggregated/async")
+# Клетки «размещение/синхронность» — из словаря карты: два размещения × два режима лекции.
+SETUP_CLASSES = tuple(f"{p}/{s}" for p in stack_map.PLACEMENTS for s in stack_map.SYNCHRONY)
 
 # (описание, клетка, почему) — классификация однозначна в терминах шага 12.1.3.
 _SETUPS: tuple[tuple[str, str, str], ...] = (
@@ -409,7 +411,8 @@ _SETUPS: tuple[tuple[str, str, str], ...] = (
         "Генератор на своих GPU собирает пакет k + 1, пока тренер на других GPU обучается на "
         "пакете k (отставание данных — одна версия).",
         "disaggregated/async",
-        "раздельные GPU; генерация перекрыта с обучением, данные отстают на версию",
+        "раздельные GPU; генерация перекрыта с обучением, данные отстают на версию — это "
+        "«на шаг позади» (one-step-off), частный случай асинхронного режима",
     ),
 )
 
@@ -459,7 +462,8 @@ def _task_12_1_7(variant: int) -> dict:
         f"3. `speedup_bound` — во сколько раз максимум ускорится шаг, если этап `{accelerate}` "
         f"({profile.STAGE_LABELS_RU[accelerate]}) станет бесплатным (безразмерное число);\n"
         "4. `setups` — клетку карты «размещение × синхронность» для каждой схемы ниже "
-        f"(`task['setups']`): одна из строк {', '.join(_md_code(c) for c in SETUP_CLASSES)}.\n\n"
+        f"(`task['setups']`): одна из строк {', '.join(_md_code(c) for c in SETUP_CLASSES)} "
+        f"({_axes_legend()}).\n\n"
         f"{setup_lines}\n\n"
         'Ответ — словарь `{"T_seq": …, "dominant": …, "speedup_bound": …, '
         '"setups": {"A": …, "B": …, "C": …, "D": …}}`. Числа сравниваются с относительным '
@@ -473,6 +477,13 @@ def _task_12_1_7(variant: int) -> dict:
         "setups": setups,
         "setup_classes": list(SETUP_CLASSES),
     }
+
+
+def _axes_legend() -> str:
+    """«colocated — совместное, …»: коды клеток словами, из словаря осей карты."""
+    codes = [*stack_map.PLACEMENTS, *stack_map.SYNCHRONY]
+    words = ", ".join(f"`{c}` — {stack_map.VALUE_LABELS[c]}" for c in codes)
+    return f"{words}; «на шаг позади» — частный случай асинхронного режима"
 
 
 def _setup_class(text: str) -> tuple[str, str]:
@@ -531,6 +542,7 @@ def _mc_mean(task: dict) -> _Family:
 
 
 _KEYS_12_1_7 = ("T_seq", "dominant", "speedup_bound", "setups")
+_ONE_STEP_WORDS = ("one_step", "one-step", "one step", "шаг позади", "1-step")
 
 
 def _validate_12_1_7(answer: Any, task: dict) -> str | None:
@@ -555,6 +567,12 @@ def _validate_12_1_7(answer: Any, task: dict) -> str | None:
     if setups is None or set(setups) != ids:
         return f"setups: нужен словарь с ключами {', '.join(task['setups'])}."
     for sid, value in setups.items():
+        if isinstance(value, str) and any(w in _norm(value) for w in _ONE_STEP_WORDS):
+            return (
+                f"setups[{sid.upper()!r}] = {value!r}: «на шаг позади» (one-step-off) — не "
+                "третья клетка, а асинхронный режим с задержкой ровно в одну версию (шаг 12.1.3): "
+                "запишите размещение и `async`, например `disaggregated/async`."
+            )
         if _norm(value) not in SETUP_CLASSES:
             return (
                 f"setups[{sid.upper()!r}] = {value!r}: допустимы ровно "
@@ -589,7 +607,9 @@ def _solution_12_1_7(task: dict) -> str:
         f"{rest:.2f} с остаются.\n\n"
         "**4. Карта.** Размещение — где работают роли (одни и те же GPU или разные); "
         "синхронность — ждёт ли тренер пакет текущей версии или данные приходят с разными "
-        "версиями. Оси независимы: отдельный сервер сам по себе не делает алгоритм асинхронным.\n\n"
+        "версиями. Оси независимы: отдельный сервер сам по себе не делает алгоритм асинхронным. "
+        "Режимов синхронности два; «на шаг позади» (генерация пакета k + 1 во время обучения "
+        "на пакете k) — асинхронный режим с задержкой ровно 1.\n\n"
         "| схема | клетка | почему |\n|---|---|---|\n"
         f"{rows}\n\n"
         f"**Ответ:** `{answer}`."
