@@ -1,7 +1,7 @@
 """Урок 12.2: смета памяти — байты на параметр, DDP и ZeRO/FSDP по рангам, KV-кэш, совместное размещение.
 
 Всё считается в **байтах, целыми числами**. Единицы при показе называем явно:
-1 ГиБ (GiB) = 2^30 Б, 1 ГБ (GB) = 10^9 Б — см. ``fmt_bytes`` и ``to_unit``.
+1 ГиБ (GiB) = 2³⁰ Б, 1 ГБ (GB) = 10⁹ Б — см. ``fmt_bytes`` и ``to_unit``.
 
 Что здесь есть:
 
@@ -13,8 +13,8 @@
 * ``ModelShape.from_config`` — форма модели из config.json (Qwen2, Llama, Mistral, Qwen3) с точным
   числом параметров (связанные эмбеддинги, смещения q/k/v, GQA);
 * ``colocation_peak`` и ``plot_memory_timeline`` — пик совместного размещения как максимум по фазам;
-* ``accelerate_estimate`` — что печатает ``accelerate estimate-memory`` и чем это отличается от
-  нашего расчёта, построчно;
+* ``accelerate_printout`` — таблица настоящего ``accelerate estimate-memory`` (его код, без сети);
+  ``accelerate_rule`` — его правило по шагам; ``accelerate_estimate`` — сравнение с калькулятором;
 * уровень C: ``measure_zero_state`` — точка входа для ``multiproc.launch``: настоящий
   ``ZeroRedundancyOptimizer``, байты состояний оптимизатора на каждом ранге.
 
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils.args import choice, integer, is_real, nonnegative, positive, real
+from course_utils.fmt import NBSP, count, num
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIGS_DIR = REPO_ROOT / "data" / "model_configs"
@@ -51,14 +52,14 @@ TB = 10**12
 # unit → (делитель, короткое русское имя, пояснение степени)
 _UNITS: dict[str, tuple[int, str, str]] = {
     "B": (1, "Б", ""),
-    "KiB": (KIB, "КиБ", "2^10 Б"),
-    "MiB": (MIB, "МиБ", "2^20 Б"),
-    "GiB": (GIB, "ГиБ", "2^30 Б"),
-    "TiB": (TIB, "ТиБ", "2^40 Б"),
-    "KB": (KB, "КБ", "10^3 Б"),
-    "MB": (MB, "МБ", "10^6 Б"),
-    "GB": (GB, "ГБ", "10^9 Б"),
-    "TB": (TB, "ТБ", "10^12 Б"),
+    "KiB": (KIB, "КиБ", "2¹⁰ Б"),
+    "MiB": (MIB, "МиБ", "2²⁰ Б"),
+    "GiB": (GIB, "ГиБ", "2³⁰ Б"),
+    "TiB": (TIB, "ТиБ", "2⁴⁰ Б"),
+    "KB": (KB, "КБ", "10³ Б"),
+    "MB": (MB, "МБ", "10⁶ Б"),
+    "GB": (GB, "ГБ", "10⁹ Б"),
+    "TB": (TB, "ТБ", "10¹² Б"),
 }
 
 
@@ -85,10 +86,6 @@ def _ceil_bytes(x: Fraction | int) -> int:
     return int(math.ceil(x)) if isinstance(x, Fraction) else int(x)
 
 
-def _fmt_int(n: int) -> str:
-    return f"{int(n):,}".replace(",", " ")
-
-
 def _check_unit(unit: Any) -> str:
     return choice("unit", unit, _UNITS)
 
@@ -97,13 +94,13 @@ def _check_unit(unit: Any) -> str:
 
 
 def to_unit(n_bytes: numbers.Real, unit: str = "GiB") -> float:
-    """Байты в выбранной единице: n / 2^30 для "GiB", n / 10^9 для "GB" и т. п. (float)."""
+    """Байты в выбранной единице: n / 2³⁰ для "GiB", n / 10⁹ для "GB" и т. п. (float)."""
     _check_nonneg("n_bytes", n_bytes)
     return float(n_bytes) / _UNITS[_check_unit(unit)][0]
 
 
 def unit_label(unit: str = "GiB", explain: bool = True) -> str:
-    """Подпись единицы по-русски: "ГиБ (2^30 Б)" для "GiB", "ГБ (10^9 Б)" для "GB"."""
+    """Подпись единицы по-русски: "ГиБ (2³⁰ Б)" для "GiB", "ГБ (10⁹ Б)" для "GB"."""
     _, short, power = _UNITS[_check_unit(unit)]
     return f"{short} ({power})" if explain and power else short
 
@@ -111,16 +108,17 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
 def fmt_bytes(
     n_bytes: numbers.Real, unit: str = "GiB", digits: int = 2, explain: bool = True
 ) -> str:
-    """Строка для ноутбука: fmt_bytes(1.5·2^30) → "1.50 ГиБ (2^30 Б)"; explain=False → "1.50 ГиБ".
+    """Строка для ноутбука: fmt_bytes(1.5·2³⁰) → "1.50 ГиБ (2³⁰ Б)"; explain=False → "1.50 ГиБ".
 
     unit — одна из "B", "KiB", "MiB", "GiB", "TiB" (степени 2) или "KB", "MB", "GB", "TB"
-    (степени 10). Для unit="B" печатается целое с разделителями тысяч.
+    (степени 10). Разряды — через неразрывный пробел (``fmt.num``), перед единицей — тоже он;
+    для unit="B" печатается целое: "1 234 567 Б".
     """
     _check_nonneg("n_bytes", n_bytes)
     digits = integer("digits", digits, 0)
     if _check_unit(unit) == "B":
-        return f"{_fmt_int(n_bytes)} Б"
-    return f"{to_unit(n_bytes, unit):.{digits}f} {unit_label(unit, explain)}"
+        return f"{num(_ceil_bytes(_exact(n_bytes)))}{NBSP}Б"
+    return f"{num(to_unit(n_bytes, unit), digits)}{NBSP}{unit_label(unit, explain)}"
 
 
 # ----------------------------------------------------------------------------- рецепты
@@ -677,7 +675,7 @@ def plot_memory_timeline(
 ):
     """Столбцы с накоплением по фазам (статьи — цвета), пик max_t B(t) отмечен, бюджет — пунктир.
 
-    Ось Y — в выбранной единице (по умолчанию ГиБ = 2^30 Б). Возвращает matplotlib Axes.
+    Ось Y — в выбранной единице (по умолчанию ГиБ = 2³⁰ Б). Возвращает matplotlib Axes.
     """
     checked = _check_phases(phases)
     _check_unit(unit)
@@ -718,7 +716,7 @@ def plot_memory_timeline(
         ax.text(
             x,
             top,
-            f"пик: {top:.2f} {short}" if is_peak else f"{top:.2f}",
+            f"пик: {num(top, 2)}{NBSP}{short}" if is_peak else num(top, 2),
             ha="center",
             va="bottom",
             fontsize=9.5 if is_peak else 8.5,
@@ -733,7 +731,7 @@ def plot_memory_timeline(
         ax.text(
             -0.55,
             budget_u,
-            f"бюджет {budget_u:.2f} {short}",
+            f"бюджет {num(budget_u, 2)}{NBSP}{short}",
             color="crimson",
             ha="left",
             va="bottom",
@@ -742,23 +740,39 @@ def plot_memory_timeline(
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0},
         )
         ymax = max(ymax, budget_u)
-    ax.set_ylim(0, ymax * 1.15 if ymax > 0 else 1)
+    ncol = min(3, len(components)) or 1
+    rows = -(-len(components) // ncol)
+    # запас сверху под легенду внутри осей: ~0.14 высоты данных на строку легенды
+    ax.set_ylim(0, ymax * (1.12 + 0.14 * rows) if ymax > 0 else 1)
     ax.set_xticks(xs)
-    # длинные имена фаз переносим по словам, чтобы подписи соседних столбцов не наезжали
-    ax.set_xticklabels([textwrap.fill(name, 12) for name, _ in checked], fontsize=9)
+    # длинные имена фаз переносим только между словами: слово целиком на одной строке
+    labels = [textwrap.fill(name, 15, break_long_words=False, break_on_hyphens=False)
+              for name, _ in checked]  # fmt: skip
+    ax.set_xticklabels(labels, fontsize=9)
     ax.set_xlim(-0.6, len(checked) - 0.4)
     ax.set_ylabel(f"память, {unit_label(unit)}")
     ax.set_xlabel("фаза")
     ax.set_title(title or "Память по фазам: пик = max по времени, а не сумма пиков", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
+    if components:
+        ax.legend(loc="upper right", ncol=ncol, fontsize=8.5, framealpha=0.9)
     return ax
 
 
 # ----------------------------------------------------------------------------- accelerate estimate-memory
 
-_ACCELERATE_DTYPES = ("float32", "float16", "bfloat16")
+ACCELERATE_DTYPES = ("float32", "float16", "int8", "int4")  # выбор --dtypes у CLI (bfloat16 нет)
+_ACCELERATE_DIVISOR = {"float32": 1, "float16": 2, "int8": 4, "int4": 8}  # только для этих имён
+_ACCELERATE_HEADERS = ("Largest Layer", "Total Size", "Training using Adam")
+HUB_REPOS = {
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+    "Qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B",
+    "Qwen2.5-1.5B": "Qwen/Qwen2.5-1.5B",
+    "Qwen2.5-7B": "Qwen/Qwen2.5-7B",
+    "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M",
+    "SmolLM2-360M": "HuggingFaceTB/SmolLM2-360M",
+}  # репозитории Hugging Face конфигураций data/model_configs (см. README там)
 
 
 def _accelerate_convert_bytes(size: float) -> str:
@@ -770,20 +784,20 @@ def _accelerate_convert_bytes(size: float) -> str:
     return f"{round(size, 2)} PB"
 
 
-def accelerate_rule(n_params_or_shape: Any, mixed_precision: str = "float16") -> dict[str, Any]:
-    """Правило ``accelerate estimate-memory`` (accelerate 1.15, commands/estimate.py), байт.
+def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str, Any]:
+    """Правило ``accelerate estimate-memory`` для одной строки dtype (accelerate 1.15), байт.
 
-    Модель строится на meta как ``AutoModel`` во float32, поэтому P_acc = параметры без
-    несвязанной lm_head + буферы (inv_freq и original_inv_freq ротационных эмбеддингов: d_h
-    float32 в transformers 5.x). total = 4·P_acc. ``estimate_training_usage``: float32 —
-    model 4P, gradients 4P, optimizer 8P, step 16P; float16/bfloat16 — model 4P, gradients 6P,
-    optimizer 8P, step 8P. Столбец «Training using Adam» печатает max этих статей (не сумму).
-    Для целого числа на входе P_acc = n_params (голова и буферы неизвестны).
+    Модель строится на meta как ``AutoModel`` во float32: P_acc = параметры без несвязанной
+    lm_head + буферы inv_freq и original_inv_freq (d_h чисел); total = 4·P_acc Б.
+    «Total Size» и «Largest Layer» = total/k, k = 1, 2, 4, 8 для float32, float16, int8, int4.
+    «Training using Adam» = max статей ``estimate_training_usage(total)`` (не сумма): float32 —
+    model 4P, gradients 4P, optimizer 8P, step 16P; float16 — 4P, 6P, 8P, 8P; int8, int4 — N/A.
+    bfloat16 CLI не принимает. Для целого числа на входе P_acc = n_params (ни головы, ни буферов).
     """
-    mixed_precision = choice("mixed_precision", mixed_precision, _ACCELERATE_DTYPES)
+    dtype = choice("dtype", dtype, ACCELERATE_DTYPES)
     if isinstance(n_params_or_shape, numbers.Real):  # число параметров: 7.5e9 можно, 7.5 нельзя
-        n = integer("n_params_or_shape", n_params_or_shape, 1)
-        counted, buffers, largest = n, 0, None
+        counted = integer("n_params_or_shape", n_params_or_shape, 1)
+        buffers, largest = 0, None
     else:
         shape = _as_shape(n_params_or_shape, "n_params_or_shape")
         b = shape.param_breakdown()
@@ -791,158 +805,155 @@ def accelerate_rule(n_params_or_shape: Any, mixed_precision: str = "float16") ->
         buffers = shape.head_dim  # inv_freq + original_inv_freq, по d_h/2 float32
         largest = 4 * max(b["embeddings"], shape.layer_params(), shape.hidden_size, buffers)
     total = 4 * (counted + buffers)
-    half = total // 2
-    if mixed_precision == "float32":
+    if dtype == "float32":
         usage = {"model": total, "optimizer": 2 * total, "gradients": total, "step": 4 * total}
-    else:
-        usage = {"model": total, "optimizer": 2 * total, "gradients": total + half}
+    elif dtype == "float16":  # «1.5 from weight gradient + computation (GEMM)»
+        usage = {"model": total, "optimizer": 2 * total, "gradients": total + total // 2}
         usage["step"] = usage["optimizer"]
-    return {
-        "mixed_precision": mixed_precision,
-        "params_counted": counted,
-        "buffer_values": buffers,
-        "total_size": total,
-        "largest_layer": largest,
-        "training": usage,
-        "training_reported": max(usage.values()),
+    else:  # для int8 и int4 accelerate обучение не оценивает
+        usage = None
+    k = _ACCELERATE_DIVISOR[dtype]
+    reported = max(usage.values()) if usage else None
+    printed = {
+        "Largest Layer": "—" if largest is None else _accelerate_convert_bytes(largest / k),
+        "Total Size": _accelerate_convert_bytes(total / k),
+        "Training using Adam": "N/A" if reported is None else _accelerate_convert_bytes(reported),
     }
+    return {"dtype": dtype, "params_counted": counted, "buffer_values": buffers,
+            "total_size": total, "largest_layer": largest, "divisor": k, "training": usage,
+            "training_reported": reported, "printed": printed}  # fmt: skip
+
+
+def accelerate_printout(
+    config: Any, dtypes: tuple[str, ...] | list[str] = ACCELERATE_DTYPES, model_name: str = ""
+) -> str:
+    """Таблица, которую печатает настоящий ``accelerate estimate-memory``, — его же кодом, без сети.
+
+    Разбор аргументов CLI, ``gather_data``, ``estimate_training_usage``, ``convert_bytes`` и
+    рисование таблицы — из установленного accelerate; подменена одна загрузка с Hub
+    (``create_empty_model``): модель строится на meta из config (имя из data/model_configs,
+    путь или словарь) как ``AutoModel`` во float32 — так же, как это делает сам accelerate.
+    """
+    import contextlib
+    import io
+    from unittest import mock
+
+    known = isinstance(config, str) and config in HUB_REPOS
+    d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
+    dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
+    if not isinstance(model_name, str):
+        raise ValueError(f"model_name должно быть строкой, получено {model_name!r}")
+    name = model_name or (HUB_REPOS[config] if known else "config.json")
+    import accelerate.commands.estimate as est
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModel
+
+    def build_on_meta(*_args, **_kwargs):
+        with init_empty_weights():
+            return AutoModel.from_config(AutoConfig.for_model(**d), dtype=torch.float32)
+
+    args = est.estimate_command_parser().parse_args([name, "--dtypes", *dtypes])
+    out = io.StringIO()
+    with (
+        mock.patch.object(est, "create_empty_model", build_on_meta),
+        contextlib.redirect_stdout(out),
+    ):
+        est.estimate_command(args)
+    return out.getvalue().rstrip("\n")
+
+
+def parse_accelerate_printout(text: str) -> dict[str, dict[str, str]]:
+    """Строки таблицы ``accelerate estimate-memory``: {dtype: {"Largest Layer": "1.96 GB", …}}."""
+    if not isinstance(text, str) or "Training using Adam" not in text:
+        raise ValueError(
+            "text должно быть таблицей accelerate estimate-memory (accelerate_printout)"
+        )
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == 4 and cells[0] in ACCELERATE_DTYPES:
+            rows[cells[0]] = dict(zip(_ACCELERATE_HEADERS, cells[1:]))
+    return rows
 
 
 def accelerate_estimate(
-    n_params_or_shape: Any,
-    mixed_precision: str = "float16",
-    recipe: TrainingRecipe | str | None = None,
+    n_params_or_shape: Any, dtype: str = "float16", recipe: TrainingRecipe | str | None = None
 ):
-    """Таблица pandas: что печатает ``accelerate estimate-memory`` и наш расчёт, построчно, с
-    объяснением каждой разницы по-русски. Байты — целые; в столбцах «печатает» — строки.
+    """Таблица pandas: правило accelerate и калькулятор курса по статьям, с объяснением разниц.
 
-    Наш рецепт по умолчанию: "fp32_adam" для float32, "bf16_mixed_adam" для float16/bfloat16.
-    Для ModelShape наши N — все параметры (с lm_head), у accelerate — без неё, плюс буферы.
+    Столбец «у accelerate» говорит, печатает ли accelerate строку («Total Size», «Training using
+    Adam») или это его внутренняя статья ``estimate_training_usage`` (model, gradients,
+    optimizer, step), которую он не показывает. dtype — "float32" или "float16" (для int8/int4
+    accelerate обучение не оценивает). Рецепт курса по умолчанию: "fp32_adam" для float32,
+    "bf16_mixed_adam" для float16 (байты fp16- и bf16-смешанной точности одинаковы).
+    Числа байт — строки с разрядами через неразрывный пробел; точные целые — ``accelerate_rule``.
     """
     import pandas as pd
 
-    acc = accelerate_rule(n_params_or_shape, mixed_precision)
-    if recipe is None:
-        recipe = "fp32_adam" if mixed_precision == "float32" else "bf16_mixed_adam"
-    r = _as_recipe(recipe)
-    if isinstance(n_params_or_shape, ModelShape | dict | str | os.PathLike) or hasattr(
-        n_params_or_shape, "to_dict"
-    ):
-        shape = _as_shape(n_params_or_shape, "n_params_or_shape")
-        n = shape.num_params
-        lm_head = shape.param_breakdown()["lm_head"]
+    dtype = choice("dtype", dtype, ("float32", "float16"))
+    acc = accelerate_rule(n_params_or_shape, dtype)
+    r = _as_recipe(recipe if recipe is not None else _DEFAULT_RECIPE[dtype])
+    if isinstance(n_params_or_shape, numbers.Real):
+        n, lm_head = acc["params_counted"], 0
     else:
-        shape, n, lm_head = None, acc["params_counted"], 0
-    ours_state = state_bytes(n, r)
-    ours_weights = _ceil_bytes(n * _exact(r.param_bytes + r.master_bytes))
-    ours_grads = _ceil_bytes(n * _exact(r.grad_bytes))
-    ours_opt = _ceil_bytes(n * _exact(r.m1_bytes + r.m2_bytes))
+        shape = _as_shape(n_params_or_shape, "n_params_or_shape")
+        n, lm_head = shape.num_params, shape.param_breakdown()["lm_head"]
     p_acc = acc["params_counted"] + acc["buffer_values"]
-    fp16 = mixed_precision != "float32"
+    fp16, usage, pr = dtype == "float16", acc["training"], acc["printed"]
 
-    why_count = []
-    if lm_head:
-        why_count.append(
-            f"accelerate строит AutoModel — без выходной головы: нет {_fmt_int(lm_head)} "
-            "параметров несвязанной lm_head"
-        )
+    def ours(b: numbers.Real) -> int:
+        return _ceil_bytes(n * _exact(b))
+
+    why_n = [f"нет {count(lm_head, 'параметра', 'параметров', 'параметров')} несвязанной "
+             "lm_head (AutoModel без головы)"] if lm_head else []  # fmt: skip
     if acc["buffer_values"]:
-        why_count.append(
-            f"буферы inv_freq и original_inv_freq ({acc['buffer_values']} чисел) accelerate "
-            "считает как веса"
-        )
-    if not why_count:
-        why_count.append("число параметров совпадает" if shape is None else "совпадает")
-
-    acc_train = acc["training"]
-    load_div = 1 if not fp16 else 2
-    acc_load = acc["total_size"] // load_div  # accelerate делит float-ом; здесь делится нацело
-    ours_load = _ceil_bytes(n * _exact(r.param_bytes))
+        buf = count(acc["buffer_values"], "число", "числа", "чисел")
+        why_n.append(f"{buf} буферов inv_freq accelerate считает весами")
+    hidden = "не печатает: статья estimate_training_usage"
+    per_p = acc["training_reported"] // p_acc  # Б/параметр в «Training using Adam»
+    same = " (здесь они совпадают)" if per_p == r.total else ""
     rows = [
-        (
-            "параметры, шт.",
-            p_acc,
-            _fmt_int(p_acc),
-            n,
-            _fmt_int(n),
-            "; ".join(why_count),
-        ),
-        (
-            "загрузка весов («Total Size»)",
-            acc_load,
-            _accelerate_convert_bytes(acc_load),
-            ours_load,
-            fmt_bytes(ours_load, explain=False),
-            f"обе оценки: {4 // load_div} Б/параметр (у нас b_param = {r.param_bytes:g}); "
-            "разница только в N",
-        ),
-        (
-            "веса (+ мастер-копия)",
-            acc_train["model"],
-            _accelerate_convert_bytes(acc_train["model"]),
-            ours_weights,
-            fmt_bytes(ours_weights, explain=False),
-            (
-                "accelerate: 4 Б/параметр, хотя комментарий в его коде говорит «веса в FP16 и "
-                "FP32» (это было бы 2 + 4 = 6); у нас b_param + b_master = "
-                f"{r.param_bytes:g} + {r.master_bytes:g} Б"
-                if fp16
-                else "обе оценки: 4 Б/параметр (у нас b_param + b_master = "
-                f"{r.param_bytes:g} + {r.master_bytes:g})"
-            ),
-        ),
-        (
-            "градиенты",
-            acc_train["gradients"],
-            _accelerate_convert_bytes(acc_train["gradients"]),
-            ours_grads,
-            fmt_bytes(ours_grads, explain=False),
-            (
-                "accelerate: 6 Б/параметр (1.5 × fp32, комментарий: «градиент весов + "
-                f"вычисления GEMM»); у нас b_grad = {r.grad_bytes:g} Б — хранимый градиент"
-                if fp16
-                else f"обе оценки: 4 Б/параметр (у нас b_grad = {r.grad_bytes:g})"
-            ),
-        ),
-        (
-            "состояния Adam (m, v)",
-            acc_train["optimizer"],
-            _accelerate_convert_bytes(acc_train["optimizer"]),
-            ours_opt,
-            fmt_bytes(ours_opt, explain=False),
-            f"обе оценки: 8 Б/параметр (у нас b_m1 + b_m2 = {r.m1_bytes:g} + {r.m2_bytes:g})",
-        ),
-        (
-            "«Training using Adam» / наш итог",
-            acc["training_reported"],
-            _accelerate_convert_bytes(acc["training_reported"]),
-            ours_state,
-            fmt_bytes(ours_state, explain=False),
-            (
-                "accelerate печатает максимум статей (optimizer = 8 Б/параметр), а не их "
-                f"сумму; наш итог — сумма: {r.total:g} Б/параметр"
-                if fp16
-                else "accelerate печатает максимум статей, для float32 это step = 16 Б/параметр "
-                f"= нашей сумме {r.total:g} Б/параметр; разница только в N"
-            ),
-        ),
-    ]
+        ("параметров, шт.", "не печатает: считает модель на meta", p_acc, "—", n, None,
+         "; ".join(why_n) or "число параметров совпадает"),
+        ("загрузка весов", "печатает: «Total Size»", acc["total_size"] // acc["divisor"],
+         pr["Total Size"], ours(r.param_bytes), ours(r.param_bytes),
+         f"обе оценки: {4 // acc['divisor']} Б/параметр (у нас b_param = {r.param_bytes:g}); "
+         "разница только в N"),
+        ("веса (+ мастер-копия)", f"{hidden} model", usage["model"], "—",
+         ours(r.param_bytes + r.master_bytes), ours(r.param_bytes + r.master_bytes),
+         ("accelerate: 4 Б/параметр, хотя комментарий в его коде говорит «веса в FP16 и FP32» "
+          "(это 2 + 4 = 6)" if fp16 else "accelerate: 4 Б/параметр")
+         + f"; у нас b_param + b_master = {r.param_bytes:g} + {r.master_bytes:g}"),
+        ("градиенты", f"{hidden} gradients", usage["gradients"], "—", ours(r.grad_bytes),
+         ours(r.grad_bytes),
+         ("accelerate: 6 Б/параметр (1.5 × fp32: «градиент весов + вычисления GEMM»)" if fp16
+          else "accelerate: 4 Б/параметр") + f"; у нас b_grad = {r.grad_bytes:g} — хранимый градиент"),
+        ("состояния Adam (m, v)", f"{hidden} optimizer", usage["optimizer"], "—",
+         ours(r.m1_bytes + r.m2_bytes), ours(r.m1_bytes + r.m2_bytes),
+         f"обе оценки: 8 Б/параметр (у нас b_m1 + b_m2 = {r.m1_bytes:g} + {r.m2_bytes:g})"),
+        ("шаг оптимизатора", f"{hidden} step", usage["step"], "—", None, None,
+         ("accelerate: step = optimizer = 8 Б/параметр" if fp16
+          else "accelerate: step = 4 × fp32 = 16 Б/параметр") + "; у калькулятора такой статьи нет"),
+        ("обучение с Adam: итог", "печатает: «Training using Adam»", acc["training_reported"],
+         pr["Training using Adam"], state_bytes(n, r), state_bytes(n, r),
+         f"accelerate печатает максимум статей ({per_p} Б/параметр), а не сумму; калькулятор "
+         f"курса — сумму: {r.total:g} Б/параметр{same}"),
+    ]  # fmt: skip
     frame = pd.DataFrame(
-        rows,
-        columns=[
-            "статья",
-            "accelerate, Б",
-            "accelerate печатает",
-            "наш расчёт, Б",
-            f"наш расчёт, {unit_label('GiB')}",
-            "почему различаются",
-        ],
-    )
+        [(a, b, num(c), d, "—" if e is None else num(e), "—" if f is None else fmt_bytes(f, explain=False), g)
+         for a, b, c, d, e, f, g in rows],
+        columns=["статья", "у accelerate", "accelerate, Б", "accelerate печатает",
+                 "калькулятор курса, Б", f"калькулятор курса, {unit_label('GiB')}", "почему различаются"],
+    )  # fmt: skip
     frame.attrs["note"] = (
         "accelerate делит на 1024, но подписывает «MB/GB» (на деле МиБ/ГиБ); активации, KV-кэш, "
         "буферы связи и фрагментацию не учитывает ни он, ни наш B_state."
     )
     return frame
+
+
+_DEFAULT_RECIPE = {"float32": "fp32_adam", "float16": "bf16_mixed_adam"}
 
 
 # ----------------------------------------------------------------------------- реальные тензоры

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from course_utils.args import integer, nonnegative, positive
 from course_utils.arith_task import is_informative_group, scalar_reward
 
 # Пиковая пропускная способность памяти GPU, байт/с (паспортные значения, 1 ГБ/с = 10^9 Б/с).
@@ -58,18 +59,10 @@ def decode_roofline_tokens_per_s(
     """Потолок декодирования, токенов/с: B · BW / (W + B · KV), где W — байты весов,
     KV — байты KV-кэша одной последовательности (читаются на каждом шаге), BW — байт/с.
     """
-    for name, value in (
-        ("weights_bytes", weights_bytes),
-        ("bandwidth_bytes_per_s", bandwidth_bytes_per_s),
-    ):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} должно быть конечным числом > 0, получено {value!r}")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"batch должно быть целым ≥ 1, получено {batch!r}")
-    if not isinstance(kv_bytes_per_sequence, (int, float)) or kv_bytes_per_sequence < 0:
-        raise ValueError(
-            f"kv_bytes_per_sequence должно быть ≥ 0, получено {kv_bytes_per_sequence!r}"
-        )
+    weights_bytes = positive("weights_bytes", weights_bytes)
+    bandwidth_bytes_per_s = positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    batch = integer("batch", batch, 1)
+    kv_bytes_per_sequence = nonnegative("kv_bytes_per_sequence", kv_bytes_per_sequence)
     return batch * bandwidth_bytes_per_s / (weights_bytes + batch * kv_bytes_per_sequence)
 
 
@@ -102,10 +95,7 @@ def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.
     need = {"step", "behavior_version", "wall_s", "input_tokens", "output_tokens", "policy_tokens"}
     if missing := need - set(steps.columns):
         raise ValueError(f"steps: нет столбцов {sorted(missing)}")
-    if not isinstance(skip_warmup, int) or not 0 <= skip_warmup < len(steps):
-        raise ValueError(
-            f"skip_warmup должно быть целым в [0, {len(steps)}), получено {skip_warmup!r}"
-        )
+    skip_warmup = integer("skip_warmup", skip_warmup, 0, len(steps) - 1)
     kept = steps.sort_values("step").iloc[skip_warmup:]
     versions = set(int(v) for v in kept["behavior_version"])
     recs = [r for r in records if r.policy_version in versions]
@@ -123,15 +113,15 @@ def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.
     total_tokens = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
     rows = [
         ("время шагов после прогрева", T, "с"),
-        ("входные токены/с", kept["input_tokens"].sum() / T, "токен/с"),
-        ("выходные токены/с", kept["output_tokens"].sum() / T, "токен/с"),
-        ("завершённые роллауты/с", len(recs) / T, "роллаут/с"),
-        ("проверенные исходы/с", verified / T, "исход/с"),
-        ("обучающие токены политики/с", kept["policy_tokens"].sum() / T, "токен/с"),
-        ("все токены пакета (запрос + ответ)/с", total_tokens / T, "токен/с"),
-        ("шаги оптимизатора/ч", len(kept) / T * 3600, "шаг/ч"),
-        ("группы/с", n_groups / T, "группа/с"),
-        ("доля вырожденных групп", degenerate, "доля"),
-        ("информативные группы/с", n_groups / T * (1 - degenerate), "группа/с"),
+        ("входные токены/с", kept["input_tokens"].sum() / T, "токенов/с"),
+        ("выходные токены/с", kept["output_tokens"].sum() / T, "токенов/с"),
+        ("завершённые роллауты/с", len(recs) / T, "роллаутов/с"),
+        ("проверенные исходы/с", verified / T, "исходов/с"),
+        ("обучающие токены политики/с", kept["policy_tokens"].sum() / T, "токенов/с"),
+        ("все токены пакета (запрос + ответ)/с", total_tokens / T, "токенов/с"),
+        ("шаги оптимизатора/ч", len(kept) / T * 3600, "шагов/ч"),
+        ("группы/с", n_groups / T, "групп/с"),
+        ("доля вырожденных групп", degenerate, "доля (0–1)"),
+        ("информативные группы/с", n_groups / T * (1 - degenerate), "групп/с"),
     ]
     return pd.DataFrame(rows, columns=["метрика", "значение", "единица"])

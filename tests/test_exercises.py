@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import contract, grading, profile
+from course_utils import contract, fmt, grading, profile
 from course_utils.grading import ____, answers_match
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1387,3 +1387,26 @@ def test_12_5_13_forms_and_misconceptions(variant):
     assert result.status == "wrong" and "recovery_gaps" in result.message
     text = _ex("12.5.13").solution(task)
     assert "pipeline.critical_path" in text and ref["bottleneck"] in text
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_2_numbers_and_plurals_in_russian(variant):
+    """Разряды — неразрывный пробел (в формулах — \\,), не запятая и не обычный пробел;
+    формы слов — через fmt.count («14 групп», «4 352 токена»)."""
+    from course_utils.exercises import lesson_12_2 as lesson
+
+    t6, t7, t8 = (grading.task(e, variant) for e in ("12.2.6", "12.2.7", "12.2.8"))
+    s6, s7, s8 = (
+        lesson._solution_12_2_6(t6),
+        lesson._solution_12_2_7(t7),
+        lesson._solution_12_2_8(t8),
+    )
+    for text in (t6["statement"], s6, t7["statement"], s7, t8["statement"], s8):
+        assert not re.search(r"\d,\d{3}", text)
+    assert f"N = {fmt.num(t6['n_params'])}" in t6["statement"]
+    assert fmt.num(t6["n_params"]).replace(fmt.NBSP, "\\,") in s6  # в $$…$$ — тонкий пробел TeX
+    assert f"W = {fmt.num(t7['weights_bytes'])} Б" in t7["statement"]
+    n_tok = t7["prompt_tokens"] + t7["response_tokens"]
+    assert fmt.count(n_tok, "токен", "токена", "токенов") in s7
+    groups = len(t8["run_log"]["groups"])
+    assert fmt.count(groups, "группа", "группы", "групп") in t8["statement"]

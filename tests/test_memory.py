@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import memory
+from course_utils.fmt import NBSP, num
 from course_utils.memory import (
     GB,
     GIB,
@@ -62,17 +63,25 @@ PUBLISHED_PARAMS = {
 
 
 def test_fmt_bytes_names_the_unit():
-    assert fmt_bytes(1.5 * GIB) == "1.50 ГиБ (2^30 Б)"
-    assert fmt_bytes(1.5 * GIB, explain=False) == "1.50 ГиБ"
-    assert fmt_bytes(120 * GB, "GB", digits=1) == "120.0 ГБ (10^9 Б)"
-    assert fmt_bytes(128 * KIB, "KiB", digits=0) == "128 КиБ (2^10 Б)"
-    assert fmt_bytes(1_234_567, "B") == "1 234 567 Б"
+    assert fmt_bytes(1.5 * GIB) == f"1.50{NBSP}ГиБ (2³⁰ Б)"
+    assert fmt_bytes(1.5 * GIB, explain=False) == f"1.50{NBSP}ГиБ"
+    assert fmt_bytes(120 * GB, "GB", digits=1) == f"120.0{NBSP}ГБ (10⁹ Б)"
+    assert fmt_bytes(128 * KIB, "KiB", digits=0) == f"128{NBSP}КиБ (2¹⁰ Б)"
     # 1 ГБ ≠ 1 ГиБ: 10^9 / 2^30 ≈ 0.93
     assert memory.to_unit(GB, "GiB") == pytest.approx(0.9313225746)
     with pytest.raises(ValueError, match="unit"):
         fmt_bytes(1, "gigs")
     with pytest.raises(ValueError, match="n_bytes"):
         fmt_bytes(-1)
+
+
+def test_fmt_bytes_groups_digits_the_russian_way():
+    """Разряды — неразрывный пробел, не запятая (131,072 читается как «131 целая»)."""
+    assert fmt_bytes(1_234_567, "B") == f"1{NBSP}234{NBSP}567{NBSP}Б"
+    assert fmt_bytes(131_072, "B") == f"131{NBSP}072{NBSP}Б"
+    assert fmt_bytes(2048 * GIB, digits=1) == f"2{NBSP}048.0{NBSP}ГиБ (2³⁰ Б)"
+    assert "," not in fmt_bytes(10**15, "B") + fmt_bytes(10**15, "KiB")
+    assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("TB")
 
 
 def test_module_import_does_not_import_torch():
@@ -209,7 +218,7 @@ def test_kv_lecture_example():
     total = kv_cache_bytes(32, 8, 128, 64 * 4096, 2)
     assert 64 * 4096 == 262_144
     assert total == 32 * GIB
-    assert fmt_bytes(total) == "32.00 ГиБ (2^30 Б)"
+    assert fmt_bytes(total) == f"32.00{NBSP}ГиБ (2³⁰ Б)"
     # без множителя 2 (типичная ошибка) было бы вдвое меньше
     assert total == 2 * (32 * 8 * 128 * 262_144 * 2)
 
@@ -566,12 +575,41 @@ def test_plot_memory_timeline_returns_axes(tmp_path):
     assert isinstance(ax, matplotlib.axes.Axes)
     assert "ГиБ" in ax.get_ylabel()
     texts = [t.get_text() for t in ax.texts]
-    assert any(t.startswith("пик: 17.00") for t in texts)
-    assert any("бюджет 16.00" in t for t in texts)
+    assert any(t.startswith(f"пик: 17.00{NBSP}ГиБ") for t in texts)
+    assert any(f"бюджет 16.00{NBSP}ГиБ" in t for t in texts)
     ax.figure.savefig(tmp_path / "timeline.png")
     plt.close(ax.figure)
     with pytest.raises(ValueError, match="budget_bytes"):
         memory.plot_memory_timeline(PHASES, budget_bytes=0)
+
+
+def test_plot_memory_timeline_keeps_words_whole_and_legend_inside():
+    """«синхронизация» не рвётся на «синхронизаци/я»; легенда лежит внутри осей."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["генерация", "пересчёт log π", "прямой и обратный проход", "синхронизация"]
+    phases = [
+        (n, {"веса": GIB, "KV-кэш": (i + 1) * GIB, "градиенты": GIB}) for i, n in enumerate(names)
+    ]
+    ax = memory.plot_memory_timeline(phases, budget_bytes=8 * GIB)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    for name, label in zip(names, labels):
+        assert label.split() == name.split(), label  # переносы только между словами
+    assert "синхронизация" in labels
+    fig = ax.figure
+    fig.canvas.draw()
+    box = ax.get_legend().get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1
+    assert axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1
+    # легенда выше всех столбцов и линии бюджета: ничего не закрывает
+    top_data = ax.transData.transform((0, 8))[1]
+    assert box.y0 > top_data
+    assert "2³⁰" in ax.get_ylabel()
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- accelerate
@@ -592,30 +630,86 @@ def test_accelerate_rule_reproduces_accelerate_code(name):
         model = AutoModel.from_config(AutoConfig.for_model(**d), dtype=torch.float32)
     total, (largest, _) = calculate_maximum_sizes(model)
     shape = ModelShape.from_config(d)
-    for mp in ("float32", "float16"):
-        rule = memory.accelerate_rule(shape, mp)
+    for dtype in ("float32", "float16"):
+        rule = memory.accelerate_rule(shape, dtype)
         assert rule["total_size"] == total
         assert rule["largest_layer"] == largest
-        assert rule["training"] == estimate_training_usage(total, mp)
+        assert rule["training"] == estimate_training_usage(total, dtype)
+    for dtype in ("int8", "int4"):  # accelerate: все статьи -1, печатает N/A
+        assert set(estimate_training_usage(total, dtype).values()) == {-1}
+        assert memory.accelerate_rule(shape, dtype)["training"] is None
 
 
-def test_accelerate_table_matches_research_printouts():
-    """Заметка §1.3: Llama-3.1-8B fp16 «Training using Adam» 55.92 GB, Qwen2.5-0.5B fp32 7.36 GB."""
+def test_accelerate_dtypes_are_the_cli_choices():
+    """CLI accelerate принимает --dtypes float32/float16/int8/int4 — bfloat16 среди них нет."""
+    from accelerate.commands.estimate import estimate_command_parser
+
+    (action,) = [a for a in estimate_command_parser()._actions if a.dest == "dtypes"]
+    assert tuple(action.choices) == memory.ACCELERATE_DTYPES
+    with pytest.raises(SystemExit):
+        estimate_command_parser().parse_args(["m", "--dtypes", "bfloat16"])
+    for call in (
+        lambda: memory.accelerate_rule(10**9, "bfloat16"),
+        lambda: memory.accelerate_estimate(10**9, "bfloat16"),
+        lambda: memory.accelerate_printout("Qwen2.5-0.5B", ["bfloat16"]),
+    ):
+        with pytest.raises(ValueError, match="bfloat16"):
+            call()
+
+
+def test_accelerate_printout_is_the_real_table_offline(monkeypatch):
+    """Таблицу печатает код accelerate (без сети); наш пересказ даёт те же строки по всем dtype."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    text = memory.accelerate_printout("Qwen2.5-0.5B")
+    assert "Memory Usage for loading `Qwen/Qwen2.5-0.5B`" in text
+    rows = memory.parse_accelerate_printout(text)
+    assert list(rows) == list(memory.ACCELERATE_DTYPES)
+    shape = ModelShape.from_name("Qwen2.5-0.5B")
+    for dtype, printed in rows.items():
+        assert memory.accelerate_rule(shape, dtype)["printed"] == printed, dtype
+    # P_acc = 494 032 768 параметров + 64 числа буферов; total = 4·P_acc Б, «GB» = деление на 1024³
+    p_acc = 494_032_768 + 64
+    assert rows["float32"]["Total Size"] == f"{round(4 * p_acc / 2**30, 2)} GB" == "1.84 GB"
+    assert rows["float16"]["Total Size"] == f"{round(2 * p_acc / 2**20, 2)} MB"  # делит на 2
+    assert rows["int4"]["Total Size"] == f"{round(4 * p_acc / 8 / 2**20, 2)} MB"
+    assert rows["float32"]["Training using Adam"] == f"{round(16 * p_acc / 2**30, 2)} GB"
+    assert rows["float16"]["Training using Adam"] == f"{round(8 * p_acc / 2**30, 2)} GB"
+    assert rows["int8"]["Training using Adam"] == "N/A"
+    with pytest.raises(ValueError, match="text"):
+        memory.parse_accelerate_printout("нет таблицы")
+
+
+def test_accelerate_table_says_which_rows_accelerate_prints():
+    """Заметка §1.3: Llama-3.1-8B fp16 «Training using Adam» 55.92 GB; строки, которых accelerate
+    не печатает, так и подписаны, и в столбце «accelerate печатает» у них прочерк."""
     llama = memory.accelerate_estimate(ModelShape.from_name("Llama-3.1-8B"), "float16")
-    last = llama.iloc[-1]
-    assert last["accelerate печатает"] == "55.92 GB"
-    assert last["наш расчёт, Б"] == 16 * 8_030_261_248
+    by_name = llama.set_index("статья")
+    printed = by_name[by_name["у accelerate"].str.startswith("печатает")]
+    assert list(printed["accelerate печатает"]) == ["13.98 GB", "55.92 GB"]
+    assert {"«Total Size»", "«Training using Adam»"} == {
+        t.split(": ")[1] for t in printed["у accelerate"]
+    }
+    hidden = by_name[by_name["у accelerate"].str.startswith("не печатает")]
+    assert len(hidden) == 5 and set(hidden["accelerate печатает"]) == {"—"}
+    last = by_name.loc["обучение с Adam: итог"]
+    assert last["калькулятор курса, Б"] == num(16 * 8_030_261_248)
     assert "максимум" in last["почему различаются"]
-    assert "525 336 576" in llama.iloc[0]["почему различаются"]
-    assert llama.iloc[1]["accelerate печатает"] == "13.98 GB"  # Total Size для float16
+    assert "сумму" in last["почему различаются"]
+    assert num(525_336_576) in by_name.loc["параметров, шт.", "почему различаются"]
+    p_acc = 8_030_261_248 - 525_336_576 + 128  # без lm_head, плюс буферы inv_freq (d_h = 128)
+    assert by_name.loc["градиенты", "accelerate, Б"] == num(6 * p_acc)  # 1.5 × fp32
+    assert "," not in "".join(llama["accelerate, Б"]) + "".join(llama["калькулятор курса, Б"])
     q = memory.accelerate_estimate(ModelShape.from_name("Qwen2.5-0.5B"), "float32")
     assert q.iloc[-1]["accelerate печатает"] == "7.36 GB"
     assert q.iloc[1]["accelerate печатает"] == "1.84 GB"
+    assert "совпадают" in q.iloc[-1]["почему различаются"]  # fp32: max = step = 16 Б = сумма
     # целое число параметров: ни головы, ни буферов
-    plain = memory.accelerate_rule(10**9, "bfloat16")
-    assert plain["training_reported"] == 8 * 10**9
-    with pytest.raises(ValueError, match="mixed_precision"):
-        memory.accelerate_rule(10**9, "int8")
+    assert memory.accelerate_rule(10**9, "float16")["training_reported"] == 8 * 10**9
+    assert (
+        memory.accelerate_rule(10**9, "int4")["printed"]["Total Size"] == "476.84 MB"
+    )  # 4·10⁹/8 Б
+    with pytest.raises(ValueError, match="dtype"):
+        memory.accelerate_estimate(10**9, "int8")  # обучение accelerate для int8 не оценивает
 
 
 # ----------------------------------------------------------------------------- уровень C
@@ -743,8 +837,8 @@ def test_integral_floats_count_like_integers():
     assert per_rank_state_bytes(7.5e9, "bf16_mixed_adam", 64.0, 1) == 31_406_250_000
     assert state_bytes(7.5e9, "bf16_mixed_adam") == 120 * GB
     assert kv_cache_bytes(32.0, 8.0, 128.0, 1.0, 2) == 128 * KIB
-    assert memory.accelerate_rule(1e9, "bfloat16")["training_reported"] == 8 * 10**9
-    assert memory.accelerate_estimate(1e9).iloc[0]["наш расчёт, Б"] == 10**9
+    assert memory.accelerate_rule(1e9, "float16")["training_reported"] == 8 * 10**9
+    assert memory.accelerate_estimate(1e9).iloc[0]["калькулятор курса, Б"] == num(10**9)
     assert lora_state_bytes(1e9, 1e6, 2, "bf16_mixed_adam") == 2 * 10**9 + 16 * 10**6
     assert max_concurrent_sequences(80 * GIB, 16 * GIB, 128 * KIB, 4096.0) == 128
     probe = memory.build_probe_model(8.0, 1.0)  # L(8h² + 7h) + h² + h при h = 8, L = 1

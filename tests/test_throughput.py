@@ -60,7 +60,11 @@ def test_report_against_hand_computation():
     assert val["группы/с"] == 4 / T
     assert val["доля вырожденных групп"] == 0.5  # группы «b» у обеих версий вырождены
     assert val["информативные группы/с"] == 4 / T * 0.5
-    assert set(rep["единица"]) >= {"с", "токен/с", "группа/с"}
+    units = dict(zip(rep["метрика"], rep["единица"]))
+    assert units["выходные токены/с"] == "токенов/с"  # родительный падеж, как «нат», «ГиБ»
+    assert units["информативные группы/с"] == "групп/с"
+    assert units["шаги оптимизатора/ч"] == "шагов/ч"
+    assert units["доля вырожденных групп"] == "доля (0–1)"
 
 
 def test_report_bad_input():
@@ -84,6 +88,23 @@ def test_roofline_matches_research_numbers():
         throughput.decode_roofline_tokens_per_s(w, 320e9, batch=0)
     with pytest.raises(ValueError, match="weights_bytes"):
         throughput.decode_roofline_tokens_per_s(-1, 320e9)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: throughput.decode_roofline_tokens_per_s(0, 1e9), "weights_bytes должно быть конечным числом > 0, получено 0"),
+        (lambda: throughput.decode_roofline_tokens_per_s(1e9, float("inf")), "bandwidth_bytes_per_s должно быть конечным числом > 0"),
+        (lambda: throughput.decode_roofline_tokens_per_s(1e9, 1e9, batch=2.5), "batch должно быть целым ≥ 1, получено 2.5"),
+        (lambda: throughput.decode_roofline_tokens_per_s(1e9, 1e9, 1, -1), "kv_bytes_per_sequence должно быть конечным числом ≥ 0"),
+        (lambda: throughput.throughput_report(_steps(), _records(), skip_warmup=True), r"skip_warmup должно быть целым в \[0, 2\]"),
+    ],
+)  # fmt: skip
+def test_bad_input_messages_name_argument_and_range(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+    # целый float (так пишут 7.5e9) принимается как целое
+    assert throughput.decode_roofline_tokens_per_s(100.0, 1000.0, 4.0, 25.0) == 20.0
 
 
 def test_gpu_bandwidth_lookup():

@@ -15,7 +15,7 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from course_utils import memory, throughput
+from course_utils import fmt, memory, throughput
 from course_utils.exercises.common import (
     Family as _Family,
     family_compare as _compare,
@@ -82,8 +82,17 @@ def _mismatch(expected: dict, answer: dict, rtol: float) -> str:
     return f"Неверны значения: {'; '.join(notes)}."
 
 
-def _fmt(n: int) -> str:
-    return f"{int(n):,}".replace(",", " ")
+def _tex(n: int) -> str:
+    """Целое для формулы LaTeX: разряды через тонкий пробел \\, (как fmt.num, но в $$…$$)."""
+    return fmt.num(int(n)).replace(fmt.NBSP, "\\,")
+
+
+def _params(n: int) -> str:
+    return fmt.count(n, "параметр", "параметра", "параметров")
+
+
+def _tokens(n: int) -> str:
+    return fmt.count(n, "токен", "токена", "токенов")
 
 
 def _gib(n_bytes: float) -> float:
@@ -115,7 +124,7 @@ def _task_12_2_6(variant: int) -> dict:
     r = memory.RECIPES[recipe]
     rows = "\n".join(f"| {text} | ${sym}$ | {getattr(r, f):g} |" for f, text, sym in _FIELDS)
     statement = (
-        f"**Состояние модели и ZeRO.** Модель: N = {_fmt(n)} параметров ({source}). Рецепт "
+        f"**Состояние модели и ZeRO.** Модель: N = {_params(n)} ({source}). Рецепт "
         f"`{recipe}` — {r.label}. Байт на параметр:\n\n| статья | обозначение | Б/параметр |\n"
         f"|---|---|---|\n{rows}\n| **итого** | $\\Sigma b$ | **{r.total:g}** |\n\n"
         f"Обучение с параллелизмом данных на D = {world} GPU. Напоминание: в DDP каждый ранг "
@@ -171,10 +180,10 @@ def _solution_12_2_6(task: dict) -> str:
     g = {key: f"{v:.3f}" for key, v in ref.items()}
     who = f"{task['model']}, " if task["model"] else ""
     return (
-        f"Модель: {who}N = {_fmt(n)} параметров, рецепт `{task['recipe']}`, D = {d}. "
+        f"Модель: {who}N = {_params(n)}, рецепт `{task['recipe']}`, D = {d}. "
         "Всё модельное состояние — сумма хранимых представлений:\n\n"
         "$$B_{state} = N(b_{param} + b_{grad} + b_{m1} + b_{m2} + b_{master}) = "
-        f"{_fmt(n)} \\cdot ({terms}) = {_fmt(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ "
+        f"{_tex(n)} \\cdot ({terms}) = {_tex(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ "
         "\\text{ГиБ}.$$\n\n"
         f"Состояния оптимизатора (в смысле ZeRO): $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ "
         f"Б/параметр. На один ранг из D = {d}:\n\n"
@@ -263,10 +272,11 @@ def _task_12_2_7(variant: int) -> dict:
         f"| размер головы $d_h$ = hidden_size / H | {shape.head_dim} |\n"
         f"| hidden_size | {shape.hidden_size} |\n\n"
         f"KV-кэш хранится в {kv_dtype}: b = {b} Б на число. Под веса и KV-кэш движку отдано "
-        f"{budget_gib} ГиБ (1 ГиБ = 2³⁰ Б); веса в bf16 занимают W = {_fmt(task['weights_bytes'])} "
-        f"Б. GRPO: группа из G = {group} ответов на запрос, запрос — {prompt} токенов, ответ — до "
-        f"{response} токенов; считайте, что каждая последовательность держит в кэше все "
-        f"{prompt} + {response} токенов (худший случай, без общих префиксов).\n\nНайдите:\n"
+        f"{budget_gib} ГиБ (1 ГиБ = 2³⁰ Б); веса в bf16 занимают "
+        f"W = {fmt.num(task['weights_bytes'])} Б. GRPO: группа из G = {group} ответов на запрос, "
+        f"запрос — {_tokens(prompt)}, ответ — до {_tokens(response)}; считайте, что каждая "
+        f"последовательность держит в кэше все {prompt} + {_tokens(response)} (худший случай, "
+        "без общих префиксов).\n\nНайдите:\n"
         "1. `kv_bytes_per_token` — байт KV-кэша на один токен (все слои);\n"
         "2. `max_sequences` — сколько таких последовательностей одновременно помещается в "
         "бюджет после весов (округлите вниз);\n"
@@ -332,14 +342,16 @@ def _solution_12_2_7(task: dict) -> str:
         "**1. Байт на токен.** $B_{KV} = 2 L H_{kv} d_h N_{tok} b$; множитель 2 — ключи и "
         f"значения, а головы — KV-головы ($H_{{kv}} = {hkv}$, а не H = {h}: это GQA). При "
         "$N_{tok} = 1$:\n\n"
-        f"$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = {_fmt(ref['kv_bytes_per_token'])}"
+        f"$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = {_tex(ref['kv_bytes_per_token'])}"
         f"\\ \\text{{Б}} = {ref['kv_bytes_per_token'] / 1024:g}\\ \\text{{КиБ}}.$$\n\n"
         f"**2. Последовательности.** Одна последовательность держит {task['prompt_tokens']} + "
-        f"{task['response_tokens']} = {n_tok} токенов, то есть {_fmt(per_seq)} Б. После весов "
-        f"остаётся {task['budget_gib']} · 2³⁰ − {_fmt(w)} = {_fmt(free)} Б, поэтому\n\n"
-        f"$$\\left\\lfloor \\frac{{{_fmt(free)}}}{{{_fmt(per_seq)}}} \\right\\rfloor = "
+        f"{task['response_tokens']} = {_tokens(n_tok)}, то есть "
+        f"{fmt.num(per_seq)} Б. После весов остаётся {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
+        f"{fmt.num(free)} Б, поэтому\n\n"
+        f"$$\\left\\lfloor \\frac{{{_tex(free)}}}{{{_tex(per_seq)}}} \\right\\rfloor = "
         f"{ref['max_sequences']}.$$\n\n"
-        f"**3. Группы.** ⌊{ref['max_sequences']} / {g}⌋ = {ref['max_groups']} групп по G = {g}.\n\n"
+        f"**3. Группы.** ⌊{ref['max_sequences']} / {g}⌋ = "
+        f"{fmt.count(ref['max_groups'], 'группа', 'группы', 'групп')} по G = {g}.\n\n"
         f"**Ответ:** `{ref}`.\n\n"
         "Размер группы и длина ответа — инфраструктурные параметры: вдвое длиннее ответ — вдвое "
         "меньше одновременных групп. PagedAttention снижает потери на фрагментацию, но не "
@@ -457,10 +469,13 @@ def _task_12_2_8(variant: int) -> dict:
         f"только две статьи — градиенты становятся {lora_parts['градиенты']:g} ГиБ, оптимизатор "
         f"— {lora_parts['оптимизатор']:g} ГиБ; остальные статьи (замороженные базовые веса, "
         "KV-кэш, активации, буфер) те же.\n\n"
-        f"**Журнал запуска:** за {log['duration_s']} с завершено {n_groups} групп по G = {g} "
-        "ответов; награды correctness (они же в `task['run_log']`):\n\n"
+        f"**Журнал запуска:** за {log['duration_s']} с завершено "
+        f"{fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = "
+        f"{fmt.count(g, 'ответ', 'ответа', 'ответов')}; награды correctness (они же в `task['run_log']`):\n\n"
         f"| группа | награды |\n|---|---|\n{groups_table}\n\n"
-        "Группа вырождена, если награды всех её ответов равны (нулевое преимущество).\n\nНайдите: "
+        "Группа вырождена, если скалярные награды всех её ответов равны: тогда у всех ответов "
+        "преимущество A = 0 (здесь скалярная награда — одна correctness, формат-награды в "
+        "журнале нет).\n\nНайдите: "
         "`peak_gib` — пик памяти, ГиБ; `peak_phase` — фазу пика (ключ из первого столбца); "
         "`peak_lora_gib` — пик с LoRA, ГиБ; `informative_groups_per_s` — информативные группы в "
         "секунду.\n\n"
@@ -541,8 +556,9 @@ def _solution_12_2_8(task: dict) -> str:
         "смету: KV-кэш и активации никогда не лежат на GPU одновременно.\n\n"
         "LoRA уменьшает градиенты и оптимизатор до размера адаптеров, но замороженные базовые "
         "веса тренера и веса движка остаются: память генерации не исчезает.\n\n"
-        f"**Информативные группы.** Групп {n} за {log['duration_s']} с, из них вырожденных (все "
-        f"награды равны) {round(share * n)}, доля {share:.3f}:\n\n$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot "
+        f"**Информативные группы.** За {log['duration_s']} с завершено "
+        f"{fmt.count(n, 'группа', 'группы', 'групп')}, из них вырожденных (скалярные награды всех "
+        f"ответов равны) {round(share * n)}, доля {share:.3f}:\n\n$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot "
         f"(1 - {share:.3f}) = {ref['informative_groups_per_s']:.3f}\\ \\text{{групп/с}}.$$\n\n"
         f"**Ответ:** `{answer}`."
     )
