@@ -57,7 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.args import is_real, path as _path, positive
+from course_utils.args import integer, is_real, optional_integer, path as _path, positive, real
+from course_utils.fmt import count
 
 FORMAT = "course_utils.checkpoint/1"
 MANIFEST = "manifest.json"
@@ -126,12 +127,17 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 
 
 def components_frame():
-    """Таблица pandas компонентов полной контрольной точки: component, what (что в нём), if_missing."""
+    """Таблица pandas компонентов полной контрольной точки, столбцы по-русски.
+
+    «компонент» — ключ ``COMPONENTS`` (имя в ``state_dict``), «что в нём», «что ломается без него».
+    """
     import pandas as pd
 
-    return pd.DataFrame(
-        [{"component": k, "what": w, "if_missing": m} for k, (w, m) in COMPONENTS.items()]
-    )
+    rows = [
+        {"компонент": k, "что в нём": w, "что ломается без него": m}
+        for k, (w, m) in COMPONENTS.items()
+    ]
+    return pd.DataFrame(rows)
 
 
 class CheckpointError(ValueError):
@@ -150,51 +156,13 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _int(name: str, value: Any, low: int | None = None, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if not _is_int(value) or (low is not None and value < low):
-        bound = f" ≥ {low}" if low is not None else ""
-        extra = " или None" if allow_none else ""
-        raise ValueError(f"{name} должно быть целым{bound}{extra}, получено {value!r}")
-    return int(value)
-
-
-def _positive(name: str, value: Any) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"{name} должно быть числом, получено {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} должно быть конечным и положительным, получено {value!r}")
-    return value
-
-
-def _fraction(name: str, value: Any, low: float, high: float, closed_low: bool = True) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"{name} должно быть числом, получено {value!r}")
-    value = float(value)
-    ok_low = value >= low if closed_low else value > low
-    if not (math.isfinite(value) and ok_low and value <= high):
-        left = "[" if closed_low else "("
-        raise ValueError(f"{name} должно лежать в {left}{low:g}, {high:g}], получено {value!r}")
-    return value
-
-
-def _plural(n: int, one: str, few: str, many: str) -> str:
-    if n % 10 == 1 and n % 100 != 11:
-        return one
-    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
-        return few
-    return many
-
-
 def _steps(n: int) -> str:
-    return f"{n} {_plural(n, 'шаг', 'шага', 'шагов')}"
+    return count(n, "шаг", "шага", "шагов")
 
 
 def checkpoint_name(step: int) -> str:
     """Имя каталога контрольной точки шага step: "step-000012" (шесть и более цифр)."""
-    step = _int("step", step, low=0)
+    step = integer("step", step, 0)
     return f"step-{step:06d}"
 
 
@@ -203,25 +171,25 @@ def checkpoint_name(step: int) -> str:
 
 def _toy_config(seed: Any, **kw: Any) -> dict:
     cfg = {
-        "seed": _int("seed", seed, low=0),
-        "num_prompts": _int("num_prompts", kw.pop("num_prompts", 48), low=3),
-        "num_actions": _int("num_actions", kw.pop("num_actions", 4), low=2),
-        "feature_dim": _int("feature_dim", kw.pop("feature_dim", 8), low=1),
-        "hidden": _int("hidden", kw.pop("hidden", 16), low=1),
-        "batch_size": _int("batch_size", kw.pop("batch_size", 8), low=1),
-        "minibatches": _int("minibatches", kw.pop("minibatches", 2), low=1),
-        "lr": _positive("lr", kw.pop("lr", 0.05)),
-        "weight_decay": _fraction("weight_decay", kw.pop("weight_decay", 0.01), 0.0, 1.0),
-        "warmup_steps": _int("warmup_steps", kw.pop("warmup_steps", 3), low=1),
-        "decay_steps": _int("decay_steps", kw.pop("decay_steps", 60), low=1),
-        "clip_eps": _fraction("clip_eps", kw.pop("clip_eps", 0.2), 0.0, 1.0, closed_low=False),
-        "verifier_noise": _fraction("verifier_noise", kw.pop("verifier_noise", 0.05), 0.0, 0.5),
-        "verifier_upgrade_step": _int(
-            "verifier_upgrade_step", kw.pop("verifier_upgrade_step", 10), low=1, allow_none=True
+        "seed": integer("seed", seed, 0),
+        "num_prompts": integer("num_prompts", kw.pop("num_prompts", 48), 3),
+        "num_actions": integer("num_actions", kw.pop("num_actions", 4), 2),
+        "feature_dim": integer("feature_dim", kw.pop("feature_dim", 8), 1),
+        "hidden": integer("hidden", kw.pop("hidden", 16), 1),
+        "batch_size": integer("batch_size", kw.pop("batch_size", 8), 1),
+        "minibatches": integer("minibatches", kw.pop("minibatches", 2), 1),
+        "lr": positive("lr", kw.pop("lr", 0.05)),
+        "weight_decay": real("weight_decay", kw.pop("weight_decay", 0.01), 0.0, 1.0),
+        "warmup_steps": integer("warmup_steps", kw.pop("warmup_steps", 3), 1),
+        "decay_steps": integer("decay_steps", kw.pop("decay_steps", 60), 1),
+        "clip_eps": real("clip_eps", kw.pop("clip_eps", 0.2), 0.0, 1.0, low_open=True),
+        "verifier_noise": real("verifier_noise", kw.pop("verifier_noise", 0.05), 0.0, 0.5),
+        "verifier_upgrade_step": optional_integer(
+            "verifier_upgrade_step", kw.pop("verifier_upgrade_step", 10), 1
         ),
-        "num_levels": _int("num_levels", kw.pop("num_levels", 3), low=1),
-        "promote_at": _fraction("promote_at", kw.pop("promote_at", 0.6), 0.0, 1.0, False),
-        "ema_alpha": _fraction("ema_alpha", kw.pop("ema_alpha", 0.3), 0.0, 1.0, False),
+        "num_levels": integer("num_levels", kw.pop("num_levels", 3), 1),
+        "promote_at": real("promote_at", kw.pop("promote_at", 0.6), 0.0, 1.0, low_open=True),
+        "ema_alpha": real("ema_alpha", kw.pop("ema_alpha", 0.3), 0.0, 1.0, low_open=True),
     }
     if kw:
         raise ValueError(f"ToyRLRun: неизвестные параметры {sorted(kw)}")
@@ -1399,7 +1367,9 @@ class CrashTestResult:
         for name in self.branches:
             if name == "continuous":
                 continue
-            label = "full (своя resume)" if name == "full" and self.custom_resume else name
+            label = _BRANCH_STYLE.get(name, {}).get("label", name)
+            if name == "full" and self.custom_resume:
+                label = "полное восстановление (ваша resume)"
             step = self.first_divergence(name)
             if step is None:
                 lines.append(
@@ -1448,10 +1418,10 @@ def run_crash_test(
     прежние контрольные точки в нём — каталоги с manifest.json, step-…, .tmp-… и .old-… —
     удаляются).
     """
-    total_steps = _int("total_steps", total_steps, low=2)
-    crash_at = _int("crash_at", crash_at, low=1)
-    checkpoint_every = _int("checkpoint_every", checkpoint_every, low=1)
-    seed = _int("seed", seed, low=0)
+    total_steps = integer("total_steps", total_steps, 2)
+    crash_at = integer("crash_at", crash_at, 1)
+    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
+    seed = integer("seed", seed, 0)
     if crash_at >= total_steps:
         raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
     if crash_at < checkpoint_every:
@@ -1527,13 +1497,14 @@ _BRANCH_STYLE = {
     "full": {"color": "tab:green", "lw": 1.6, "ls": "--", "label": "полное восстановление"},
     "weights_only": {"color": "tab:red", "lw": 1.6, "label": "только веса"},
 }
+# столбец frame() → (подпись оси с единицами, заголовок панели, целые деления оси y)
 _METRIC_LABEL = {
-    "cumulative_reward": "накопленная средняя награда",
-    "mean_reward": "средняя награда пакета",
-    "loss": "потеря (PPO-клип)",
-    "lr": "скорость обучения",
-    "curriculum_level": "уровень учебной программы",
-    "policy_version": "версия политики",
+    "cumulative_reward": ("накопленная средняя награда, у. е.", "накопленная награда", False),
+    "mean_reward": ("средняя награда пакета, у. е.", "средняя награда пакета", False),
+    "loss": ("потеря PPO-клип, у. е.", "потеря", False),
+    "lr": ("скорость обучения (безразмерная)", "скорость обучения", False),
+    "curriculum_level": ("уровень учебной программы, номер", "уровень учебной программы", True),
+    "policy_version": ("версия политики, номер", "версия политики", True),
 }
 
 
@@ -1541,9 +1512,10 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
     """График метрики по шагам для трёх ветвей; отмечены авария и точка восстановления.
 
     metric — столбец CrashTestResult.frame(): cumulative_reward, mean_reward, loss, lr,
-    curriculum_level или policy_version. Возвращает matplotlib Axes.
+    curriculum_level или policy_version; заголовок панели называет метрику. Возвращает Axes.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if not isinstance(result, CrashTestResult):
         raise ValueError(f"result должно быть CrashTestResult, получено {type(result)}")
@@ -1572,9 +1544,13 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
         lw=1.2,
         label=f"контрольная точка: шаг {result.restored_step}",
     )
-    ax.set_xlabel("шаг обучения")
-    ax.set_ylabel(_METRIC_LABEL[metric])
-    ax.set_title("Проверка аварией: три ветви одного запуска")
+    ylabel, title, integer_y = _METRIC_LABEL[metric]
+    ax.set_xlabel("шаг обучения, номер")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"Три ветви одного запуска: {title}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if integer_y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(linestyle=":", alpha=0.6)
     ax.legend(fontsize="small", frameon=False)
     if ax.figure is not None:
@@ -1594,8 +1570,8 @@ def simulate_collector_crash(
     events (все total_steps событий), steps_completed, versions_monotonic (версия политики
     росла на 1 каждый шаг), losses_finite.
     """
-    total_steps = _int("total_steps", total_steps, low=2)
-    crash_at = _int("crash_at", crash_at, low=1)
+    total_steps = integer("total_steps", total_steps, 2)
+    crash_at = integer("crash_at", crash_at, 1)
     if crash_at >= total_steps:
         raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
     run = ToyRLRun(seed, **run_kwargs)
@@ -1651,7 +1627,7 @@ class BatchVerdict:
     def __str__(self) -> str:
         if self.accepted:
             n = len(self.rollouts)
-            return f"Пакет принят целиком: {n} {_plural(n, 'роллаут', 'роллаута', 'роллаутов')}."
+            return f"Пакет принят целиком: {count(n, 'роллаут', 'роллаута', 'роллаутов')}."
         return "Пакет отклонён целиком:\n" + "\n".join(f"  • {r}" for r in self.reasons)
 
 
@@ -1759,7 +1735,7 @@ def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -
     """
     run = ToyRLRun(seed, **run_kwargs)
     batch = run.generate_batch()
-    scored = _int("scored", scored, low=0)
+    scored = integer("scored", scored, 0)
     if scored >= len(batch):
         raise ValueError(
             f"scored должно быть меньше размера пакета {len(batch)}, получено {scored}"
@@ -1843,6 +1819,20 @@ def checkpoint_overhead(interval_s: float, write_s: float, mtbf_s: float) -> flo
     return write_s / interval_s + interval_s / (2 * mtbf_s)
 
 
+def daly_overhead(interval_s: float, write_s: float, mtbf_s: float) -> float:
+    """Потери в модели Дейли (2006): H = M·(e^((I+C)/M) − 1)/I − 1, доля полезного времени.
+
+    Отказы — пуассоновский поток со средним интервалом M; каждый отрезок I полезной работы и
+    запись C повторяются заново, пока не пройдут без отказа (время перезапуска R = 0), так что
+    среднее настенное время отрезка M·(e^((I+C)/M) − 1). Все величины в секундах. При
+    C ≪ I ≪ M совпадает с checkpoint_overhead = C/I + I/(2M); минимум — около daly_interval.
+    """
+    interval_s = positive("interval_s", interval_s)
+    write_s = positive("write_s", write_s)
+    mtbf_s = positive("mtbf_s", mtbf_s)
+    return mtbf_s * math.expm1((interval_s + write_s) / mtbf_s) / interval_s - 1
+
+
 def _time_unit(seconds: float) -> tuple[float, str]:
     if seconds < 120:
         return 1.0, "с"
@@ -1854,9 +1844,10 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: float | None = None):
     """График H(I) = C/I + I/(2M) в процентах от интервала I (ось x логарифмическая), I* отмечен.
 
-    Пунктиром — слагаемые: запись C/I и пересчёт I/(2M). current_interval_s — ваш интервал
-    (с), отмечается точкой с его долей потерь. Единица оси x (с, мин, ч) выбирается по I*.
-    Возвращает matplotlib Axes.
+    Пунктиром — слагаемые: запись C/I и пересчёт I/(2M). Оранжевым — потери daly_overhead
+    модели Дейли с экспоненциальными отказами и её интервал daly_interval (поправка к Янгу).
+    current_interval_s — ваш интервал (с), отмечается точкой с его долей потерь. Единица оси x
+    (с, мин, ч) выбирается по I*. Возвращает matplotlib Axes.
     """
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -1875,7 +1866,7 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     grid = np.geomspace(lo, hi, 400)
     total = write_s / grid + grid / (2 * mtbf_s)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4))
+        _, ax = plt.subplots(figsize=(11, 4))
     x = grid / scale
     ax.plot(x, 100 * total, color="tab:blue", lw=2, label="H(I) = C/I + I/(2M)")
     ax.plot(x, 100 * write_s / grid, color="tab:gray", ls="--", lw=1, label="запись: C/I")
@@ -1887,6 +1878,10 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
         lw=1.2,
         label="пересчёт после отказа: I/(2M)",
     )
+    exact = np.array([daly_overhead(i, write_s, mtbf_s) for i in grid])
+    ax.plot(
+        x, 100 * exact, color="tab:orange", lw=1.5, label=r"модель Дейли: $M\,(e^{(I+C)/M}-1)/I-1$"
+    )
     h_star = checkpoint_overhead(i_star, write_s, mtbf_s)
     ax.vlines(i_star / scale, 0, 100 * h_star, color="tab:green", ls="-.", lw=1)
     ax.plot(
@@ -1894,7 +1889,17 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
         [100 * h_star],
         "o",
         color="tab:green",
-        label=f"I* = √(2CM) = {i_star / scale:.3g} {unit}: H = {100 * h_star:.2f} %",
+        label=f"Янг: I* = √(2CM) = {i_star / scale:.3g} {unit}, H = {100 * h_star:.2f} %",
+    )
+    i_daly = daly_interval(write_s, mtbf_s)
+    h_daly = daly_overhead(i_daly, write_s, mtbf_s)
+    ax.plot(
+        [i_daly / scale],
+        [100 * h_daly],
+        "D",
+        color="tab:orange",
+        ms=5,
+        label=f"Дейли: I = {i_daly / scale:.3g} {unit}, H = {100 * h_daly:.2f} %",
     )
     if current_interval_s is not None:
         h_cur = checkpoint_overhead(current_interval_s, write_s, mtbf_s)
@@ -1911,7 +1916,7 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(0, min(100.0, 100 * float(total.max())) * 1.05)
     ax.set_xlabel(f"интервал между контрольными точками I, {unit} (логарифмическая шкала)")
-    ax.set_ylabel("потерянное время H(I), %")
+    ax.set_ylabel("потери H(I), % полезного времени")
     c_scale, c_unit = _time_unit(write_s)
     m_scale, m_unit = _time_unit(mtbf_s)
     ax.set_title(
@@ -1919,7 +1924,8 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
         f"среднее время между отказами M = {mtbf_s / m_scale:.3g} {m_unit}"
     )
     ax.grid(linestyle=":", alpha=0.6, which="both")
-    ax.legend(fontsize="small", frameon=False, loc="upper center")
+    # справа от осей, внутри фигуры: кривые занимают всю ширину осей и легенду не перекрывают
+    ax.legend(fontsize="small", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if ax.figure is not None:
         ax.figure.tight_layout()
     return ax
@@ -1977,12 +1983,10 @@ def checkpointed_trainer(
     if world_size != 1:
         raise ValueError(f"checkpointed_trainer рассчитан на один процесс: world_size={world_size}")
     run_dir_p = _path("run_dir", run_dir)
-    total_steps = _int("total_steps", total_steps, low=1)
-    checkpoint_every = _int("checkpoint_every", checkpoint_every, low=1)
-    kill_at_step = _int("kill_at_step", kill_at_step, low=1, allow_none=True)
-    kill_write = _int(
-        "kill_during_write_at_step", kill_during_write_at_step, low=1, allow_none=True
-    )
+    total_steps = integer("total_steps", total_steps, 1)
+    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
+    kill_at_step = optional_integer("kill_at_step", kill_at_step, 1)
+    kill_write = optional_integer("kill_during_write_at_step", kill_during_write_at_step, 1)
     if kill_write is not None and kill_write % checkpoint_every:
         raise ValueError(
             f"kill_during_write_at_step должно быть кратно checkpoint_every: на шаге "

@@ -139,6 +139,11 @@ def test_queue_drop_is_counted():
         ({"seed": 0, "batch_size": 7}, "batch_size"),
         ({"seed": 0, "lr": 0}, "lr"),
         ({"seed": 0, "colour": 1}, "неизвестные"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"seed": 0, "clip_eps": 0.0}, "clip_eps"),  # (0, 1]: ноль не клиппирует
+        ({"seed": 0, "verifier_noise": 0.6}, "verifier_noise"),
+        ({"seed": 0, "verifier_upgrade_step": 0}, "verifier_upgrade_step"),
     ],
 )
 def test_toy_run_bad_arguments(kwargs, word):
@@ -220,6 +225,47 @@ def test_plot_crash_test(tmp_path):
     assert (tmp_path / "crash.png").stat().st_size > 0
     with pytest.raises(ValueError, match="metric"):
         ck.plot_crash_test(res, "accuracy")
+
+
+def test_plot_crash_test_panels_are_distinct_with_units_and_integer_ticks():
+    """Две панели ноутбука 12.5 различаются заголовком; у шага и уровня — целые деления."""
+    import matplotlib.pyplot as plt
+
+    res = ck.run_crash_test(14, 9, seed=0, checkpoint_every=4)
+    _, axes = plt.subplots(1, 2)
+    left = ck.plot_crash_test(res, "cumulative_reward", ax=axes[0])
+    right = ck.plot_crash_test(res, "curriculum_level", ax=axes[1])
+    assert left.get_title() != right.get_title()
+    assert "награда" in left.get_title() and "учебной программы" in right.get_title()
+    assert left.get_ylabel().endswith("у. е.") and "номер" in left.get_xlabel()
+    for ticks in (right.get_yticks(), right.get_xticks(), left.get_xticks()):
+        assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    labels = [line.get_label() for line in right.get_lines()]
+    assert {"непрерывная", "полное восстановление", "только веса"} <= set(labels)
+    plt.close("all")
+
+
+def test_components_frame_headers_are_russian():
+    frame = ck.components_frame()
+    assert list(frame.columns) == ["компонент", "что в нём", "что ломается без него"]
+    assert list(frame["компонент"]) == list(ck.COMPONENTS)
+    assert all(CYRILLIC.search(c) for c in frame.columns)
+
+
+def test_crash_summary_names_branches_in_russian():
+    res = ck.run_crash_test(12, 7, seed=0, checkpoint_every=4)
+    text = res.summary()
+    assert "полное восстановление: совпадает" in text and "только веса: совпадает до шага 4" in text
+    assert "full:" not in text and "weights_only:" not in text
+    assert "12\u00a0шагов" in text and "каждые 4\u00a0шага" in text  # fmt.count: 12 шагов, 4 шага
+
+
+@pytest.mark.parametrize(
+    "n, word", [(1, "роллаут"), (3, "роллаута"), (11, "роллаутов"), (21, "роллаут")]
+)
+def test_batch_verdict_plural_through_fmt(n, word):
+    verdict = ck.BatchVerdict(True, [], tuple(range(n)))
+    assert str(verdict) == f"Пакет принят целиком: {n}\u00a0{word}."
 
 
 # ----------------------------------------------------------------------------- запись и чтение
@@ -670,6 +716,41 @@ def test_overhead_minimum_at_young_interval():
     assert ck.checkpoint_overhead(i_star / 1.01, c, m) > h_star
 
 
+def _simulated_wall_per_work(interval_s, write_s, mtbf_s, segments=200_000, seed=0):
+    """Монте-Карло модели Дейли без перезапуска: отрезок I + C повторяют, пока между отказами
+    (экспоненциальные интервалы со средним M) не уложится целиком; возвращает стену / работу."""
+    rng = np.random.default_rng(seed)
+    need = interval_s + write_s
+    wall = np.zeros(segments)
+    todo = np.ones(segments, dtype=bool)
+    while todo.any():
+        failure = rng.exponential(mtbf_s, size=int(todo.sum()))
+        done = failure >= need
+        wall[todo] += np.where(done, need, failure)  # до отказа — потерянное время, иначе отрезок
+        idx = np.flatnonzero(todo)
+        todo[idx[done]] = False
+    return wall.mean() / interval_s
+
+
+@pytest.mark.parametrize("interval_s, write_s, mtbf_s", [(3600, 300, 6 * 3600), (600, 60, 1800)])
+def test_daly_overhead_matches_simulation_of_exponential_failures(interval_s, write_s, mtbf_s):
+    simulated = _simulated_wall_per_work(interval_s, write_s, mtbf_s) - 1
+    assert ck.daly_overhead(interval_s, write_s, mtbf_s) == pytest.approx(simulated, rel=0.01)
+
+
+def test_daly_overhead_first_order_and_minimum():
+    c, m = 50.0, 1e6  # C ≪ I ≪ M: совпадает с C/I + I/(2M)
+    for i in (1e3, 1e4):
+        assert ck.daly_overhead(i, c, m) == pytest.approx(ck.checkpoint_overhead(i, c, m), rel=0.02)
+    c, m = 600.0, 6 * 3600.0  # C/M ≈ 0.03: минимум точной модели — у daly_interval, не у Янга
+    grid = np.geomspace(0.2, 5, 20_001) * ck.young_interval(c, m)
+    best = grid[np.argmin([ck.daly_overhead(i, c, m) for i in grid])]
+    assert ck.daly_interval(c, m) == pytest.approx(best, rel=0.005)
+    assert abs(ck.young_interval(c, m) / best - 1) > 0.04
+    with pytest.raises(ValueError, match="interval_s"):
+        ck.daly_overhead(0, c, m)
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])
 def test_interval_functions_reject_bad_input(bad):
     with pytest.raises(ValueError, match="write_s"):
@@ -688,6 +769,14 @@ def test_plot_overhead(tmp_path):
     labels = [line.get_label() for line in ax.get_lines()]
     assert any("I* = √(2CM) = 2 ч" in lab for lab in labels)
     assert any("ваш интервал 4 ч" in lab for lab in labels)
+    # Поправка Дейли рядом с Янгом: 116.69 мин = 1.94 ч (Daly 2006, рис. 3), на кривой его модели
+    daly = next(line for line in ax.get_lines() if line.get_label().startswith("Дейли: I = 1.94 ч"))
+    assert daly.get_xdata()[0] == pytest.approx(ck.daly_interval(300, 24 * 3600) / 3600)
+    assert daly.get_ydata()[0] == pytest.approx(100 * ck.daly_overhead(116.6898 * 60, 300, 86400))
+    assert any(lab.startswith("модель Дейли") for lab in labels)
+    ax.figure.canvas.draw()  # легенда справа от осей, но внутри фигуры
+    box = ax.get_legend().get_window_extent().transformed(ax.figure.transFigure.inverted())
+    assert box.x0 >= ax.get_position().x1 and 0 <= box.x0 and box.x1 <= 1 and box.y0 >= 0
     ax.figure.savefig(tmp_path / "overhead.png")
     assert (tmp_path / "overhead.png").stat().st_size > 0
     with pytest.raises(ValueError, match="current_interval_s"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import contract, fmt, grading, profile
+from course_utils import contract, fmt, grading, profile, stack_map
 from course_utils.grading import ____, answers_match
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1410,3 +1410,38 @@ def test_12_2_numbers_and_plurals_in_russian(variant):
     assert fmt.count(n_tok, "токен", "токена", "токенов") in s7
     groups = len(t8["run_log"]["groups"])
     assert fmt.count(groups, "группа", "группы", "групп") in t8["statement"]
+
+
+def test_12_5_numbers_use_nbsp_digit_groups():
+    statement = grading.task("12.5.6", 0)["statement"]
+    n = grading.task("12.5.6", 0)["run"]["num_params"]
+    assert f"параметров: {fmt.num(n)}," in statement and f"{n:,}" not in statement
+    assert "\u00a0" in fmt.num(n)
+
+
+def test_12_5_11_title_says_paket():
+    assert grading._get("12.5.11").title.endswith("частично записанных пакетов")
+    assert "батч" not in grading._get("12.5.11").title
+
+
+def test_12_5_10_statement_limits_bitwise_to_single_process():
+    text = grading.task("12.5.10", 0)["statement"]
+    assert "побитово" in text and "однопроцессный" in text and "распределённого" in text
+
+
+def test_12_5_12_rules_match_stack_map_vocabulary():
+    text = grading.task("12.5.12", 0)["statement"]
+    assert f"начинается с «{stack_map.SUPPORTED_PREFIX}»" in text and "«yes»" not in text
+    assert "| `stack` |" in text
+    for v in range(12):
+        t = grading.task("12.5.12", v)
+        if t["requirements"].get("asynchronous") is True:
+            assert (
+                "не подходит"
+                not in t["statement"].split("asynchronous=True")[0].rsplit("\n", 1)[-1]
+            )
+
+
+def test_12_5_8_and_12_5_11_headers_are_field_names_as_code():
+    assert "| `rollout_id` | `prompt_id` |" in grading.task("12.5.8", 0)["statement"]
+    assert "| `rollout_id` |" in grading.task("12.5.11", 0)["statement"]

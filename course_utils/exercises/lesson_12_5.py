@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from course_utils import guarantees, memory, pipeline, stack_map, throughput, tracing
+from course_utils import fmt, guarantees, memory, pipeline, stack_map, throughput, tracing
 from course_utils.checkpoint import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.common import (
     CodeFamily,
@@ -217,7 +217,8 @@ def _size(n_bytes: float) -> str:
 
 
 def _fmt_int(n: int) -> str:
-    return f"{int(n):,}".replace(",", " ")
+    """Целое с разрядами через неразрывный пробел (fmt.num): 7615616512 → «7 615 616 512»."""
+    return fmt.num(int(n))
 
 
 def _cell(x: Any) -> str:
@@ -234,8 +235,9 @@ def _cell(x: Any) -> str:
 
 
 def _md_table(rows: list[dict], cols: Iterable[str]) -> str:
+    """Markdown-таблица записей; заголовки — имена полей (ключи task[...]) как `код`."""
     cols = list(cols)
-    head = f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n"
+    head = f"| {' | '.join(f'`{c}`' for c in cols)} |\n|{'---|' * len(cols)}\n"
     return head + "\n".join("| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in rows)
 
 
@@ -262,7 +264,7 @@ _COMPONENTS_12_5_6: dict[str, tuple[str, str]] = {
     ),
     "rng_states": (
         "состояния генераторов случайных чисел (Python, NumPy, torch на каждом ранге)",
-        "другие сэмплы и другой порядок мини-пакетов: ветка расходится сразу после перезапуска",
+        "другие сэмплы и другой порядок мини-пакетов: ветвь расходится сразу после перезапуска",
     ),
     "data_cursor": (
         "положение в потоке запросов: эпоха, индекс, порядок перемешивания",
@@ -557,7 +559,7 @@ def _solution_12_5_6(task: dict) -> str:
         f"Веса и оптимизатор — {_size(big)} из {_size(total)} манифеста, почти весь объём. "
         "Но восстановить только их — значит перезапустить обучение с тёплыми весами, а не "
         "продолжить тот же эксперимент: маленькие файлы (шаг, генераторы случайных чисел, курсор "
-        "данных, версии) весят килобайты, а без них ветка после перезапуска расходится с "
+        "данных, версии) весят килобайты, а без них ветвь после перезапуска расходится с "
         "непрерывной сразу (шаг 12.5.3)."
     )
     if run["asynchronous"]:
@@ -594,7 +596,7 @@ register(
                 "Вы считаете, что раз веса модели и оптимизатор на месте, запуск можно продолжить. "
                 "Это восстановление «только весов», выданное за продолжение: без шага и версии, "
                 "генераторов случайных чисел, курсора данных, версий компонентов (и очереди у "
-                "асинхронного запуска) ветка после перезапуска расходится с непрерывной сразу.",
+                "асинхронного запуска) ветвь после перезапуска расходится с непрерывной сразу.",
                 _mc_weights_only,
             ),
             Misconception(
@@ -1138,7 +1140,7 @@ def _solution_12_5_8(task: dict) -> str:
         for m in v["mismatch_rows"]
     )
     mm_table = (
-        "| rollout_id | шаг | verifier_version | ждал шаг |\n|---|---|---|---|\n" + mm_rows
+        "| `rollout_id` | шаг | `verifier_version` | ждал шаг |\n|---|---|---|---|\n" + mm_rows
         if mm_rows
         else "Таких роллаутов нет: каждый пакет оценён той версией, которую ждал его шаг."
     )
@@ -1158,7 +1160,7 @@ def _solution_12_5_8(task: dict) -> str:
         "(и его `expected_verifier_version`). Левое соединение сохраняет роллауты без пакета:\n\n"
         f"{code}\n\n"
         "**Осиротевшие** — `training_batch_id` пуст, по любой причине (так считает "
-        "`tracing.find_orphans`):\n\n| rollout_id | enqueue_time | dequeue_time | dropped | "
+        "`tracing.find_orphans`):\n\n| `rollout_id` | `enqueue_time` | `dequeue_time` | `dropped` | "
         f"причина |\n|---|---|---|---|---|\n{orphan_rows}\n\n"
         "Отброшенные как несвежие — тоже сироты: генерация и проверка потрачены, а ни до "
         "одного обновления работа не дошла. Отбрасывание — законное правило очереди, но его "
@@ -1295,7 +1297,7 @@ def _task_12_5_9(variant: int) -> dict:
         ):
             break
     table = "\n".join(
-        f"| {g['group_id']} | {g['collector']} | {', '.join(f'{d:g}' for d in g['durations_s'])} "
+        f"| {g['group_id']} | `{g['collector']}` | {', '.join(f'{d:g}' for d in g['durations_s'])} "
         f"| {' '.join(map(str, g['rewards']))} |"
         for g in groups
     )
@@ -1397,7 +1399,7 @@ def _solution_12_5_9(task: dict) -> str:
             f"= {ref[f'p{q}']:.3f} |"
         )
     per = "\n".join(
-        f"| {c} | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} |"
+        f"| `{c}` | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} |"
         for c, p in sorted(v["per_collector"].items())
     )
     degenerate = [g["group_id"] for g in task["groups"] if len(set(g["rewards"])) == 1]
@@ -1730,7 +1732,9 @@ def _task_12_5_10(variant: int) -> dict:
         f"Проверка: `checkpoint.run_crash_test(total_steps={total}, crash_at={crash}, "
         f"seed={seed}, checkpoint_every={every}, resume=resume)` (параметры — "
         "`task['crash_test']`) строит три ветви. Ответ верен, если ветвь **full** — с вашей "
-        f"`resume` — совпадает с непрерывной на всех {total} шагах побитово. Запустить проверку "
+        f"`resume` — совпадает с непрерывной на всех {total} шагах побитово (так строго — "
+        "потому что учебный запуск однопроцессный и детерминированный; от распределённого "
+        "запуска требуют сохранить семантику эксперимента, см. шаг 12.5.3). Запустить проверку "
         "можно и самому: `print(checkpoint.run_crash_test(**task['crash_test'], "
         "resume=resume))`.\n\n"
         "Ответ — сама функция: `answer_12_5_10 = resume` (без скобок). Готовая "
@@ -2196,7 +2200,7 @@ def _solution_12_5_11(task: dict) -> str:
 register(
     Exercise(
         id="12.5.11",
-        title="Атомарный приём или отказ частично записанных батчей",
+        title="Атомарный приём или отказ частично записанных пакетов",
         make_task=_task_12_5_11,
         reference=_reference_12_5_11,
         solution=_solution_12_5_11,
@@ -2339,8 +2343,8 @@ def _describe_requirements(req: dict) -> list[str]:
     if req.get("multi_turn"):
         out.append("многоходовые роллауты с инструментами: `multi_turn=True`")
     if req.get("asynchronous") is True:
-        out.append("асинхронное обучение (режим `async`; «на шаг позади» не подходит): "
-                   "`asynchronous=True`")  # fmt: skip
+        out.append("асинхронное обучение (режим `async`; «на шаг позади» — его вариант с "
+                   "задержкой ровно 1, тоже подходит): `asynchronous=True`")  # fmt: skip
     if req.get("asynchronous") is False:
         out.append("строго синхронное обучение (`sync`): `asynchronous=False`")
     if req.get("lag_bound"):
@@ -2381,7 +2385,7 @@ def _task_12_5_12(variant: int) -> dict:
     cols = ["stack"] + list(
         dict.fromkeys(c for k in req for c in _REQ_COLUMNS_12_5_12[k])
     ) + ["unconfirmed", "snapshot_date"]  # fmt: skip
-    head = f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n"
+    head = f"| {' | '.join(f'`{c}`' for c in cols)} |\n|{'---|' * len(cols)}\n"
     table = head + "\n".join(
         "| " + " | ".join(_map_cell(row[c]) for c in cols) + " |" for _, row in frame.iterrows()
     )
@@ -2389,7 +2393,8 @@ def _task_12_5_12(variant: int) -> dict:
         "требование выполнено, только если это **подтверждённый** факт карты: элемент списка с "
         "«?» на конце, столбец, названный в `unconfirmed`, и ячейка `unconfirmed` не "
         "подтверждены;",
-        "LoRA и многоходовые роллауты — ячейка `lora` / `multi_turn` начинается с «yes»;",
+        "LoRA и многоходовые роллауты — ячейка `lora` / `multi_turn` начинается с "
+        f"«{stack_map.SUPPORTED_PREFIX}»;",
         "асинхронность — `async` в столбце `synchrony`; синхронность — `sync`; сочетания с "
         "размещением — в `placement_synchrony`;",
         "ограничение задержки — у стека есть ключ `staleness_control_key` (не `n/a`); если не "
@@ -2754,7 +2759,7 @@ def _statement_12_5_13(d: dict) -> str:
     m = _memory_12_5_13(mem)
     shape, recipe = m["shape"], memory.recipe(mem["recipe"])
     rows = "\n".join(
-        f"| {r['row']} | {r['worker']} | {r['stage']} | {r['start_s']:.1f} | {r['end_s']:.1f} | "
+        f"| {r['row']} | `{r['worker']}` | `{r['stage']}` | {r['start_s']:.1f} | {r['end_s']:.1f} | "
         f"{', '.join(map(str, r['depends_on'])) or '—'} |"
         for r in trace
     )
@@ -2792,7 +2797,7 @@ def _statement_12_5_13(d: dict) -> str:
         f"{mem['tokens_per_sequence']}. Резерв на активации, буферы и фрагментацию — "
         f"{mem['reserve_gib']} ГиБ. Память GPU — {mem['gpu_gb']} ГБ ({mem['gpu_gb']}·10⁹ Б)."
         "\n\n"
-        f"**3. Очередь и устаревание.** Объявленный предел задержки политики — "
+        f"**3. Очередь и несвежесть данных.** Объявленный предел задержки политики — "
         f"{queue['max_lag']}. Измеренная задержка роллаутов последних пакетов (число роллаутов "
         f"с данной задержкой): {lags}. ESS по пакетам:\n\n| пакет | n | ESS |\n|---|---|---|\n"
         f"{ess}\n\n"
