@@ -1902,7 +1902,7 @@ def _solution_12_5_10(task: dict) -> str:
 register(
     Exercise(
         id="12.5.10",
-        title="Функция resume: ветка после сбоя совпадает с непрерывной",
+        title="Функция resume: ветвь после сбоя совпадает с непрерывной",
         make_task=_task_12_5_10,
         reference=_reference_12_5_10,
         solution=_solution_12_5_10,
@@ -3018,7 +3018,7 @@ def _solution_12_5_13(task: dict) -> str:
 register(
     Exercise(
         id="12.5.13",
-        title="Итоговый диагноз: узкое место, память, риск устаревания, пробелы восстановления",
+        title="Итоговый диагноз: узкое место, память, риск несвежести данных, пробелы восстановления",
         make_task=_task_12_5_13,
         reference=_reference_12_5_13,
         solution=_solution_12_5_13,
