@@ -134,26 +134,37 @@ def decode_fixed_lengths(
     }
 
 
-def compare_batching(model, tokenizer, tasks, lengths, n_buckets: int = 4, seed: int = 0):
+def compare_batching(
+    model, tokenizer, tasks, lengths, n_buckets: int = 4, seed: int = 0, repeats: int = 3
+):
     """Статический пакет против ``n_buckets`` пакетов, сгруппированных по длине.
 
     Для каждой стратегии: число пакетов, шагов декодирования, загрузка слотов U, полезные токены,
-    время декодирования (с) и полезные токены/с. Возвращает pandas.DataFrame.
+    время декодирования (с, медиана из ``repeats`` прогонов) и полезные токены / это время.
+    Возвращает pandas.DataFrame; в заголовке времени указано число повторов.
     """
+    from course_utils.args import integer
+
     if not isinstance(n_buckets, int) or not 1 <= n_buckets <= len(tasks):
         raise ValueError(f"n_buckets должно быть целым в [1, {len(tasks)}], получено {n_buckets!r}")
+    repeats = integer("repeats", repeats, 1)
     order = sorted(range(len(tasks)), key=lambda i: lengths[i])
     buckets = [list(b) for b in np.array_split(order, n_buckets) if len(b)]
     plans = {"статический пакет": [list(range(len(tasks)))], "по длине": buckets}
+    time_col = f"декодирование, с (медиана из {repeats})"
     rows = []
     for name, plan in plans.items():
-        parts = [
-            decode_fixed_lengths(
-                model, tokenizer, [tasks[i] for i in b], [lengths[i] for i in b], seed=seed
-            )
-            for b in plan
+        runs = [
+            [
+                decode_fixed_lengths(
+                    model, tokenizer, [tasks[i] for i in b], [lengths[i] for i in b], seed=seed
+                )
+                for b in plan
+            ]
+            for _ in range(repeats)
         ]
-        decode_s = sum(p["decode_s"] for p in parts)
+        parts = runs[0]  # шаги и токены во всех повторах одинаковы
+        decode_s = float(np.median([sum(p["decode_s"] for p in run) for run in runs]))
         useful = sum(p["useful_tokens"] for p in parts)
         rows.append(
             {
@@ -162,7 +173,7 @@ def compare_batching(model, tokenizer, tasks, lengths, n_buckets: int = 4, seed:
                 "шагов декодирования": sum(p["steps"] for p in parts),
                 "загрузка слотов U": useful / sum(p["slot_steps"] for p in parts),
                 "полезных токенов": useful,
-                "декодирование, с": decode_s,
+                time_col: decode_s,
                 "полезных токенов/с": useful / decode_s,
             }
         )

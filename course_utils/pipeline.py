@@ -43,7 +43,12 @@ __all__ = [
     "pipelined_period",
     "plot_queue",
     "pool_utilization",
+    "PROFILE_BASE",
+    "PROFILE_COLUMNS",
+    "PROFILE_INDEX",
+    "PROFILE_INDEX_NOTE",
     "profile_over_lag",
+    "queue_above_threshold",
     "sequential_cycle",
     "simulate",
     "speedup",
@@ -556,41 +561,103 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     }
 
 
+# Столбцы profile_over_lag: заголовок → что он значит (ноутбук печатает пояснения из словаря).
+PROFILE_COLUMNS = {
+    "пропускная способность, токенов/с": "токены завершённых шагов оптимизатора / длительность "
+    "прогона (при конечном η пакет бывает больше batch_tokens: шаг s забирает все роллауты версий "
+    "≤ s − η)",
+    "сгенерировано, токенов/с": "токены роллаутов, дошедших до очереди, / длительность прогона",
+    "шагов оптимизатора": "сколько шагов тренер завершил за прогон",
+    "средняя задержка, версий": "среднее по взятым в пакеты роллаутам: версия шага − версия "
+    "генерации",
+    "макс. задержка, версий": "наибольшая такая задержка за прогон",
+    "ESS/n": "среднее по шагам (Σw)² / (n·Σw²) синтетических весов важности, доля от 1",
+    "простой тренера, %": "доля времени прогона, когда тренер ждал пакет (`queue_wait`)",
+    "простой сборщиков, %": "доля времени сборщиков в обратном давлении (`backpressure`)",
+    "пик очереди, токенов": "наибольшая глубина очереди за прогон",
+}
+PROFILE_INDEX = "предел задержки η"
+PROFILE_INDEX_NOTE = (
+    "`max_policy_lag`: сборщик не начинает роллаут, который попал бы в шаг с задержкой больше η "
+    "версий; «∞» — без предела"
+)
+# Профиль лекции: 120 виртуальных секунд, seed 0, 8 сборщиков, пакет 4096 токенов, 1 тренер.
+# Декодирование 160 токенов/с на сборщик: генерация (≈ 8 · 512 / 3.4 с ≈ 1200 токенов/с) быстрее
+# обучения (4096 токенов за 4096 / 1200 + 0.8 с ≈ 970 токенов/с), поэтому без предела η очередь
+# и задержка растут со временем, и строка «∞» отличается от строк с пределом.
+PROFILE_BASE = SimConfig(decode_tokens_per_s=160.0)
+
+
 def profile_over_lag(
     base: SimConfig | None = None, lags: Iterable[int | None] = (0, 1, 2, 4, None)
 ):
-    """Профиль по глубине перекрытия: строка на max_policy_lag (None — без ограничения, «∞»).
+    """Профиль по глубине перекрытия: строка на max_policy_lag = η (None — без предела, «∞»).
 
-    Остальные параметры — из base (по умолчанию 120 виртуальных секунд, 8 сборщиков, пакет 4096
-    токенов, 1 тренер, seed 0). Пропускная способность в токенах/с, задержка в версиях политики.
-    Коэффициенты модели иллюстративны: таблица показывает механизм, а не «лучший» интервал.
+    Остальные параметры — из base (по умолчанию ``PROFILE_BASE``: 120 виртуальных секунд,
+    8 сборщиков, пакет 4096 токенов, 1 тренер, seed 0, генерация быстрее обучения). Столбцы и
+    их смысл — ``PROFILE_COLUMNS``, индекс ``PROFILE_INDEX`` («0», «1», …, «∞»). Коэффициенты
+    модели иллюстративны: таблица показывает механизм, а не «лучший» интервал.
     """
-    base = SimConfig() if base is None else base
+    base = PROFILE_BASE if base is None else base
     if not isinstance(base, SimConfig):
         raise ValueError(f"base должно быть SimConfig или None, получено {type(base)}")
     if isinstance(lags, str | bytes) or not isinstance(lags, Iterable):
         raise ValueError(f"lags должно быть последовательностью целых ≥ 0 или None: {lags!r}")
-    rows = []
+    rows, index = [], []
     for eta in list(lags):
         if eta is not None:
             _int("lags[...]", eta, 0)
         s = simulate(dataclasses.replace(base, max_policy_lag=eta)).summary
-        rows.append(
-            {
-                "max_policy_lag": "∞" if eta is None else str(eta),
-                "пропускная способность, ток/с": round(s["throughput_tokens_per_s"], 1),
-                "шагов оптимизатора": s["optimizer_steps"],
-                "средняя задержка, версий": round(s["mean_policy_lag"], 2),
-                "макс. задержка, версий": s["max_policy_lag"],
-                "ESS/n": round(s["ess_norm"], 3),
-                "простой тренера, %": round(100 * s["trainer_idle_share"], 1),
-                "простой сборщиков, %": round(100 * s["collector_idle_share"], 1),
-                "пик очереди, ток": s["peak_queue_tokens"],
-            }
+        index.append("∞" if eta is None else str(eta))
+        values = (
+            round(s["throughput_tokens_per_s"], 1),
+            round(s["generated_tokens_per_s"], 1),
+            s["optimizer_steps"],
+            round(s["mean_policy_lag"], 2),
+            s["max_policy_lag"],
+            round(s["ess_norm"], 3),
+            round(100 * s["trainer_idle_share"], 1),
+            round(100 * s["collector_idle_share"], 1),
+            s["peak_queue_tokens"],
         )
+        rows.append(dict(zip(PROFILE_COLUMNS, values)))
     if not rows:
         raise ValueError("lags не должно быть пустым")
-    return pd.DataFrame(rows).set_index("max_policy_lag")
+    return pd.DataFrame(rows, index=pd.Index(index, name=PROFILE_INDEX))
+
+
+def queue_above_threshold(result: SimResult, threshold_tokens: float | None = None) -> dict:
+    """Сколько очередь провела выше порога θ и насколько его превысила (токены, доли).
+
+    share_above — доля времени прогона H с глубиной > θ: Σ dt·[d > θ] / H; share_after_first —
+    та же доля от первого достижения θ до конца; peak_tokens и overshoot_tokens = max(0, пик −
+    θ); overshoot_share = overshoot_tokens / θ; max_in_flight_tokens — наибольший объём начатых,
+    но не дошедших до очереди роллаутов (порог их не останавливает). θ по умолчанию —
+    result.config.max_queue_tokens.
+    """
+    if not isinstance(result, SimResult):
+        raise ValueError(f"result должно быть SimResult, получено {type(result)}")
+    thr = result.config.max_queue_tokens if threshold_tokens is None else threshold_tokens
+    thr = _real("threshold_tokens", thr, strict=True) if thr is not None else None
+    if thr is None:
+        raise ValueError("threshold_tokens: у прогона нет max_queue_tokens — укажите порог")
+    q = result.queue.drop_duplicates("time", keep="last")
+    t = np.append(q["time"].to_numpy(dtype=float), result.config.duration_s)
+    d, dt = q["depth_tokens"].to_numpy(dtype=float), np.diff(t)
+    reached = np.flatnonzero(d >= thr)
+    first = t[reached[0]] if len(reached) else result.config.duration_s
+    after = result.config.duration_s - first
+    peak = float(d.max())
+    return {
+        "threshold_tokens": thr,
+        "share_above": float(dt[d > thr].sum() / result.config.duration_s),
+        "first_reached_s": float(first),
+        "share_after_first": float(dt[d > thr].sum() / after) if after > 0 else 0.0,
+        "peak_tokens": int(peak),
+        "overshoot_tokens": int(max(0.0, peak - thr)),
+        "overshoot_share": max(0.0, peak - thr) / thr,
+        "max_in_flight_tokens": int(result.queue["in_flight_tokens"].max()),
+    }
 
 
 # --------------------------------------------------------------------------- временная шкала
@@ -618,14 +685,21 @@ def critical_path(
     intervals: Any,
     deps: Mapping[int, Iterable[int]] | None = None,
     exclude_stages: Iterable[str] = WAIT_STAGES,
+    unlimited_workers: Iterable[str] = (),
 ) -> tuple[float, pd.DataFrame]:
     """Критический путь: самая длинная по сумме длительностей цепочка зависимых интервалов, с.
 
     Модель зависимостей: интервал зависит (1) от предыдущего интервала того же исполнителя —
     последнего закончившегося не позже его начала, и (2) от интервалов из deps[номер строки]
     (номера — позиции строк intervals). Стадии ожидания не считаются работой и пропускаются.
-    Длина пути — нижняя граница времени при бесконечных ресурсах; возвращает (длина, цепочка).
+    Исполнители из unlimited_workers правило (1) не соблюдают: как будто у каждой их работы
+    свой исполнитель (пул без ограничения размера), остаются только зависимости по данным.
+    Длина пути — нижняя граница времени той же работы при этих ресурсах; возвращает
+    (длина, цепочка).
     """
+    if isinstance(unlimited_workers, str) or not isinstance(unlimited_workers, Iterable):
+        raise ValueError(f"unlimited_workers должно быть списком имён: {unlimited_workers!r}")
+    unlimited = {str(w) for w in unlimited_workers}
     df = _intervals(intervals, exclude_stages)
     if df.empty:
         raise ValueError("intervals: нет ни одного интервала работы")
@@ -640,7 +714,9 @@ def critical_path(
             raise ValueError(f"deps: номера строк вне intervals (или стадии ожидания): {bad}")
         preds[i] = d
     start, end = df["start_s"].to_dict(), df["end_s"].to_dict()
-    for _, g in df.groupby(df["worker"].astype(str), sort=False):
+    for worker, g in df.groupby(df["worker"].astype(str), sort=False):
+        if worker in unlimited:
+            continue
         ends: list[tuple[float, int]] = []  # (end_s, строка) раньше начавшихся, по возрастанию
         for i in sorted(g.index, key=lambda j: (start[j], end[j])):
             pos = bisect.bisect_right(ends, (start[i] + _EPS, math.inf))
@@ -735,6 +811,9 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
     а уже начатые роллауты всё равно приходят в очередь. Возвращает matplotlib Axes.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from course_utils.fmt import num
 
     if not isinstance(result, SimResult):
         raise ValueError(f"result должно быть SimResult, получено {type(result)}")
@@ -748,7 +827,8 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
     d = np.append(q["depth_tokens"].to_numpy(), q["depth_tokens"].iloc[-1])
     ax.step(t, d, where="post", color="tab:blue", lw=1.4, label="токены в очереди")
     if thr is not None:
-        ax.axhline(thr, color="black", ls="--", lw=1.0, label=f"порог запуска: {thr:g} токенов")
+        label = f"порог запуска: {num(thr)} токенов"
+        ax.axhline(thr, color="black", ls="--", lw=1.0, label=label)
         ax.fill_between(
             t,
             thr,
@@ -757,15 +837,17 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
             color="tab:red",
             alpha=0.35,
             lw=0,
-            label="превышение порога (работы уже в полёте)",
+            label="выше порога: роллауты, начатые до его достижения",
         )
     ax.set_xlim(0, result.config.duration_s)
-    ax.set_ylim(0, 1.3 * max(d.max(), thr or 0, 1))  # место для легенды над данными
+    ax.set_ylim(0, 1.45 * max(d.max(), thr or 0, 1))  # место для легенды над данными
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    ax.yaxis.set_major_formatter(lambda y, _: num(int(y)))
     ax.set_xlabel("время, с (виртуальное)")
-    ax.set_ylabel("токены в очереди")
+    ax.set_ylabel("глубина очереди, токенов")
     ax.set_title("Глубина очереди роллаутов")
     ax.grid(linestyle=":", alpha=0.6)
-    ax.legend(loc="upper left", fontsize="small", ncols=3, frameon=False)
+    ax.legend(loc="upper left", fontsize="small", ncols=1, frameon=True, framealpha=0.9)
     if ax.figure is not None:
         ax.figure.tight_layout()
     return ax

@@ -288,7 +288,8 @@ def profile_table(
 
     С ``tokens = {"input_tokens": N_in, "output_tokens": N_out}`` (на шаг) добавляется столбец
     «токенов/с»: N_in / T_prefill для prefill и N_out / T_decode для decode, NaN для остальных
-    этапов (и при нулевом времени этапа). Индекс — ключи этапов.
+    этапов (и при нулевом времени этапа). Индекс — ключи этапов (``STAGES``), его имя
+    «код этапа»: ключи остаются как в коде, русская подпись — в столбце «этап».
     """
     times = _stage_times(stage_times)
     total = _positive_total(times)
@@ -298,7 +299,7 @@ def profile_table(
             "время, с": list(times.values()),
             "доля, %": [100.0 * t / total for t in times.values()],
         },
-        index=pd.Index(list(times), name="stage"),
+        index=pd.Index(list(times), name="код этапа"),
     )
     if tokens is not None:
         if not isinstance(tokens, Mapping) or not tokens:

@@ -15,7 +15,7 @@
 Урок 12.3 — ``queue_generators_trainer``: тренер (ранг 0) владеет очередью роллаутов с
 порогом в токенах, два генератора (ранги 1 и 2) перед каждым запросом спрашивают у него
 разрешение. Порог останавливает начало новой работы, но не уже начатые запросы, поэтому
-глубина очереди может ненадолго превысить порог на работу «в полёте»; при λ > μ генераторы
+глубина очереди может превысить порог на работу «в полёте»; при λ > μ генераторы
 получают отказы (обратное давление), при λ < μ тренер ждёт данные. ``queue_timeline_frame``,
 ``queue_batches_frame``, ``queue_requests_frame``, ``queue_summary`` и ``events_frame``
 превращают результат запуска в таблицы.
@@ -69,6 +69,7 @@ __all__ = [
     "ROLE_TRAINER",
     "CLOCK_NOTE",
     "STAGE_KINDS_RU",
+    "SYNC_STEP_COLUMNS_RU",
     "RecvStats",
     "send_object",
     "recv_object",
@@ -1354,14 +1355,13 @@ class _QueueTrainer:
         arrived = sum(a["tokens"] for a in self.arrivals)
         consumed = sum(b["tokens"] for b in self.batches)
         busy = sum(b["busy_s"] for b in self.batches)
-        last_arrival = max((a["time_s"] for a in self.arrivals), default=start_s)
         offered = 0.0
         for g in QUEUE_GENERATOR_RANKS:
             mine = [a for a in self.arrivals if a["generator"] == g]
             gen_s = sum(a["generate_s"] for a in mine)
             if gen_s > 0:
                 offered += sum(a["tokens"] for a in mine) / gen_s
-        lam = arrived / (last_arrival - start_s) if last_arrival > start_s else 0.0
+        lam = arrived / (end_s - start_s) if end_s > start_s else 0.0  # то же окно, что у занятости
         mu = consumed / busy if busy > 0 else 0.0
         lags = [lag for b in self.batches for lag in b["lags"]]
         grants = sum(p["decision"] == "grant" for p in self.permissions)
@@ -1518,6 +1518,32 @@ def sync_steps_frame(launch_result: Any):
     )
     order = [*front, *g_cols.values(), *t_cols.values(), *tail]
     return merged[order].sort_values("step").reset_index(drop=True)
+
+
+# Русские заголовки столбцов sync_steps_frame для показа: frame.rename(columns=...).
+SYNC_STEP_COLUMNS_RU = {
+    "step": "шаг",
+    "behavior_version": "версия генерации v",
+    "trainer_version_before_update": "версия тренера до шага u",
+    "lag": "задержка политики u − v, версий",
+    "new_version": "новая версия",
+    "generator_generate_s": "генератор: генерация, с",
+    "generator_send_s": "генератор: отправка роллаутов, с",
+    "generator_wait_s": "генератор: ожидание весов, с",
+    "generator_weight_recv_s": "генератор: приём весов, с",
+    "generator_load_s": "генератор: загрузка весов, с",
+    "trainer_wait_s": "тренер: ожидание роллаутов, с",
+    "trainer_recv_s": "тренер: приём роллаутов, с",
+    "trainer_train_s": "тренер: обучение, с",
+    "trainer_weight_send_s": "тренер: отправка весов, с",
+    "rollout_bytes": "роллауты, байт",
+    "weight_bytes": "веса, байт",
+    "n_records": "роллаутов",
+    "reward_mean": "средняя награда",
+    "loss": "потери",
+    "clip_fraction": "доля клиппирования",
+    "grad_norm": "норма градиента",
+}
 
 
 # Вид работы каждой стадии — для читаемой диаграммы Ганта (5 цветов вместо 15).
@@ -1704,50 +1730,79 @@ def queue_requests_frame(launch_result: Any):
     return frame.sort_values(["granted_s", "rank"], kind="stable").reset_index(drop=True)
 
 
+# Ключ сводки → (подпись, единица); порядок — порядок строк queue_summary_text.
 QUEUE_SUMMARY_RU = {
-    "lambda_tokens_per_s": ("λ, наблюдаемый приток в очередь", "токен/с"),
-    "offered_lambda_tokens_per_s": ("λ_предл, предложенная нагрузка генераторов", "токен/с"),
-    "mu_tokens_per_s": ("μ, скорость обслуживания тренера (пока занят)", "токен/с"),
-    "rho": ("ρ = λ_предл / μ", ""),
+    "offered_lambda_tokens_per_s": ("λ_предл, предложенная нагрузка генераторов", "токенов/с"),
+    "mu_tokens_per_s": ("μ, скорость тренера, пока он занят", "токенов/с"),
+    "rho": ("ρ = λ_предл / μ", "раз"),
+    "lambda_tokens_per_s": ("λ, принятый приток в очередь (после допуска)", "токенов/с"),
+    "consumed_tokens_per_s": ("из него съел тренер: μ × доля занятости", "токенов/с"),
+    "accumulated_tokens_per_s": ("из него накопилось в очереди к концу", "токенов/с"),
+    "window_s": ("окно W: от старта до конца последнего шага", "с"),
+    "duration_s": ("длительность приёма запросов", "с"),
+    "grants": ("разрешений", "шт."),
+    "denials": ("отказов (обратное давление)", "шт."),
+    "generator_blocked_s": ("генераторы простояли после отказов (сумма)", "с"),
+    "generator_blocked_share": ("доля времени приёма, простоянная генераторами", "доля"),
     "threshold_tokens": ("порог очереди T", "токенов"),
     "batch_tokens": ("размер пакета", "токенов"),
     "peak_depth_tokens": ("пиковая глубина очереди", "токенов"),
     "overshoot_tokens": ("превышение порога max(0, пик − T)", "токенов"),
     "peak_in_flight_tokens": ("работа в полёте при пересечении порога", "токенов"),
     "overshoot_bound_holds": ("граница пик < T + работа в полёте выполнена", ""),
-    "grants": ("разрешений", ""),
-    "denials": ("отказов (обратное давление)", ""),
-    "n_batches": ("шагов обучения", ""),
+    "n_batches": ("шагов обучения", "шт."),
     "final_version": ("итоговая версия весов", ""),
     "mean_lag": ("средняя задержка политики L = u − v", "версий"),
     "max_lag": ("максимальная задержка политики", "версий"),
-    "busy_fraction": ("доля времени, когда тренер занят", ""),
+    "busy_fraction": ("доля окна W, когда тренер занят", "доля"),
     "left_in_queue_tokens": ("осталось в очереди после остановки", "токенов"),
-    "duration_s": ("длительность приёма запросов", "с"),
 }
+_TWO_DECIMALS = {"rho", "busy_fraction", "mean_lag", "generator_blocked_share"}
+_ONE_DECIMAL = {"duration_s", "window_s", "generator_blocked_s"}
 
 
 def queue_summary(launch_result: Any) -> dict:
     """Сводка запуска ``queue_generators_trainer``: словарь с английскими ключами.
 
-    lambda_tokens_per_s (λ — приток в очередь, токен/с), offered_lambda_tokens_per_s
-    (λ_предл = Σ_g токены_g / время генерации_g), mu_tokens_per_s (μ — токены пакетов / время
-    занятости тренера), rho (ρ = λ_предл / μ: ρ > 1 — без обратного давления очередь росла бы
-    без предела), threshold_tokens (T), batch_tokens, peak_depth_tokens, overshoot_tokens
-    (max(0, пик − T)), peak_in_flight_tokens, overshoot_bound_holds, grants, denials,
-    n_batches, final_version, mean_lag и max_lag (версий), busy_fraction, left_in_queue_tokens,
-    duration_s (с). Русские подписи и единицы — ``QUEUE_SUMMARY_RU``; текст — ``queue_summary_text``.
+    Скорости (токенов/с) на одном окне W = конец последнего шага − старт (window_s, с):
+    lambda_tokens_per_s — принятый приток λ = пришедшие токены / W; consumed_tokens_per_s —
+    съеденные тренером / W = μ · busy_fraction; accumulated_tokens_per_s — оставшиеся в
+    очереди / W; λ = съедено + накоплено (токены сохраняются). offered_lambda_tokens_per_s —
+    λ_предл = Σ_g токены_g / время генерации_g (сколько генераторы дали бы без отказов);
+    mu_tokens_per_s — μ = токены пакетов / время занятости тренера; rho = λ_предл / μ (> 1 —
+    без обратного давления очередь росла бы без предела). generator_blocked_s — сумма по
+    генераторам времени ожидания после отказов (с), generator_blocked_share — она же / (число
+    генераторов × duration_s), duration_s — длительность приёма запросов (с). Остальное:
+    порог T, пик и превышение (токенов), разрешения и отказы, шаги, версии, задержки (версий).
+    Подписи и единицы — ``QUEUE_SUMMARY_RU``; текст — ``queue_summary_text``.
     """
-    trainer, _ = _queue_results(launch_result, "launch_result")
-    keys = [k for k in QUEUE_SUMMARY_RU if k not in ("overshoot_bound_holds", "duration_s")]
-    out = {k: trainer[k] for k in keys}
-    out["overshoot_bound_holds"] = bool(trainer["bound_holds"])
-    out["duration_s"] = float(trainer["stop_s"] - trainer["start_s"])
+    trainer, generators = _queue_results(launch_result, "launch_result")
+    window = float(trainer["end_s"] - trainer["start_s"])
+    accepting = float(trainer["stop_s"] - trainer["start_s"])
+    blocked = float(sum(g.get("backpressure_wait_s", 0.0) for g in generators))
+    out = {k: trainer[k] for k in QUEUE_SUMMARY_RU if k in trainer}
+    out.update(
+        {
+            "consumed_tokens_per_s": trainer["tokens_consumed"] / window if window > 0 else 0.0,
+            "accumulated_tokens_per_s": trainer["left_in_queue_tokens"] / window
+            if window > 0
+            else 0.0,
+            "window_s": window,
+            "duration_s": accepting,
+            "generator_blocked_s": blocked,
+            "generator_blocked_share": blocked / (len(generators) * accepting)
+            if accepting > 0
+            else 0.0,
+            "overshoot_bound_holds": bool(trainer["bound_holds"]),
+        }
+    )
     return {k: out[k] for k in QUEUE_SUMMARY_RU}
 
 
 def queue_summary_text(launch_result_or_summary: Any) -> str:
-    """Сводка очереди по-русски, строка на величину с единицами (для печати в ноутбуке)."""
+    """Сводка очереди по-русски: строка «подпись, единица: значение» на величину."""
+    from course_utils.fmt import num
+
     if isinstance(launch_result_or_summary, Mapping) and "rho" in launch_result_or_summary:
         summary = dict(launch_result_or_summary)
     else:
@@ -1759,11 +1814,11 @@ def queue_summary_text(launch_result_or_summary: Any) -> str:
             text = "—"
         elif isinstance(value, bool):
             text = "да" if value else "нет"
-        elif isinstance(value, float):
-            text = f"{value:.2f}" if key in ("rho", "busy_fraction", "mean_lag") else f"{value:.0f}"
-            if key == "duration_s":
-                text = f"{value:.1f}"
+        elif key in _TWO_DECIMALS:
+            text = num(float(value), 2)
+        elif key in _ONE_DECIMAL:
+            text = num(float(value), 1)
         else:
-            text = str(value)
-        lines.append(f"{label}: {text}{' ' + unit if unit and value is not None else ''}")
+            text = num(round(value))
+        lines.append(f"{label}{', ' + unit if unit else ''}: {text}")
     return "\n".join(lines)

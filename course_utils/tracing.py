@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from course_utils.arith_task import is_informative_group, scalar_reward
+from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 
@@ -334,6 +335,42 @@ def stage_summary(frame: Any):
     return out
 
 
+# Подписи для студента: ключи стадий и имена исполнителей в коде остаются английскими
+# (их используют таблицы и тесты), на рисунках и в легендах — русские подписи.
+STAGE_LABELS_RU: dict[str, str] = {
+    **_LOOP_STAGE_LABELS,
+    "queue_wait": "ожидание пакета",
+    "backpressure": "обратное давление",
+    "verifier": "проверка ответа",
+    "checkpoint": "контрольная точка",
+}
+WORKER_LABELS_RU = {
+    "main": "главный поток",
+    "collector": "сборщик",
+    "trainer": "тренер",
+    "gen": "генератор",
+    "generator": "генератор",
+    "verifier": "проверяющий",
+}
+
+
+def stage_label(stage: Any) -> str:
+    """Русская подпись стадии для рисунка: "decode" → "декодирование"; незнакомая — как есть."""
+    return STAGE_LABELS_RU.get(str(stage), str(stage))
+
+
+def worker_label(worker: Any) -> str:
+    """Русское имя исполнителя: "collector-3" → "сборщик 3", "main" → "главный поток".
+
+    Имя вида «<роль>-<номер>» или «<роль>» с ролью из ``WORKER_LABELS_RU``; остальное — как есть.
+    """
+    name = str(worker)
+    role, sep, number = name.rpartition("-")
+    if sep and number.isdigit() and role in WORKER_LABELS_RU:
+        return f"{WORKER_LABELS_RU[role]} {number}"
+    return WORKER_LABELS_RU.get(name, name)
+
+
 def _stage_colors(stages: list[str]) -> dict[str, Any]:
     import matplotlib
 
@@ -356,9 +393,10 @@ def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
 def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: str = "с"):
     """Диаграмма Ганта: строка на исполнителя (worker), полоса на событие [start_s, end_s].
 
-    Цвет — по имени стадии (легенда справа); вложенные или одновременные события одного
-    исполнителя рисуются поверх более узкими полосами. Ось x — время в единицах time_unit
-    ("с", "мс", "мкс", "мин"). Возвращает matplotlib Axes.
+    Цвет — по имени стадии (легенда справа от осей, внутри рисунка); вложенные или
+    одновременные события одного исполнителя рисуются поверх более узкими полосами. Ось x —
+    время в единицах time_unit ("с", "мс", "мкс", "мин"). Подписи по-русски: стадии —
+    ``stage_label``, исполнители — ``worker_label``. Возвращает matplotlib Axes.
     """
     import matplotlib.pyplot as plt
     import pandas as pd
@@ -409,14 +447,14 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
             patch.set_zorder(2 + levels[i])  # вложенные полосы поверх внешних
 
     ax.set_yticks(range(len(workers)))
-    ax.set_yticklabels(workers)
+    ax.set_yticklabels([worker_label(w) for w in workers])
     ax.set_ylim(len(workers) - 0.5, -0.5)  # первый исполнитель сверху
     ax.set_xlabel(f"время, {time_unit}")
     ax.set_ylabel("исполнитель")
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)
     ax.set_title(title if title is not None else "Диаграмма Ганта по стадиям")
-    handles = [Patch(facecolor=colors[s], label=s) for s in stages]
+    handles = [Patch(facecolor=colors[s], label=stage_label(s)) for s in stages]
     ax.legend(
         handles=handles,
         title="стадия",
@@ -557,7 +595,7 @@ METRIC_UNITS = {
     "скорость генерации": "токенов/с",
     "синхронизация весов, среднее": "с",
     "доля простоя тренера": "доля",
-    "пиковая память": "ГиБ (2^30 байт)",
+    "пиковая память": "ГиБ (2³⁰ Б)",
     "осиротевших роллаутов": "шт.",
     "доля осиротевших роллаутов": "доля",
     "отброшено как несвежие": "шт.",

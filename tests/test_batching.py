@@ -49,6 +49,20 @@ def test_bucketing_raises_slot_utilization(tiny):
         batching.compare_batching(model, tok, tasks, lengths, n_buckets=0)
 
 
+def test_compare_batching_states_repeats_in_header(tiny):
+    model, tok = tiny
+    tasks = policy.make_tasks(6, seed=2)
+    lengths = batching.response_lengths(6, seed=4, median=4, max_len=12)
+    table = batching.compare_batching(model, tok, tasks, lengths, n_buckets=2, repeats=2)
+    col = "декодирование, с (медиана из 2)"  # число повторов видно в заголовке
+    assert col in table.columns and (table[col] > 0).all()
+    rate = table["полезных токенов"] / table[col]
+    assert table["полезных токенов/с"].tolist() == pytest.approx(rate.tolist())
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="repeats"):
+            batching.compare_batching(model, tok, tasks, lengths, n_buckets=2, repeats=bad)
+
+
 def test_stale_prefix_cache_differs_after_weight_update(tiny):
     import copy
 

@@ -351,12 +351,33 @@ def test_summary_and_tables_are_consistent():
 def test_profile_over_lag_shape():
     table = pl.profile_over_lag()
     assert list(table.index) == ["0", "1", "2", "4", "∞"]
-    thr = table["пропускная способность, ток/с"]
+    assert table.index.name == pl.PROFILE_INDEX == "предел задержки η"
+    assert list(table.columns) == list(pl.PROFILE_COLUMNS)  # у каждого столбца есть пояснение
+    assert all(re.search(CYRILLIC, c) or c == "ESS/n" for c in table.columns)
+    thr = table["пропускная способность, токенов/с"]
     assert thr.iloc[-1] > thr.iloc[0]  # перекрытие даёт скорость...
     assert table["средняя задержка, версий"].iloc[0] == 0
     assert table["средняя задержка, версий"].iloc[-1] > 1  # ...ценой свежести
     assert table["ESS/n"].iloc[0] == 1.0 > table["ESS/n"].iloc[-1]
     assert (table["макс. задержка, версий"].iloc[:4].astype(int) <= [0, 1, 2, 4]).all()
+
+
+def test_profile_unbounded_row_differs_from_bounded():
+    # Профиль урока: генерация быстрее обучения, поэтому без предела задержка растёт дальше η = 4
+    # (старый профиль печатал строки «4» и «∞» одинаковыми).
+    table = pl.profile_over_lag()
+    assert not table.loc["4"].equals(table.loc["∞"])
+    free = simulate(dataclasses.replace(pl.PROFILE_BASE, max_policy_lag=None))
+    used = free.rollouts.dropna(subset=["consumed_version"])
+    lag = used["consumed_version"] - used["behavior_version"]  # пересчёт по таблице роллаутов
+    assert lag.max() > 4 == table.loc["4", "макс. задержка, версий"]
+    assert table.loc["∞", "макс. задержка, версий"] == lag.max()
+    assert table.loc["∞", "пик очереди, токенов"] == free.queue["depth_tokens"].max()
+    assert table.loc["∞", "пик очереди, токенов"] > table.loc["4", "пик очереди, токенов"]
+    generated = free.rollouts.loc[free.rollouts["enqueue_time"].notna(), "tokens"].sum() / 120.0
+    assert table.loc["∞", "сгенерировано, токенов/с"] == pytest.approx(generated, abs=0.05)
+    # λ > μ: генерация ∞-строки быстрее, чем тренер успевает съесть
+    assert generated > table.loc["∞", "пропускная способность, токенов/с"]
 
 
 # --------------------------------------------------------------------------- временная шкала
@@ -394,6 +415,76 @@ def test_timeline_helpers_on_hand_made_intervals():
         pl.critical_path(iv, {0: [4]})  # зависимость от более позднего интервала
 
 
+def test_critical_path_with_unlimited_workers_by_hand():
+    # gen делает два роллаута подряд; каждый шаг тренера ждёт свой роллаут.
+    iv = pd.DataFrame(
+        [
+            ("gen", "decode", 0.0, 4.0),
+            ("gen", "decode", 4.0, 8.0),
+            ("train", "forward_backward", 4.0, 7.0),
+            ("train", "forward_backward", 8.0, 11.0),
+        ],
+        columns=["worker", "stage", "start_s", "end_s"],
+    )
+    deps = {2: [0], 3: [1]}
+    length, chain = pl.critical_path(iv, deps)
+    assert length == 11.0 and chain.index.tolist() == [0, 1, 3]  # 4 + 4 + 3
+    # Сборщиков сколько угодно: второй роллаут не ждёт первого, путь идёт через тренера.
+    length, chain = pl.critical_path(iv, deps, unlimited_workers=["gen"])
+    assert length == 10.0 and chain.index.tolist() == [0, 2, 3]  # 4 + 3 + 3
+    with pytest.raises(ValueError, match="unlimited_workers"):
+        pl.critical_path(iv, deps, unlimited_workers="gen")
+
+
+def test_critical_path_unlimited_collectors_on_simulation():
+    res = simulate(SimConfig(duration_s=40.0, num_collectors=4, max_policy_lag=1))
+    full, _ = pl.critical_path(res.events, res.dependencies())
+    collectors = [w for w in res.events["worker"].unique() if w.startswith("collector")]
+    data, chain = pl.critical_path(res.events, res.dependencies(), unlimited_workers=collectors)
+    trainer_work = pl.sum_of_work(res.events[res.events["worker"] == "trainer-0"])
+    assert full == pytest.approx(40.0)  # замкнутый цикл: кто-то занят всё время
+    assert trainer_work <= data < full  # без очереди на сборщиков путь короче прогона
+    assert data == pytest.approx(float((chain["end_s"] - chain["start_s"]).sum()))
+    assert chain["end_s"].is_monotonic_increasing
+
+
+def _queue_result(times, depths, in_flight, duration_s, threshold):
+    queue = pd.DataFrame(
+        {"time": times, "depth_rollouts": [0] * len(times), "depth_tokens": depths,
+         "in_flight_tokens": in_flight}
+    )  # fmt: skip
+    cfg = SimConfig(duration_s=duration_s, max_queue_tokens=threshold)
+    empty = pd.DataFrame()
+    return pl.SimResult(cfg, empty, queue, empty, empty, {})
+
+
+def test_queue_above_threshold_by_hand():
+    # Порог 10; глубина 12 на [1, 3), 8 на [3, 4), 15 на [4, 5): выше порога 3 с из 5.
+    res = _queue_result([0.0, 1.0, 3.0, 4.0], [0, 12, 8, 15], [20, 8, 7, 0], 5.0, 10)
+    out = pl.queue_above_threshold(res)
+    assert out["share_above"] == pytest.approx(3 / 5)
+    assert out["first_reached_s"] == 1.0 and out["share_after_first"] == pytest.approx(3 / 4)
+    assert out["peak_tokens"] == 15 and out["overshoot_tokens"] == 5
+    assert out["overshoot_share"] == pytest.approx(0.5) and out["max_in_flight_tokens"] == 20
+    assert pl.queue_above_threshold(res, threshold_tokens=20)["share_above"] == 0.0
+    with pytest.raises(ValueError, match="threshold_tokens"):
+        pl.queue_above_threshold(_queue_result([0.0], [0], [0], 1.0, None))
+    with pytest.raises(ValueError, match="result"):
+        pl.queue_above_threshold(res.queue)
+
+
+def test_queue_above_threshold_matches_fine_grid():
+    res = simulate(SimConfig(duration_s=120.0, train_tokens_per_s=500.0, max_queue_tokens=8192))
+    out = pl.queue_above_threshold(res)
+    q = res.queue.drop_duplicates("time", keep="last")
+    grid = np.arange(0.0, 120.0, 0.001) + 0.0005  # середины миллисекундных ячеек
+    depth = q["depth_tokens"].to_numpy()[np.searchsorted(q["time"].to_numpy(), grid, "right") - 1]
+    assert out["share_above"] == pytest.approx(np.mean(depth > 8192), abs=2e-3)
+    assert out["share_above"] > 0.5  # медленный тренер: выше порога бо́льшую часть прогона
+    assert out["peak_tokens"] == res.summary["peak_queue_tokens"]
+    assert out["overshoot_share"] == pytest.approx((out["peak_tokens"] - 8192) / 8192)
+
+
 def test_steady_state_throughput_periodic():
     times = [7.0 + 4.0 * k for k in range(6)]
     assert pl.steady_state_throughput(times, [256] * 6) == 64.0
@@ -408,9 +499,10 @@ def test_plot_queue_saves_png(tmp_path):
 
     res = simulate(SimConfig(max_queue_tokens=3000))
     ax = pl.plot_queue(res)
-    assert ax.get_xlabel().startswith("время") and ax.get_ylabel() == "токены в очереди"
+    assert ax.get_xlabel() == "время, с (виртуальное)"
+    assert ax.get_ylabel() == "глубина очереди, токенов"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any("порог" in x for x in labels) and any("превышение" in x for x in labels)
+    assert "порог запуска: 3\u00a0000 токенов" in labels and any("выше порога" in x for x in labels)
     out = tmp_path / "queue.png"
     ax.figure.savefig(out, dpi=80)
     assert out.stat().st_size > 5000
@@ -419,6 +511,25 @@ def test_plot_queue_saves_png(tmp_path):
         pl.plot_queue(res.queue)
     with pytest.raises(ValueError, match="threshold_tokens"):
         pl.plot_queue(res, threshold_tokens=-1)
+
+
+def test_plot_queue_legend_inside_narrow_panel_and_integer_ticks():
+    import matplotlib.pyplot as plt
+
+    res = simulate(SimConfig(train_tokens_per_s=500.0, max_queue_tokens=8192))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))  # как в уроке 12.3.4
+    try:
+        ax = pl.plot_queue(res, ax=axes[1])
+        fig.canvas.draw()
+        legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert frame.x0 <= legend.x0 and legend.x1 <= frame.x1  # легенда не вылезает из осей
+        assert frame.y0 <= legend.y0 and legend.y1 <= frame.y1
+        ticks = ax.get_yticks()
+        assert np.allclose(ticks, np.round(ticks))
+        assert all("," not in t.get_text() for t in ax.get_yticklabels())  # не запятые
+        assert any("\u00a0" in t.get_text() for t in ax.get_yticklabels())
+    finally:
+        plt.close(fig)
 
 
 def test_performance_bounds():

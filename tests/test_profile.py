@@ -251,6 +251,8 @@ def test_stage_medians_bad_input():
 def test_profile_table_shares_and_tokens():
     table = profile_table(HAND)
     assert list(table.columns) == ["этап", "время, с", "доля, %"]
+    assert table.index.name == "код этапа"  # заголовок, который видит студент, — по-русски
+    assert list(table.index) == list(HAND)  # а ключи этапов — как в коде
     assert list(table.index) == list(STAGES)
     assert table["доля, %"].sum() == pytest.approx(100.0, abs=1e-9)
     assert table.loc["decode", "доля, %"] == pytest.approx(55.0)

@@ -127,6 +127,39 @@ def test_backpressure_when_trainer_slower_than_generators(run):
     assert all(b["delay_s"] >= ARGS["train_delay_s"] for b in trainer["batches"])
 
 
+def test_admitted_inflow_is_consumption_plus_accumulation(run):
+    # Принятый приток λ и предложенная нагрузка — разные величины: допуск режет вторую до μ.
+    trainer, gens = _parts(run)
+    s = rl_procs.queue_summary(run)
+    tl = trainer["timeline"]
+    window = tl[-1]["time_s"] - tl[0]["time_s"]  # от события start до события end
+    assert s["window_s"] == pytest.approx(window)
+    arrived = sum(a["tokens"] for a in trainer["arrivals"])
+    eaten = sum(b["tokens"] for b in trainer["batches"])
+    assert s["lambda_tokens_per_s"] == pytest.approx(arrived / window)
+    assert s["consumed_tokens_per_s"] == pytest.approx(eaten / window)
+    assert s["consumed_tokens_per_s"] == pytest.approx(s["mu_tokens_per_s"] * s["busy_fraction"])
+    assert s["accumulated_tokens_per_s"] == pytest.approx(tl[-1]["depth_tokens"] / window)
+    assert s["lambda_tokens_per_s"] == pytest.approx(
+        s["consumed_tokens_per_s"] + s["accumulated_tokens_per_s"]
+    )
+    # Накопленное ограничено порогом и работой в полёте; предложенное — много больше μ.
+    assert tl[-1]["depth_tokens"] <= s["peak_depth_tokens"] < T + s["peak_in_flight_tokens"]
+    assert s["offered_lambda_tokens_per_s"] > s["mu_tokens_per_s"] >= s["consumed_tokens_per_s"]
+    # Время генераторов в обратном давлении — по их собственным интервалам backpressure_wait.
+    waits = sum(
+        ev["end_s"] - ev["start_s"]
+        for g in gens
+        for ev in g["events"]
+        if ev["stage"] == "backpressure_wait"
+    )
+    assert s["generator_blocked_s"] == pytest.approx(waits, rel=1e-6, abs=1e-6)
+    accepting = trainer["stop_s"] - trainer["start_s"]
+    assert s["duration_s"] == pytest.approx(accepting)
+    assert s["generator_blocked_share"] == pytest.approx(waits / (len(gens) * accepting))
+    assert 0 < s["generator_blocked_share"] < 1
+
+
 def test_versions_increase_and_lags_nonnegative(run):
     trainer, gens = _parts(run)
     batches = trainer["batches"]
@@ -290,7 +323,14 @@ def test_queue_frames_reject_bad_input():
 def test_summary_text_is_russian_with_units():
     summary = {k: 1.0 for k in rl_procs.QUEUE_SUMMARY_RU}
     summary.update(overshoot_bound_holds=True, max_lag=None, grants=3)
+    summary.update(offered_lambda_tokens_per_s=8837.4, threshold_tokens=1024)
     text = rl_procs.queue_summary_text(summary)
-    assert "ρ = λ_предл / μ: 1.00" in text
-    assert "токен/с" in text and "превышение порога" in text
-    assert "выполнена: да" in text and "максимальная задержка политики: —" in text
+    lines = text.splitlines()
+    assert len(lines) == len(rl_procs.QUEUE_SUMMARY_RU)
+    assert "ρ = λ_предл / μ, раз: 1.00" in lines
+    assert "λ_предл, предложенная нагрузка генераторов, токенов/с: 8\u00a0837" in lines
+    assert "порог очереди T, токенов: 1\u00a0024" in lines  # разряды без запятой
+    assert "превышение порога max(0, пик − T), токенов: 1" in lines
+    assert "граница пик < T + работа в полёте выполнена: да" in lines
+    assert "максимальная задержка политики, версий: —" in lines
+    assert "," not in "".join(x.split(":")[-1] for x in lines)  # числа без запятых

@@ -315,3 +315,35 @@ def test_gantt_nested_events_drawn_thinner_on_top_and_time_unit():
             gantt([], ax=ax)
     finally:
         plt.close(fig)
+
+
+def test_worker_and_stage_labels_are_russian_for_display():
+    assert tracing.worker_label("collector-12") == "сборщик 12"
+    assert tracing.worker_label("trainer-0") == "тренер 0"
+    assert tracing.worker_label("main") == "главный поток"
+    assert tracing.worker_label("gen-1") == "генератор 1"
+    assert tracing.worker_label("генератор 2") == "генератор 2"  # уже по-русски — как есть
+    assert tracing.worker_label("rank3") == "rank3"  # незнакомое имя не придумываем
+    assert tracing.stage_label("queue_wait") == "ожидание пакета"
+    assert tracing.stage_label("decode") == "декодирование"
+    assert tracing.stage_label("generate") == "generate"
+
+
+def test_gantt_shows_russian_names_keeps_keys_in_data():
+    from course_utils.pipeline import SimConfig, simulate
+
+    res = simulate(SimConfig(duration_s=20.0, num_collectors=2, max_policy_lag=1))
+    ax = gantt(res.events)
+    try:
+        ticks = [t.get_text() for t in ax.get_yticklabels()]
+        assert ticks == ["сборщик 0", "сборщик 1", "тренер 0"]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "ожидание пакета" in legend and "прямой и обратный проход" in legend
+        assert not any(x in legend for x in ("queue_wait", "decode", "forward_backward"))
+        assert set(res.events["worker"]) == {"collector-0", "collector-1", "trainer-0"}
+        ax.figure.canvas.draw()  # легенда справа от осей, но внутри рисунка
+        fig_box = ax.figure.bbox
+        box = ax.get_legend().get_window_extent()
+        assert fig_box.x0 <= box.x0 and box.x1 <= fig_box.x1
+    finally:
+        plt.close(ax.figure)
