@@ -4,7 +4,7 @@
 PPO-подобной цели, π_θ получает градиент. Задержка (lag) — это v < u; рассогласование обучения и
 генерации (TIM) — разные вероятности при одной и той же версии весов.
 
-Что здесь есть (шаги 12.4.2–12.4.4):
+Что здесь есть (шаги 12.4.2–12.4.3; стратегии шага 12.4.4 — ``stale_experiment``):
 
 * ``importance_ratios``: w = exp(log π − log μ) по токенам; ``sequence_log_ratio`` и
   ``sequence_ratios``: log w_seq = Σ_t m_t·(log π_t − log μ_t) по токенам политики (маска m);
@@ -19,6 +19,8 @@ PPO-подобной цели, π_θ получает градиент. Заде
 * ``support_violations``: позиции, где μ = 0, а π > 0 — там w = +inf;
 * ``logit_shift_bound``: проверка границы |Δ log p| ≤ 2·max|Δz| для softmax без усечения;
 * ``simulate_log_ratios`` и ``expected_ess_fraction``: синтетические log w для графиков ESS/n;
+* ``cumulative_log_ratio``, ``position_shift_report`` и ``top_p_flips``: TIM с ростом длины,
+  граница 2ε по позициям и перенос токена через границу ядра top-p (шаг 12.4.3);
 * ``tim_report``: сводка TIM на нулевой задержке (движок против тренера, одна версия весов).
 
 Функции принимают тензоры torch или массивы numpy (а также списки чисел) и возвращают массивы
@@ -65,6 +67,9 @@ __all__ = [
     "logit_shift_bound",
     "simulate_log_ratios",
     "expected_ess_fraction",
+    "cumulative_log_ratio",
+    "position_shift_report",
+    "top_p_flips",
     "tim_report",
 ]
 
@@ -531,12 +536,8 @@ def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
     if za.ndim < 1 or za.shape[-1] < 1:
         raise ValueError("logits_a: нужна форма [..., vocab]")
 
-    def log_softmax(z):
-        top = z.max(axis=-1, keepdims=True)
-        return z - top - np.log(np.exp(z - top).sum(axis=-1, keepdims=True))
-
     eps = float(np.abs(za - zb).max())
-    dlp = float(np.abs(log_softmax(za) - log_softmax(zb)).max())
+    dlp = float(np.abs(_log_softmax_np(za) - _log_softmax_np(zb)).max())
     return {
         "max_abs_logit_diff": eps,
         "max_abs_logprob_diff": dlp,
@@ -592,77 +593,137 @@ def expected_ess_fraction(
     return math.exp(-length * _sigma(lag, sigma_per_lag, sigma_tim) ** 2)
 
 
-def stale_strategies(
-    lags,
-    lengths,
-    l_max: int = 2,
-    cap: float = 2.0,
-    band: tuple[float, float] = (0.5, 2.0),
-    eps: float = 0.2,
-    sigma_per_lag: float = 0.02,
-    seed: int = 0,
-):
-    """Сравнение стратегий для несвежих данных на синтетических весах (шаг 12.4.4).
+def cumulative_log_ratio(logp_target, logp_behavior, mask=None):
+    """Лог-отношение префиксов: log w_seq(t) = Σ_{s≤t} m_s·(log π_s − log μ_s), нат.
 
-    Роллаут i с задержкой L_i и длиной T_i получает log w_i ~ N(−s²/2, s²), s² = T_i·(σ·L_i)²
-    (модель ``simulate_log_ratios``; при «двух обновлениях на роллаут» задержка L_i + 1).
-    Стратегии: всё как есть; отбросить L > l_max; усечь w ≤ cap (TIS); маскировать w вне band;
-    одно обновление на роллаут вместо двух. Для каждой — доля сохранённых роллаутов, средняя
-    длина сохранённых относительно всех (смещение к коротким, если < 1), ESS/n по сохранённым,
-    доля w вне [1−ε, 1+ε] и max |log w|. Возвращает pandas.DataFrame.
+    Накопленная сумма по последней оси, форма входа сохраняется: элемент t — лог-отношение
+    первых t + 1 токенов, последний — ``sequence_log_ratio``. Так видно, как TIM и задержка
+    накапливаются с длиной ответа.
     """
-    import pandas as pd
+    kind = _Kind(logp_target, logp_behavior, mask)
+    lt, lb = _logp_pair(logp_target, logp_behavior)
+    m = _mask(mask, lt.shape)
+    d = _log_ratio_np(lt, lb)
+    _seq_sum(d, m)  # +inf и −inf в одной последовательности — ошибка, как у sequence_log_ratio
+    return kind.out(np.cumsum(np.where(m, d, 0.0), axis=-1))
 
-    for name, seq in (("lags", lags), ("lengths", lengths)):
-        if isinstance(seq, str | bytes) or not np.iterable(seq):
-            raise ValueError(f"{name} должно быть списком целых, получено {seq!r}")
-    lag = np.asarray([integer("lags[…]", x, 0) for x in lags], dtype=float)
-    length = np.asarray([integer("lengths[…]", x, 1) for x in lengths], dtype=float)
-    if lag.size == 0 or lag.shape != length.shape:
-        raise ValueError("lags и lengths: непустые списки одной длины")
-    l_max = integer("l_max", l_max, 0)
-    cap = positive("cap", cap)
-    ok = isinstance(band, tuple | list) and len(band) == 2 and all(is_real(b) for b in band)
-    if not ok or not 0 <= band[0] < 1 < band[1]:
-        raise ValueError(f"band должно быть (low, high) с 0 ≤ low < 1 < high, получено {band!r}")
-    lo, hi = band
-    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
-    rng = np.random.default_rng(optional_integer("seed", seed, 0))
-    z = rng.standard_normal(lag.size)
 
-    def log_w(extra_lag: float) -> np.ndarray:
-        s = np.sqrt(length) * sigma_per_lag * (lag + extra_lag)
-        return -(s**2) / 2 + s * z
+_ROWS = 64  # позиций за раз: логиты словаря в 150 тысяч токенов не копируются во float64 целиком
 
-    def row(name, logw, keep, weights=None):
-        w = np.exp(logw[keep]) if weights is None else weights[keep]
-        nz = w > 0
-        return {
-            "стратегия": name,
-            "сохранено роллаутов, %": 100 * keep.mean(),
-            "длина сохранённых / всех": length[keep].mean() / length.mean()
-            if keep.any()
-            else np.nan,
-            "ESS/n": normalized_ess(w[nz]) * nz.mean() if nz.any() else 0.0,
-            "доля клиппирования (w вне [1−ε, 1+ε]), %": 100 * clip_fraction(w, eps)
-            if w.size
-            else np.nan,
-            "max |log w|": float(np.abs(np.log(w[nz])).max()) if nz.any() else np.nan,
-        }
 
-    base = log_w(0.0)
-    every = np.ones(lag.size, dtype=bool)
-    w = np.exp(base)
-    truncated, _ = truncated_weights(w, cap)
-    masked, _ = masked_weights(w, lo, hi)
-    rows = [
-        row("два обновления на роллаут", log_w(1.0), every),
-        row("всё как есть (одно обновление)", base, every),
-        row(f"отбросить задержку > {l_max}", base, lag <= l_max),
-        row(f"усечь веса: min(w, {cap:g})", base, every, np.asarray(truncated)),
-        row(f"маскировать w вне [{lo:g}, {hi:g}]", base, every, np.asarray(masked)),
-    ]
-    return pd.DataFrame(rows)
+def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float):
+    """Пары кусков [≤ _ROWS, vocab] логитов a и b (float64, z = logits/T) и форма [..., vocab]."""
+    shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (logits_a, logits_b)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"{name_a} и {name_b}: формы различаются, {shapes[0]} против {shapes[1]}")
+    shape = shapes[0]
+    if len(shape) < 1 or shape[-1] < 2:
+        raise ValueError(f"{name_a}: нужна форма [..., vocab] со словарём ≥ 2, получено {shape}")
+    flat = [x.reshape(-1, shape[-1]) if hasattr(x, "reshape") else np.reshape(x, (-1, shape[-1]))
+            for x in (logits_a, logits_b)]  # fmt: skip
+
+    def chunks():
+        for start in range(0, flat[0].shape[0], _ROWS):
+            yield tuple(
+                _floats(f[start : start + _ROWS], name, allow_neg_inf=False) / temperature
+                for f, name in zip(flat, (name_a, name_b))
+            )
+
+    return chunks(), shape
+
+
+def _log_softmax_np(z: np.ndarray) -> np.ndarray:
+    top = z.max(axis=-1, keepdims=True)
+    return z - top - np.log(np.exp(z - top).sum(axis=-1, keepdims=True))
+
+
+def position_shift_report(logits_target, logits_behavior, tokens, temperature: float = 1.0) -> dict:
+    """TIM по позициям для одних и тех же токенов y_t (логиты [..., T, vocab], z = logits/T).
+
+    По позициям: ``eps`` — ε_t = max_i |Δz_{t,i}|; ``log_ratio`` — log w_t = log π(y_t) − log μ(y_t)
+    (π — softmax(z_target), μ — softmax(z_behavior), без усечения); ``cum_log_ratio`` —
+    log w_seq(t); ``cum_bound`` — Σ_{s≤t} 2ε_s ≥ |log w_seq(t)| (граница шага 12.4.3 по токенам,
+    сложенная по длине). Сводка: ``eps_max`` (ε — наибольший сдвиг логитов), ``bound`` = 2ε,
+    ``max_abs_log_ratio`` (наибольший |log w_t|), ``holds`` — |log w_t| ≤ 2ε_t на всех позициях.
+    Всё в натах, массивы numpy формы [..., T].
+    """
+    temperature = positive("temperature", temperature)
+    pairs, shape = _logit_pair(
+        logits_target, logits_behavior, "logits_target", "logits_behavior", temperature
+    )
+    tok = _to_numpy(tokens, "tokens")
+    if tok.dtype.kind not in "iu" or tok.shape != shape[:-1]:
+        raise ValueError(f"tokens: нужны целые номера формы {shape[:-1]}, получено {tok.shape}")
+    if (tok < 0).any() or (tok >= shape[-1]).any():
+        raise ValueError(f"tokens: номер вне словаря [0, {shape[-1]})")
+    flat_tok = tok.reshape(-1, 1).astype(np.int64)
+    eps, d, start = [], [], 0
+    for za, zb in pairs:
+        y = flat_tok[start : start + len(za)]
+        start += len(za)
+        eps.append(np.abs(za - zb).max(axis=-1))
+        gap = _log_softmax_np(za) - _log_softmax_np(zb)
+        d.append(np.take_along_axis(gap, y, -1)[:, 0])
+    eps, d = np.concatenate(eps).reshape(shape[:-1]), np.concatenate(d).reshape(shape[:-1])
+    return {
+        "eps": eps,
+        "log_ratio": d,
+        "cum_log_ratio": np.cumsum(d, axis=-1),
+        "cum_bound": np.cumsum(2 * eps, axis=-1),
+        "eps_max": float(eps.max()),
+        "bound": 2 * float(eps.max()),
+        "max_abs_log_ratio": float(np.abs(d).max()),
+        "holds": bool((np.abs(d) <= 2 * eps * (1 + 1e-9) + 1e-12).all()),
+    }
+
+
+def _nucleus(z: np.ndarray, top_p: float):
+    """p = softmax(z), масса более вероятных токенов и членство в ядре top-p (масса до токена < p)."""
+    p = np.exp(_log_softmax_np(z))
+    order = np.argsort(-p, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, -1)
+    above = np.empty_like(p)
+    np.put_along_axis(above, order, np.cumsum(sorted_p, axis=-1) - sorted_p, -1)
+    return p, above, above < top_p
+
+
+def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limit: int = 5) -> dict:
+    """Позиции, где сдвиг логитов переносит токен через границу ядра top-p.
+
+    Ядро — наименьшее множество самых вероятных токенов softmax(z/T) с массой ≥ p (как в
+    ``policy.sampling_logprobs``). Токен в ядре a, но не в ядре b (или наоборот) получает у b
+    вероятность 0: log μ = −inf, отношение π/μ не определено (``support_violations``), и
+    перенормировка ядра меняет вероятности остальных токенов. Возвращает ``count`` (позиций
+    с разным ядром), ``share`` (их доля), ``positions`` (индексы [count, ndim − 1]) и
+    ``examples`` — до ``limit`` словарей: position, token, p_a и p_b (до усечения), mass_above_a
+    и mass_above_b (масса более вероятных токенов), in_a, in_b.
+    """
+    top_p = real("top_p", top_p, 0.0, 1.0, low_open=True)
+    temperature = positive("temperature", temperature)
+    limit = integer("limit", limit, 0)
+    pairs, shape = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
+    differ_rows, examples, start = [], [], 0
+    for za, zb in pairs:
+        (pa, above_a, in_a), (pb, above_b, in_b) = _nucleus(za, top_p), _nucleus(zb, top_p)
+        differ = in_a != in_b
+        rows = differ.any(axis=-1)
+        differ_rows.append(rows)
+        for i in np.flatnonzero(rows)[: max(limit - len(examples), 0)]:
+            tok = int(np.flatnonzero(differ[i])[0])
+            key = tuple(int(k) for k in np.unravel_index(start + i, shape[:-1]))
+            examples.append({
+                "position": key, "token": tok, "p_a": float(pa[i, tok]), "p_b": float(pb[i, tok]),
+                "mass_above_a": float(above_a[i, tok]), "mass_above_b": float(above_b[i, tok]),
+                "in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok]),
+            })  # fmt: skip
+        start += len(za)
+    rows = np.concatenate(differ_rows).reshape(shape[:-1])
+    return {
+        "count": int(rows.sum()),
+        "share": float(rows.mean()),
+        "positions": np.argwhere(rows).astype(np.int64),
+        "examples": examples,
+    }
 
 
 # --------------------------------------------------------------------------- TIM

@@ -68,6 +68,8 @@ __all__ = [
     "probe_input",
     "reference_logits",
     "audit_log",
+    "russian",
+    "COLUMN_NAMES",
     "broadcast_weights",
     "sync_frame",
     "sync_size_frame",
@@ -124,10 +126,46 @@ AUDIT_RULES = {
     "commit_without_verify": "переключение без успешной проверки (verify_ok) этой версии",
     "version_backwards": "версия реплики уменьшилась (переключение или запрос на старую версию)",
     "serve_uncommitted": "реплика обслуживает версию, на которую не переключалась",
-    "replicas_diverged": "после переключения реплики обслуживают разные версии",
+    "replicas_diverged": (
+        "после переключения (commit) хотя бы одной реплики на версию реплики обслуживают "
+        "разные версии"
+    ),
     "checksum_mismatch": "контрольная сумма версии не совпадает с эталонной",
     "inplace_update": "версия пишется на месте в активный буфер (нет двойного буфера)",
     "torn_read": "запрос прочитал смесь версий",
+}
+
+# Русские заголовки таблиц для показа (``russian``); в коде столбцы остаются английскими.
+COLUMN_NAMES = {
+    "request_id": "запрос",
+    "replica": "реплика",
+    "served_version": "версия ответа",
+    "matches_old": "= старым весам",
+    "matches_new": "= новым весам",
+    "read_consistent": "чтение цельное",
+    "torn": "смесь версий",
+    "outcome": "итог",
+    "version": "версия",
+    "ok": "проверка пройдена",
+    "checksum_ok": "сумма совпала",
+    "max_abs_diff": "max |Δ логита|",
+    "logits_ok": "логиты совпали",
+    "reasons": "причины",
+    "rank": "ранг",
+    "role": "роль",
+    "bytes": "байт",
+    "wait_s": "ожидание, с",
+    "broadcast_s": "рассылка, с",
+    "verify_s": "проверка, с",
+    "barrier_s": "барьер, с",
+    "commit_s": "переключение, с",
+    "committed": "переключились",
+    "served_matches_reference": "ответ = эталону",
+    "size": "параметров",
+    "seconds": "рассылка, с (медиана)",
+    "trainer_s": "у тренера, с",
+    "gib_per_s": "ГиБ/с",
+    "repeats": "повторов",
 }
 
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
@@ -1159,6 +1197,19 @@ def _normalise(events: Any) -> list[dict]:
     return out
 
 
+def russian(frame):
+    """Копия таблицы pandas для показа студенту: русские заголовки (``COLUMN_NAMES``), целые
+    от 10 000 — с разрядами через неразрывный пробел (``fmt.num``: 4 000 000, а не 4000000)."""
+    from course_utils.fmt import num
+
+    out = frame.rename(columns=COLUMN_NAMES)
+    for col in out.columns:
+        values = out[col]
+        if values.dtype.kind in "iu" and len(values) and values.abs().max() >= 10_000:
+            out[col] = values.map(num)
+    return out
+
+
 def audit_log(events: Any) -> list[str]:
     """Нарушения протокола публикации весов в журнале (пустой список — журнал чистый).
 
@@ -1193,6 +1244,7 @@ def audit_log(events: Any) -> list[str]:
 
     current: dict[str, int] = {}
     initial: dict[str, int] = {}
+    switched: set[int] = set()  # версии, на которые переключилась хотя бы одна реплика
     ready: dict[int, set[str]] = {}
     barrier_passed: set[int] = set()
     verified: dict[tuple[str, int], str | None] = {}
@@ -1284,6 +1336,7 @@ def audit_log(events: Any) -> list[str]:
                     f"эталон версии — {_short(ref)} ({where})",
                 )
             current[r] = v
+            switched.add(v)
         elif kind == "serve":
             if r not in current:
                 initial.setdefault(r, v)
@@ -1312,7 +1365,11 @@ def audit_log(events: Any) -> list[str]:
                     v,
                     f"реплика {r} обслуживает версию {v}, а переключалась только на {cur} ({where})",
                 )
-            others = {o: w for o, w in current.items() if o != r and w != v}
+            # Расхождение — только после переключения на более новую из двух версий: запрос
+            # из staging до любого commit — это serve_uncommitted, а не разошедшиеся реплики.
+            others = {
+                o: w for o, w in current.items() if o != r and w != v and max(w, v) in switched
+            }
             if others:
                 listed = ", ".join(f"{o}: {w}" for o, w in sorted(others.items()))
                 report(
@@ -1631,7 +1688,7 @@ def sync_frame(launch_result: Any):
 def sync_size_frame(launch_result: Any):
     """Время рассылки от размера: строка на размер. size — параметров, bytes — байт (fp32),
     seconds — медиана у самого медленного генератора, с; trainer_s — у тренера, с;
-    gib_per_s — bytes / 2^30 / seconds (ГиБ/с, один получатель).
+    gib_per_s — bytes / 2^30 / seconds (ГиБ/с, один получатель); repeats — повторов на размер.
     """
     import pandas as pd
 
@@ -1639,13 +1696,14 @@ def sync_size_frame(launch_result: Any):
     for res in _rank_results(launch_result, "launch_result"):
         for s in res.get("sizes", []):
             row = by_size.setdefault(s["size"], {"size": s["size"], "bytes": s["bytes"]})
+            row["repeats"] = len(s.get("times_s", [])) or None
             if res["role"] == ROLE_TRAINER:
                 row["trainer_s"] = s["seconds"]
             else:
                 row["seconds"] = max(row.get("seconds", 0.0), s["seconds"])
     frame = pd.DataFrame(
         sorted(by_size.values(), key=lambda r: r["size"]),
-        columns=["size", "bytes", "seconds", "trainer_s"],
+        columns=["size", "bytes", "seconds", "trainer_s", "repeats"],
     )
     frame["gib_per_s"] = frame["bytes"] / 2**30 / frame["seconds"]
     return frame

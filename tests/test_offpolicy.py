@@ -555,39 +555,110 @@ def test_tim_report_violation_and_bad_inputs():
         op.tim_report(np.zeros((1, 2)), np.array([[0.0, np.nan]]))
 
 
-def test_stale_strategies_against_hand_computation():
-    import numpy as np
+# --------------------------------------------------------------------------- TIM с длиной и top-p
 
-    from course_utils import offpolicy as op
 
-    lags = [0, 1, 2, 3, 4, 0, 1, 2]
-    lengths = [10, 20, 40, 80, 160, 10, 20, 40]
-    t = op.stale_strategies(lags, lengths, l_max=2, cap=2.0, band=(0.5, 2.0), sigma_per_lag=0.05)
-    t = t.set_index("стратегия")
-    # та же модель вручную: s = sqrt(T)·σ·L, log w = −s²/2 + s·z, z — тот же генератор
-    z = np.random.default_rng(0).standard_normal(len(lags))
-    s = np.sqrt(lengths) * 0.05 * np.array(lags, dtype=float)
-    w = np.exp(-(s**2) / 2 + s * z)
-    assert t.loc["всё как есть (одно обновление)", "ESS/n"] == pytest.approx(
-        w.sum() ** 2 / (w**2).sum() / len(w)
-    )
-    keep = np.array(lags) <= 2
-    drop = t.loc["отбросить задержку > 2"]
-    assert drop["сохранено роллаутов, %"] == pytest.approx(100 * keep.mean())
-    assert drop["длина сохранённых / всех"] == pytest.approx(
-        np.mean(np.array(lengths)[keep]) / np.mean(lengths)
-    )  # длинные роллауты чаще несвежие: отбрасывание смещает к коротким
-    assert drop["длина сохранённых / всех"] < 1
-    wt = np.minimum(w, 2.0)
-    assert t.loc["усечь веса: min(w, 2)", "ESS/n"] == pytest.approx(
-        wt.sum() ** 2 / (wt**2).sum() / len(wt)
-    )
-    more = t.loc["два обновления на роллаут", "ESS/n"]
-    assert more < t.loc["всё как есть (одно обновление)", "ESS/n"]
-    with pytest.raises(ValueError, match="band"):
-        op.stale_strategies(lags, lengths, band=(1.5, 2.0))
-    with pytest.raises(ValueError, match="lags"):
-        op.stale_strategies([], [])
+def test_cumulative_log_ratio_by_hand():
+    lt, lb = _logps((3, 7), seed=4)
+    mask = np.ones((3, 7), dtype=bool)
+    mask[1, [0, 3]] = False
+    cum = op.cumulative_log_ratio(lt, lb, mask)
+    for i in range(3):
+        running = 0.0
+        for t in range(7):
+            running += (lt[i, t] - lb[i, t]) if mask[i, t] else 0.0
+            assert cum[i, t] == pytest.approx(running)
+    np.testing.assert_allclose(cum[:, -1], op.sequence_log_ratio(lt, lb, mask))
+    assert isinstance(op.cumulative_log_ratio(_t(lt), _t(lb)), torch.Tensor)
+    with pytest.raises(ValueError, match="не определён"):
+        op.cumulative_log_ratio([[-np.inf, -1.0]], [[-1.0, -np.inf]])
+
+
+def _log_softmax_by_hand(row):
+    top = max(row)
+    lse = top + math.log(sum(math.exp(x - top) for x in row))
+    return [x - lse for x in row]
+
+
+def test_position_shift_report_by_hand_across_chunks():
+    rng = np.random.default_rng(5)
+    za = rng.normal(0, 2, size=(2, 70, 5))  # 140 позиций — больше одного куска в 64 строки
+    zb = za + rng.normal(0, 0.05, size=za.shape)
+    tokens = rng.integers(0, 5, size=(2, 70))
+    rep = op.position_shift_report(torch.tensor(za), zb, tokens)
+    for b in range(2):
+        for t in (0, 63, 64, 69):
+            eps = max(abs(x - y) for x, y in zip(za[b, t], zb[b, t]))
+            d = (_log_softmax_by_hand(za[b, t])[tokens[b, t]]
+                 - _log_softmax_by_hand(zb[b, t])[tokens[b, t]])  # fmt: skip
+            assert rep["eps"][b, t] == pytest.approx(eps)
+            assert rep["log_ratio"][b, t] == pytest.approx(d)
+            assert abs(d) <= 2 * eps
+    np.testing.assert_allclose(rep["cum_log_ratio"], np.cumsum(rep["log_ratio"], axis=-1))
+    np.testing.assert_allclose(rep["cum_bound"], np.cumsum(2 * rep["eps"], axis=-1))
+    assert (np.abs(rep["cum_log_ratio"]) <= rep["cum_bound"] + 1e-12).all()
+    assert rep["holds"] and rep["bound"] == pytest.approx(2 * np.abs(za - zb).max())
+    assert rep["max_abs_log_ratio"] == pytest.approx(np.abs(rep["log_ratio"]).max())
+    # сдвиг всех логитов позиции на одну константу не меняет вероятности: ε > 0, а log w = 0
+    same = op.position_shift_report(za, za + 0.3, tokens)
+    assert same["eps_max"] == pytest.approx(0.3) and same["max_abs_log_ratio"] < 1e-12
+
+
+def test_position_shift_report_bad_inputs():
+    z = np.zeros((3, 4))
+    with pytest.raises(ValueError, match="формы различаются"):
+        op.position_shift_report(z, np.zeros((3, 5)), [0, 0, 0])
+    with pytest.raises(ValueError, match="tokens"):
+        op.position_shift_report(z, z, [0, 0])
+    with pytest.raises(ValueError, match="словаря"):
+        op.position_shift_report(z, z, [0, 0, 4])
+    with pytest.raises(ValueError, match="temperature"):
+        op.position_shift_report(z, z, [0, 0, 0], temperature=0)
+
+
+def test_top_p_flips_by_hand():
+    # p(3, 2, 1, 0) = 0.644, 0.237, 0.087, 0.032: два первых набирают 0.881 ≥ 0.88 — ядро {0, 1}.
+    # Логит токена 1 на 0.05 ниже: 0.651 + 0.228 = 0.879 < 0.88 — в ядро входит и токен 2.
+    za = np.array([[3.0, 2.0, 1.0, 0.0]] * 3).reshape(1, 3, 4)
+    zb = za.copy()
+    zb[0, 2, 1] -= 0.05
+    probs = [math.exp(x) for x in za[0, 0]]
+    probs_b = [math.exp(x) for x in zb[0, 2]]
+    above_a = (probs[0] + probs[1]) / sum(probs)
+    above_b = (probs_b[0] + probs_b[1]) / sum(probs_b)
+    assert above_a >= 0.88 > above_b  # граница ядра легла между двумя вариантами
+    res = op.top_p_flips(za, zb, 0.88)
+    assert res["count"] == 1 and res["share"] == pytest.approx(1 / 3)
+    assert res["positions"].tolist() == [[0, 2]]
+    ex = res["examples"][0]
+    assert ex["position"] == (0, 2) and ex["token"] == 2
+    assert (ex["in_a"], ex["in_b"]) == (False, True)
+    assert ex["mass_above_a"] == pytest.approx(above_a)
+    assert ex["mass_above_b"] == pytest.approx(above_b)
+    assert ex["p_a"] == pytest.approx(probs[2] / sum(probs))
+    assert op.top_p_flips(za, zb, 0.88, limit=0)["examples"] == []
+    # тот же сдвиг без усечения (top-p = 1) ядро не меняет
+    assert op.top_p_flips(za, zb, 1.0)["count"] == 0
+
+
+def test_top_p_flips_agree_with_sampling_logprobs():
+    from course_utils.policy import sampling_logprobs
+
+    rng = np.random.default_rng(9)
+    za = rng.normal(0, 2, size=(150, 12))
+    zb = za + rng.normal(0, 0.08, size=za.shape)
+    for top_p in (0.5, 0.9):
+        kept_a = torch.isfinite(sampling_logprobs(torch.tensor(za), 1.0, top_p))
+        kept_b = torch.isfinite(sampling_logprobs(torch.tensor(zb), 1.0, top_p))
+        expected = (kept_a != kept_b).any(-1)
+        res = op.top_p_flips(za, zb, top_p, temperature=1.0, limit=200)
+        assert res["count"] == int(expected.sum()) > 0
+        assert res["positions"][:, 0].tolist() == torch.nonzero(expected)[:, 0].tolist()
+        for ex in res["examples"]:
+            i, tok = ex["position"][0], ex["token"]
+            assert (ex["in_a"], ex["in_b"]) == (bool(kept_a[i, tok]), bool(kept_b[i, tok]))
+    with pytest.raises(ValueError, match="top_p"):
+        op.top_p_flips(za, zb, 0.0)
 
 
 # --------------------------------------------------------------------------- log-вероятности ≤ 0
@@ -678,24 +749,6 @@ def test_counts_accept_integral_floats_and_refuse_the_rest():
             op.simulate_log_ratios(bad, 16, 8)
     with pytest.raises(ValueError, match="seed"):
         op.simulate_log_ratios(1, 4, 4, seed="abc")
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"lags": None}, "lags"),
-        ({"lengths": 5}, "lengths"),
-        ({"lags": [1, None]}, r"lags\[…\]"),
-        ({"lengths": [3, 0]}, r"lengths\[…\] должно быть целым ≥ 1"),
-        ({"band": None}, "band"),
-        ({"band": (0.5, 2.0, 3.0)}, "band"),
-        ({"band": ("a", 2.0)}, "band"),
-    ],
-)
-def test_stale_strategies_garbage_gets_russian_errors(kwargs, match):
-    args = {"lags": [0, 1, 2], "lengths": [10, 20, 30], **kwargs}
-    with pytest.raises(ValueError, match=match):
-        op.stale_strategies(**args)
 
 
 def test_masked_weights_high_may_be_infinite_but_not_garbage():

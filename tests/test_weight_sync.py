@@ -372,6 +372,38 @@ def test_audit_replicas_diverged():
     assert any("r1 обслуживает версию 1" in m and "r0: 2" in m for m in msgs)
 
 
+def test_audit_replicas_diverged_only_after_a_switch():
+    # Правило: «после переключения (commit) хотя бы одной реплики на версию реплики обслуживают
+    # разные версии». Запрос из staging до любого commit — serve_uncommitted и
+    # serve_before_barrier, а не разошедшиеся реплики (раньше audit_log называл и его).
+    assert "после переключения" in AUDIT_RULES["replicas_diverged"]
+    log = _clean_log()
+    i = _find(log, "stage_done", "r0", 1)
+    log.insert(i + 1, _ev("serve", "r0", 1, checksum="B" * 64, request_id="from-staging"))
+    codes = _codes(audit_log(log))
+    assert codes == {"serve_uncommitted", "serve_before_barrier"}
+    # А между commit r0 и commit r1 реплика r1 ещё отвечает версией 0: r0 уже переключилась.
+    log = _clean_log()
+    i = _find(log, "commit", "r0", 1)
+    log.insert(i + 1, _ev("serve", "r1", 0, checksum="A" * 64, request_id="window"))
+    msgs = audit_log(log)
+    assert _codes(msgs) == {"replicas_diverged"}
+    assert any("r1 обслуживает версию 0" in m and "r0: 1" in m for m in msgs)
+
+
+def test_russian_headers_and_digit_groups():
+    frame = pd.DataFrame({"size": [10_000, 4_000_000], "bytes": [40_000, 16_000_000],
+                          "seconds": [0.001, 0.01], "repeats": [3, 3]})  # fmt: skip
+    shown = weight_sync.russian(frame)
+    assert list(shown.columns) == ["параметров", "байт", "рассылка, с (медиана)", "повторов"]
+    assert shown["параметров"].tolist() == ["10\u00a0000", "4\u00a0000\u00a0000"]
+    assert shown["повторов"].tolist() == [3, 3]  # малые целые остаются числами
+    assert list(frame.columns) == ["size", "bytes", "seconds", "repeats"]  # исходная не тронута
+    report_cols = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
+    report_cols += ["read_consistent", "torn", "outcome"]
+    assert all(re.search("[а-яА-Я=|]", weight_sync.COLUMN_NAMES[c]) for c in report_cols)
+
+
 def test_audit_checksum_mismatch():
     log = _clean_log()
     i = _find(log, "commit", "r1", 2)
@@ -624,3 +656,4 @@ def test_sync_frames(run):
     assert sizes["bytes"].tolist() == [4 * s for s in SIZES]
     assert (sizes["seconds"] > 0).all() and (sizes["trainer_s"] > 0).all()
     assert isinstance(sizes, pd.DataFrame) and "gib_per_s" in sizes
+    assert sizes["repeats"].tolist() == [2] * len(SIZES)  # повторов на размер — для подписи графика

@@ -1,5 +1,5 @@
 """Проверочные шаги урока 12.4: отношения токенов и лог-отношение последовательности (12.4.6),
-ESS, клиппирование и max |log w| (12.4.7), задержка или TIM и log μ при temperature и top-p
+ESS, клиппирование и max |log w| (12.4.7), задержка политики или TIM и log μ при температуре и top-p
 (12.4.8), аудит журнала синхронизации весов (12.4.9).
 
 Модуль регистрирует упражнения при импорте. Все верные ответы считают функции курса:
@@ -395,7 +395,9 @@ def _task_12_4_7(variant: int) -> dict:
         f"**ESS, клиппирование и max |log w|.** Группа из n = {n} ответов на один запрос собрана "
         "политикой поведения μ, обновление идёт по текущей политике π_θ. Для каждого ответа "
         "известны последовательностный вес $w_i = \\pi_\\theta(y_i\\mid x)/\\mu(y_i\\mid x)$ "
-        "(как в GSPO: одно отношение на ответ) и преимущество $A_i$ (GRPO):\n\n"
+        "— одно отношение на ответ, полное произведение токеновых отношений (GSPO берёт его "
+        "нормированным по длине, $(\\pi_\\theta/\\mu)^{1/|y_i|}$; здесь нормировки нет) — и "
+        "преимущество $A_i$ (GRPO):\n\n"
         f"| ответ | $w_i$ | $A_i$ |\n|---|---|---|\n{rows}\n\n"
         f"Клиппирование PPO: $\\varepsilon_{{low}} = {el}$, $\\varepsilon_{{high}} = {eh}$, "
         f"полоса {band}{asym}. Данные — в `task['weights']`, `task['advantages']`, "
@@ -501,7 +503,7 @@ def _solution_12_4_7(task: dict) -> str:
 register(
     Exercise(
         id="12.4.7",
-        title="ESS, ESS/n, доля клиппинга со знаком преимущества, max |log w|",
+        title="ESS, ESS/n, доля клиппирования со знаком преимущества, max |log w|",
         make_task=_task_12_4_7,
         reference=_reference_12_4_7,
         solution=_solution_12_4_7,
@@ -643,7 +645,7 @@ def _task_12_4_8(variant: int) -> dict:
         )
     logit_row = " | ".join(f"{z:.2f}" for z in logits)
     statement = (
-        "**Задержка или TIM; log-вероятность поведения при temperature и top-p.**\n\n"
+        "**Задержка политики или TIM; log-вероятность поведения при температуре и top-p.**\n\n"
         "**Часть 1.** Два фрагмента журналов обучения. В каждой строке — роллаут: "
         "`behavior_version` — версия весов движка, которая его породила (v), "
         "`trainer_version` — версия политики тренера в момент обновления (u), и статистика "
@@ -653,7 +655,7 @@ def _task_12_4_8(variant: int) -> dict:
         + '\n\nДля каждого журнала поставьте диагноз: `"lag"` — задержка политики '
         '(роллауты собраны более старой версией, v < u) или `"tim"` — рассогласование '
         "обучения и генерации (версия та же, v = u, а вероятности всё равно различаются).\n\n"
-        f"**Часть 2.** Движок семплирует с temperature T = {temperature} и top-p p = {top_p} "
+        f"**Часть 2.** Движок семплирует с температурой T = {temperature} и top-p p = {top_p} "
         "(ядро — наименьшее множество самых вероятных токенов с суммарной вероятностью ≥ p; "
         "вероятности внутри ядра перенормируются). Логиты крошечного словаря на одном шаге:\n\n"
         f"| токен | {' | '.join(f'`{v}`' for v in vocab)} |\n|---|{'---|' * len(vocab)}\n"
@@ -796,7 +798,7 @@ def _solution_12_4_8(task: dict) -> str:
 register(
     Exercise(
         id="12.4.8",
-        title="Лаг или расхождение обучения и инференса; лог-вероятность при temperature и top-p",
+        title="Задержка политики или рассогласование обучения и генерации; log μ при температуре и top-p",
         make_task=_task_12_4_8,
         reference=_reference_12_4_8,
         solution=_solution_12_4_8,
@@ -841,7 +843,7 @@ register(
 # Внедряемые нарушения → коды audit_log, которые они вызывают (тесты сверяют с audit_log).
 _INJECTIONS = {
     "commit_no_wait": ("commit_before_barrier", "serve_before_barrier"),
-    "serve_from_staging": ("serve_before_barrier", "serve_uncommitted", "replicas_diverged"),
+    "serve_from_staging": ("serve_before_barrier", "serve_uncommitted"),  # до любого commit
     "early_commit": ("commit_before_barrier", "serve_before_barrier", "replicas_diverged"),
     "barrier_not_ready": ("barrier_not_ready",),
     "verify_ok_mismatch": ("checksum_mismatch",),
