@@ -711,7 +711,7 @@ def critical_path(
         d = list(d) if isinstance(d, Iterable) else [d]
         bad = [j for j in [i, *d] if not _is_int(j) or j not in df.index]
         if bad:
-            raise ValueError(f"deps: номера строк вне intervals (или стадии ожидания): {bad}")
+            raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
         preds[i] = d
     start, end = df["start_s"].to_dict(), df["end_s"].to_dict()
     for worker, g in df.groupby(df["worker"].astype(str), sort=False):

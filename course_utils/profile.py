@@ -29,6 +29,7 @@ __all__ = [
     "NOISE_SIGMA",
     "STAGES",
     "STAGE_LABELS_RU",
+    "stage_colors",
     "WARMUP_FACTOR",
     "dominant_stage",
     "plot_stage_bar",
@@ -341,14 +342,24 @@ def _profiles(data: Any) -> tuple[list[str], list[str], np.ndarray]:
     return labels, [str(c) for c in frame.columns], np.array([list(r.values()) for r in rows])
 
 
-def _stage_colors(stages: list[str]) -> dict[str, Any]:
+# Этапы вне STAGES, которые встречаются на рисунках курса: у каждого свой постоянный цвет.
+EXTRA_STAGES = ("queue_wait", "backpressure", "verifier", "checkpoint")
+
+
+def stage_colors(stages) -> dict[str, Any]:
+    """Один этап — один цвет на всех рисунках курса (диаграммы Ганта, полосы профиля).
+
+    STAGES и EXTRA_STAGES получают постоянные места палитры tab20 (сначала тёмные оттенки,
+    потом светлые); незнакомые этапы — следующие места в порядке первого появления.
+    """
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab10" if len(stages) <= 10 else "tab20"]
-    order = [s for s in STAGES if s in stages] + [s for s in stages if s not in STAGES]
-    fixed = {s: i for i, s in enumerate(STAGES)}  # один этап — один цвет на всех рисунках
-    extra = {s: len(STAGES) + i for i, s in enumerate(x for x in order if x not in fixed)}
-    return {s: cmap({**fixed, **extra}[s] % cmap.N) for s in stages}
+    cmap = matplotlib.colormaps["tab20"]
+    places = [2 * i for i in range(10)] + [2 * i + 1 for i in range(10)]  # тёмные, затем светлые
+    known = [*STAGES, *EXTRA_STAGES]
+    unknown = [s for s in dict.fromkeys(str(x) for x in stages) if s not in known]
+    order = known + unknown
+    return {str(s): cmap(places[order.index(str(s)) % len(places)]) for s in stages}
 
 
 def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
@@ -371,7 +382,7 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     n_rows = len(labels)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, max(2.6, 1.3 + 0.55 * n_rows)))
-    colors = _stage_colors(stages)
+    colors = stage_colors(stages)
     x_max = float(totals.max())
     left = np.zeros(n_rows)
     for j, stage in enumerate(stages):

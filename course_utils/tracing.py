@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from course_utils.arith_task import is_informative_group, scalar_reward
-from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS
+from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 
@@ -118,7 +118,7 @@ class StageTimer:
         Событие записывается и тогда, когда блок завершился исключением: время потрачено.
         """
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name (имя стадии) должно быть непустой строкой, получено {name!r}")
+            raise ValueError(f"name (имя этапа) должно быть непустой строкой, получено {name!r}")
         _check_extra(extra)
         key = self._reserve_key()
         start = self._now()
@@ -144,7 +144,7 @@ class StageTimer:
         start_s и end_s — секунды в той же шкале, что и у таймера (от t0); нужно end_s ≥ start_s.
         """
         if not isinstance(stage, str) or not stage:
-            raise ValueError(f"stage (имя стадии) должно быть непустой строкой, получено {stage!r}")
+            raise ValueError(f"stage (имя этапа) должно быть непустой строкой, получено {stage!r}")
         start = _check_time("start_s", start_s)
         end = _check_time("end_s", end_s)
         if end < start:
@@ -371,13 +371,6 @@ def worker_label(worker: Any) -> str:
     return WORKER_LABELS_RU.get(name, name)
 
 
-def _stage_colors(stages: list[str]) -> dict[str, Any]:
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10" if len(stages) <= 10 else "tab20"]
-    return {s: cmap(i % cmap.N) for i, s in enumerate(stages)}
-
-
 def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
     """Уровень вложенности события в строке: число ранее начатых и ещё открытых событий."""
     order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
@@ -412,7 +405,7 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     scale = TIME_UNITS[time_unit]
     workers = [str(w) for w in pd.unique(df["worker"].astype(str))]
     stages = [str(s) for s in pd.unique(df["stage"].astype(str))]
-    colors = _stage_colors(stages)
+    colors = stage_colors(stages)
     row_of = {w: i for i, w in enumerate(workers)}
 
     if ax is None:
@@ -453,11 +446,11 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     ax.set_ylabel("исполнитель")
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)
-    ax.set_title(title if title is not None else "Диаграмма Ганта по стадиям")
+    ax.set_title(title if title is not None else "Диаграмма Ганта по этапам")
     handles = [Patch(facecolor=colors[s], label=stage_label(s)) for s in stages]
     ax.legend(
         handles=handles,
-        title="стадия",
+        title="этап",
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
         borderaxespad=0.0,

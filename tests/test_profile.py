@@ -314,3 +314,24 @@ def test_plot_bad_input():
         plot_stage_bar(pd.DataFrame())
     with pytest.raises(ValueError, match="> 0"):
         plot_stage_bar(dict.fromkeys(STAGES, 0.0))
+
+
+def test_one_stage_one_colour_on_every_plot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from course_utils import tracing
+
+    # Цвет этапа не зависит от набора соседей и совпадает на диаграмме Ганта и полосе профиля.
+    alone = profile.stage_colors(["decode"])["decode"]
+    assert profile.stage_colors(["queue_wait", "prefill", "decode"])["decode"] == alone
+    assert len(set(profile.stage_colors(list(profile.STAGES)).values())) == len(profile.STAGES)
+    events = pd.DataFrame({"worker": ["collector-0", "trainer-0"], "stage": ["queue_wait", "decode"],
+                           "start_s": [0.0, 0.0], "end_s": [1.0, 2.0]})  # fmt: skip
+    ax = tracing.gantt(events)
+    gantt = {h.get_label(): h.get_facecolor() for h in ax.get_legend().legend_handles}
+    assert gantt[tracing.stage_label("decode")] == alone
+    plt.close("all")
