@@ -114,6 +114,13 @@ class PolicyInfo:
     reason: str = ""
     is_random: bool = False  # случайные веса настоящей формы (COURSE_MODEL=random:<имя>)
 
+    @property
+    def label(self) -> str:
+        """Короткое имя модели для заголовков графиков и строк вывода уровня B."""
+        if self.is_random:
+            return f"{self.model_id} (случайные веса, настоящая форма)"
+        return self.model_id
+
     def describe(self) -> str:
         """Одна строка для подписей к измерениям уровня B."""
         name = "крошечная модель курса (data/tiny_arith_lm)" if self.is_tiny else self.model_id

@@ -107,3 +107,10 @@ def test_rehearse_cli_at_smollm2_shape_reports_and_predicts_memory():
     # 16 Б/параметр тренера + веса движка — больше 2,5 ГиБ; расхождение с измерением ≤ 25 %.
     assert predicted > 2.5 * 2**30
     assert abs(predicted - measured) <= 0.25 * measured, (predicted, measured)
+
+
+def test_policy_label_names_random_weights():
+    info = policy.PolicyInfo("random:Qwen2.5-0.5B", 494_032_768, "cpu", "float32", False,
+                             is_random=True)  # fmt: skip
+    assert info.label == "random:Qwen2.5-0.5B (случайные веса, настоящая форма)"
+    assert policy.PolicyInfo("tiny_arith_lm", 1, "cpu", "float32", True).label == "tiny_arith_lm"
