@@ -769,14 +769,15 @@ def grpo_step(
             raise ValueError(
                 f"old_logprobs[{i}]: {len(o)} значений, а токенов политики {r.num_policy_tokens}"
             )
-    adv = group_advantages(recs, reward_weights)
     n_tok = max(sum(r.num_policy_tokens for r in recs), 1)
-    model.train()
-    losses, norms, clip_by_epoch, skipped, low = [], [], [], 0, None
+    losses, norms, clip_by_epoch, skipped, low, adv = [], [], [], 0, None, None
     for _ in range(epochs):
-        optimizer.zero_grad(set_to_none=True)
-        loss, ratios, advs, news = 0.0, [], [], []
-        with timer.stage("forward_backward"):
+        with timer.stage("forward_backward"):  # вся работа шага — внутри этапов (Σ этапов = шаг)
+            if adv is None:  # преимущества — часть потерь: A_i по группам, один раз на пакет
+                adv = group_advantages(recs, reward_weights)
+                model.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss, ratios, advs, news = 0.0, [], [], []
             # Накопление градиента по микропакетам: Σ_чанков (−Σ surr / N) — тот же градиент,
             # что у одного прохода, но логиты в памяти только для одного микропакета.
             for start in range(0, len(recs), micro_batch):
@@ -806,6 +807,14 @@ def grpo_step(
             if scaler is not None:
                 scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            ratio, a_all = torch.cat(ratios), torch.cat(advs)
+            clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | (
+                (ratio < 1 - clip_eps) & (a_all < 0)
+            )
+            clip_by_epoch.append(float(clipped.float().mean()) if ratio.numel() else 0.0)
+            under = torch.cat(news) < NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
+            low = under if low is None else low | under
+            norms.append(float(grad_norm))
         if after_stage is not None:
             after_stage("forward_backward")
         with timer.stage("optimizer_step"):
@@ -818,27 +827,24 @@ def grpo_step(
                 skipped += int(scaler.get_scale() < scale)
         if after_stage is not None:
             after_stage("optimizer_step")
-        ratio, a_all = torch.cat(ratios), torch.cat(advs)
-        clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | ((ratio < 1 - clip_eps) & (a_all < 0))
-        clip_by_epoch.append(float(clipped.float().mean()) if ratio.numel() else 0.0)
-        under = torch.cat(news) < NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
-        low = under if low is None else low | under
         losses.append(loss)
-        norms.append(float(grad_norm))
-    optimizer.zero_grad(set_to_none=True)
-    model.eval()
-    return {
-        "loss": sum(losses) / epochs,
-        "clip_fraction": sum(clip_by_epoch) / epochs,
-        "clip_fraction_by_epoch": clip_by_epoch,
-        "grad_norm": sum(norms) / epochs,
-        "epochs": epochs,
-        "near_zero_pi_tokens": int(low.sum()),
-        "skipped_steps": skipped,
-        "policy_tokens": int(ratio.numel()),
-        "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
-        "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
-    }
+    with timer.stage("optimizer_step"):  # уборка после шага тоже время шага: Σ этапов = шаг
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        stats = {
+            "loss": sum(losses) / epochs,
+            "clip_fraction": sum(clip_by_epoch) / epochs,
+            "clip_fraction_by_epoch": clip_by_epoch,
+            "grad_norm": sum(norms) / epochs,
+            "epochs": epochs,
+            "near_zero_pi_tokens": int(low.sum()),
+            "skipped_steps": skipped,
+            "policy_tokens": int(ratio.numel()),
+            "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
+            "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
+        }
+        del ratios, advs, news, ratio, a_all, clipped, under, low
+    return stats
 
 
 @torch.no_grad()
