@@ -330,6 +330,13 @@ def normalized_ess(weights, mask=None, *, log: bool = False) -> float:
 # --------------------------------------------------------------------------- клиппирование
 
 
+def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
+    """Где клиппированный член PPO активен (его градиент 0): ρ > 1+ε_high при A > 0 или
+    ρ < 1−ε при A < 0. Поэлементно для массивов numpy и тензоров torch одной формы (булев)."""
+    eps_high = eps if eps_high is None else eps_high
+    return ((ratio > 1 + eps_high) & (advantages > 0)) | ((ratio < 1 - eps) & (advantages < 0))
+
+
 def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high=None) -> float:
     """Доля клиппирования PPO среди токенов маски.
 
@@ -358,7 +365,7 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
                 f"advantages: форма {a.shape} не подходит; нужна {r.shape} (по токену) "
                 f"или {r.shape[:-1]} (по последовательности)"
             )
-        hit = (high & (a > 0)) | (low & (a < 0))
+        hit = clipped(r, a, eps, eps_high)
     return float((hit & m).sum() / m.sum())
 
 

@@ -47,6 +47,7 @@ from course_utils.arith_task import (
     verify,
 )
 from course_utils.contract import RolloutRecord
+from course_utils.offpolicy import clipped
 from course_utils.profile import STAGES
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
 from course_utils.tracing import StageTimer
@@ -76,6 +77,8 @@ __all__ = [
     "group_advantages",
     "is_informative_group",
     "grad_scaler_for",
+    "trainer_autocast_dtype",
+    "peak_memory",
     "grpo_step",
     "sync_weights",
     "cache_bytes",
@@ -704,6 +707,14 @@ def informative_group_fraction(records, reward_weights: dict[str, float] | None 
     return sum(is_informative_group([rewards[i] for i in idx]) for idx in groups) / len(groups)
 
 
+def trainer_autocast_dtype(device, engine_dtype: torch.dtype) -> torch.dtype | None:
+    """Тип autocast тренера: тип весов движка на CUDA, если он не float32, иначе None (float32).
+
+    Тренер хранит float32-копию; на T4 считает в float16, на A100/H100 — в bfloat16."""
+    dev = torch.device(device)
+    return engine_dtype if dev.type == "cuda" and engine_dtype != torch.float32 else None
+
+
 def grad_scaler_for(device, autocast_dtype: torch.dtype | None):
     """``torch.amp.GradScaler("cuda")``, если тренер считает в autocast float16 на CUDA, иначе None.
 
@@ -808,10 +819,8 @@ def grpo_step(
                 scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             ratio, a_all = torch.cat(ratios), torch.cat(advs)
-            clipped = ((ratio > 1 + clip_eps) & (a_all > 0)) | (
-                (ratio < 1 - clip_eps) & (a_all < 0)
-            )
-            clip_by_epoch.append(float(clipped.float().mean()) if ratio.numel() else 0.0)
+            hit = clipped(ratio, a_all, clip_eps)  # знак A: offpolicy.clipped
+            clip_by_epoch.append(float(hit.float().mean()) if ratio.numel() else 0.0)
             under = torch.cat(news) < NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
             low = under if low is None else low | under
             norms.append(float(grad_norm))
@@ -843,7 +852,7 @@ def grpo_step(
             "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
             "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
         }
-        del ratios, advs, news, ratio, a_all, clipped, under, low
+        del ratios, advs, news, ratio, a_all, hit, under, low
     return stats
 
 
@@ -964,7 +973,8 @@ class LoopResult:
         return [f"{s}_s" for s in LOOP_STAGES]
 
 
-def _peak_memory(device: torch.device) -> tuple[int, str]:
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """Пик памяти, байт, и что измерено: max_memory_allocated на GPU, пиковый RSS на CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
     import resource
@@ -1020,7 +1030,7 @@ def sequential_loop(
     engine = model.eval()
     engine_dtype = next(engine.parameters()).dtype
     trainer = copy.deepcopy(engine).float()
-    amp = engine_dtype if device.type == "cuda" and engine_dtype != torch.float32 else None
+    amp = trainer_autocast_dtype(device, engine_dtype)
     scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4), иначе None
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
     timer = StageTimer(worker="main", sync=_sync_fn(device))
@@ -1069,7 +1079,7 @@ def sequential_loop(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - wall0
-        peak, kind = _peak_memory(device)
+        peak, kind = peak_memory(device)
         stage_s = {f"{s}_s": 0.0 for s in LOOP_STAGES}
         for ev in timer.events[n_events:]:
             stage_s[f"{ev['stage']}_s"] += ev["end_s"] - ev["start_s"]

@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import resource
-import sys
 import time
 from typing import Any
 
@@ -25,20 +22,10 @@ DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro
 
 
 def _rss_bytes() -> int:
-    """Текущий RSS процесса, байт (psutil; на Linux без него — /proc/self/statm)."""
-    try:
-        import psutil
+    """Текущий RSS процесса, байт (psutil)."""
+    import psutil
 
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:  # pragma: no cover - psutil в requirements.txt
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _max_rss_bytes() -> int:
-    """Пиковый RSS процесса за всё время, байт (ru_maxrss: КиБ в Linux, байты в macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return int(psutil.Process().memory_info().rss)
 
 
 def predicted_peak_bytes(
@@ -105,14 +92,15 @@ def rehearse(
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-        measured, kind = int(torch.cuda.max_memory_allocated(dev)), "max_memory_allocated"
-    else:
-        measured, kind = _max_rss_bytes() - rss0, "рост RSS процесса"
+    measured, kind = policy.peak_memory(dev)
+    if dev.type != "cuda":
+        measured, kind = measured - rss0, "рост RSS процесса"  # пиковый RSS − RSS до модели
     table = result.steps
     stages = {s: float(table[f"{s}_s"].sum()) for s in policy.LOOP_STAGES}
     out_tokens = int(table["output_tokens"].sum())
     decode_tps = out_tokens / stages["decode"] if stages["decode"] > 0 else float("nan")
-    engine_b = torch.finfo(next(net.parameters()).dtype).bits // 8
+    engine_dt = next(net.parameters()).dtype
+    engine_b = torch.finfo(engine_dt).bits // 8
     shape = memory.ModelShape.from_config(net.config)
     sequences = kwargs["prompts_per_step"] * kwargs["group_size"]
     longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in result.records)
@@ -131,7 +119,8 @@ def rehearse(
         "input_tokens": int(table["input_tokens"].sum()),
         "output_tokens": out_tokens,
         "decode_tokens_per_s": decode_tps,
-        "grad_scaler": bool(policy.grad_scaler_for(dev, _amp(net, dev)) is not None),
+        "grad_scaler": policy.grad_scaler_for(dev, policy.trainer_autocast_dtype(dev, engine_dt))
+        is not None,
         "skipped_steps": int(table["skipped_steps"].sum()),
         "peak_bytes_measured": measured,
         "peak_kind": kind,
@@ -151,11 +140,6 @@ def rehearse(
             report["decode_roofline_tokens_per_s"] = roof
             report["decode_fraction_of_roofline"] = decode_tps / roof
     return report
-
-
-def _amp(net, dev: torch.device) -> torch.dtype | None:
-    dt = next(net.parameters()).dtype
-    return dt if dev.type == "cuda" and dt != torch.float32 else None
 
 
 def main(argv: list[str]) -> int:

@@ -600,11 +600,16 @@ def _run_trainer(net, tokenizer, info, device, stages, *, verify, **cfg) -> dict
     import torch
 
     from course_utils.contract import RolloutRecord, validate_rollout
-    from course_utils.policy import grad_scaler_for, grpo_step, recompute_logprobs
+    from course_utils.policy import (
+        grad_scaler_for,
+        grpo_step,
+        recompute_logprobs,
+        trainer_autocast_dtype,
+    )
 
     wire_dtype = next(net.parameters()).dtype  # веса уходят движку в его типе
     trainer = net.float()
-    amp = wire_dtype if device.type == "cuda" and wire_dtype != torch.float32 else None
+    amp = trainer_autocast_dtype(device, wire_dtype)
     scaler = grad_scaler_for(device, amp)  # float16 на T4: масштаб потерь GradScaler
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=cfg["lr"])
 
@@ -1042,7 +1047,7 @@ class _QueueTrainer:
     def __init__(self, net, info, device, control, stages, cfg) -> None:
         import torch
 
-        from course_utils.policy import grad_scaler_for
+        from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
 
         self.info, self.device, self.control, self.stages, self.cfg = (
             info,
@@ -1053,9 +1058,7 @@ class _QueueTrainer:
         )
         self.wire_dtype = next(net.parameters()).dtype  # веса уходят движкам в их типе
         self.trainer = net.float()
-        self.amp = (
-            self.wire_dtype if device.type == "cuda" and self.wire_dtype != torch.float32 else None
-        )
+        self.amp = trainer_autocast_dtype(device, self.wire_dtype)
         self.scaler = grad_scaler_for(device, self.amp)  # float16 на T4: GradScaler
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg["lr"])
         self.cond = threading.Condition()

@@ -22,7 +22,7 @@ import pandas as pd
 
 from course_utils.args import fraction, integer, nonnegative, positive, real
 from course_utils.fmt import num
-from course_utils.offpolicy import effective_sample_size
+from course_utils.offpolicy import clipped, effective_sample_size
 
 __all__ = ["ToyPolicy", "STRATEGIES", "batch_figures", "stale_experiment", "conclusions"]
 
@@ -131,7 +131,7 @@ def batch_figures(
     ess = effective_sample_size(w[kept])
     adv = (r - r.mean())[:, None]
     rho = np.exp(np.asarray(token_log_ratio, dtype=float))
-    hit = ((rho > 1 + eps) & (adv > 0)) | ((rho < 1 - eps) & (adv < 0))
+    hit = clipped(rho, adv, eps)
     c = np.asarray(counts, dtype=float)
     return {
         "kept_rollouts": float(kept.mean()),

@@ -758,3 +758,13 @@ def test_masked_weights_high_may_be_infinite_but_not_garbage():
     for bad in (None, "2", np.nan, 0.0, -1.0):
         with pytest.raises(ValueError, match="high"):
             op.masked_weights([1.0], 0.0, bad)
+
+
+def test_clipped_is_one_rule_for_numpy_and_torch():
+    import torch
+
+    rho = np.array([1.3, 1.3, 0.7, 0.7, 1.0])
+    adv = np.array([1.0, -1.0, -1.0, 1.0, 1.0])
+    expected = [True, False, True, False, False]  # активен только член со знаком A
+    assert offpolicy.clipped(rho, adv, 0.2).tolist() == expected
+    assert offpolicy.clipped(torch.tensor(rho), torch.tensor(adv), 0.2).tolist() == expected
