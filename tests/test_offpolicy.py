@@ -766,5 +766,5 @@ def test_clipped_is_one_rule_for_numpy_and_torch():
     rho = np.array([1.3, 1.3, 0.7, 0.7, 1.0])
     adv = np.array([1.0, -1.0, -1.0, 1.0, 1.0])
     expected = [True, False, True, False, False]  # активен только член со знаком A
-    assert offpolicy.clipped(rho, adv, 0.2).tolist() == expected
-    assert offpolicy.clipped(torch.tensor(rho), torch.tensor(adv), 0.2).tolist() == expected
+    assert op.clipped(rho, adv, 0.2).tolist() == expected
+    assert op.clipped(torch.tensor(rho), torch.tensor(adv), 0.2).tolist() == expected
