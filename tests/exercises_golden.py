@@ -62,7 +62,11 @@ def malformed_answers(ref):
 
 def _verdict(exercise_id, answer, variant):
     result = grading.evaluate(exercise_id, answer, variant)
-    return {"status": result.status, "misconception": result.misconception, "message": result.message}
+    return {
+        "status": result.status,
+        "misconception": result.misconception,
+        "message": result.message,
+    }
 
 
 def step_snapshot(exercise_id):

@@ -7,7 +7,6 @@
 import difflib
 
 import pytest
-
 from exercises_golden import golden_path, lesson_text, lessons
 
 

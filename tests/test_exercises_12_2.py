@@ -1,0 +1,189 @@
+"""Отдельные проверки шагов урока 12.2 (12.2.6–12.2.8); общие свойства — в test_exercises.py."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from course_utils import grading
+
+REPO = Path(__file__).resolve().parents[1]
+IDS = grading.exercise_ids()
+VARIANTS = range(4)
+# Упражнения, чьи условия по делу содержат не-JSON объекты (таблицы pandas и т. п.); пока нет.
+NOT_JSON: set[str] = set()
+CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
+
+
+@pytest.fixture(autouse=True)
+def progress_path(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
+    return path
+
+
+def _ex(exercise_id):
+    return grading._get(exercise_id)
+
+
+def _data(task):
+    """Данные условия без текста формулировки."""
+    return {k: v for k, v in task.items() if k != "statement"}
+
+
+def _leaves(x):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield k
+            yield from _leaves(v)
+    elif isinstance(x, (list, tuple, set)):
+        for v in x:
+            yield from _leaves(v)
+    else:
+        yield x
+
+
+def _renderings(x):
+    if isinstance(x, bool) or x is None:
+        return set()
+    if isinstance(x, str):
+        return {x} if len(x.strip()) >= 3 else set()
+    if isinstance(x, (int, float)) and math.isfinite(x):
+        out = {str(x), f"{x:g}", f"{x:.2f}", f"{x:.3g}", f"{x:.1f}"}
+        return {s for s in out if len(s) >= 2}
+    return set()
+
+
+# ---------------------------------------------------------------- 12.2.6–12.2.8: память (урок 12.2)
+GIB = 2**30
+
+
+def test_lesson_12_2_registered():
+    from course_utils import exercises
+
+    assert "lesson_12_2" in exercises.LOADED
+    assert {"12.2.6", "12.2.7", "12.2.8"} <= set(IDS)
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_2_6_reference_by_hand(variant):
+    task, ref = grading.task("12.2.6", variant), grading.reference("12.2.6", variant)
+    n, d, b = task["n_params"], task["world_size"], task["bytes_per_param"]
+    bp, bg = b["param_bytes"], b["grad_bytes"]
+    k = b["m1_bytes"] + b["m2_bytes"] + b["master_bytes"]
+    total = bp + bg + k
+    assert total != 16 and d >= 2
+    by_hand = {"B_state": n * total, "ddp": n * total, "zero1": n * (bp + bg) + n * k / d,
+               "zero2": n * bp + n * (bg + k) / d, "zero3": n * total / d}  # fmt: skip
+    for key, value in by_hand.items():
+        assert ref[key] == pytest.approx(value / GIB, rel=1e-6), key
+    assert ref["ddp"] >= ref["zero1"] > ref["zero2"] > ref["zero3"]
+    assert "ГиБ" in task["statement"] and "1 %" in task["statement"]
+    if task["model"]:
+        assert task["model"] in task["statement"]
+
+
+def test_12_2_6_unit_feedback_and_shape():
+    ref = grading.reference("12.2.6")
+    in_bytes = {k: v * GIB for k, v in ref.items()}
+    result = grading.evaluate("12.2.6", in_bytes)
+    assert result.status == "wrong" and "в байтах" in result.message
+    in_gb = {k: v * GIB / 1e9 for k, v in ref.items()}
+    result = grading.evaluate("12.2.6", in_gb)
+    assert result.status == "wrong" and "ГБ" in result.message
+    result = grading.evaluate("12.2.6", {k: v for k, v in ref.items() if k != "zero3"})
+    assert result.status == "malformed" and "zero3" in result.message
+    assert grading.evaluate("12.2.6", {k: v * 1.005 for k, v in ref.items()})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_12_2_6_misconceptions_in_other_forms(variant):
+    ref = grading.reference("12.2.6", variant)
+    d = grading.task("12.2.6", variant)["world_size"]
+    # ZeRO-1 «делит всё», а ZeRO-2 посчитан верно — всё равно та же ошибка
+    result = grading.evaluate("12.2.6", {**ref, "zero1": ref["B_state"] / d}, variant)
+    assert result.misconception == "shard_everything_at_zero1"
+    sixteen = grading.task("12.2.6", variant)["n_params"] * 16 / GIB
+    result = grading.evaluate("12.2.6", {**ref, "B_state": sixteen}, variant)
+    assert result.misconception == "sixteen_law"
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_2_7_reference_by_hand(variant):
+    task, ref = grading.task("12.2.7", variant), grading.reference("12.2.7", variant)
+    config = json.loads((REPO / "data" / "model_configs" / f"{task['model']}.json").read_text())
+    assert task["num_layers"] == config["num_hidden_layers"]
+    assert task["num_kv_heads"] == config["num_key_value_heads"]
+    assert task["num_attention_heads"] == config["num_attention_heads"] != task["num_kv_heads"]
+    assert task["head_dim"] == config["hidden_size"] // config["num_attention_heads"]
+    per_tok = 2 * task["num_layers"] * task["num_kv_heads"] * task["head_dim"]
+    per_tok *= task["bytes_per_value"]
+    per_seq = per_tok * (task["prompt_tokens"] + task["response_tokens"])
+    seqs = (task["budget_gib"] * GIB - task["weights_bytes"]) // per_seq
+    assert ref == {"kv_bytes_per_token": per_tok, "max_sequences": seqs,
+                   "max_groups": seqs // task["group_size"]}  # fmt: skip
+    assert ref["max_groups"] >= 1
+    assert task["weights_bytes"] >= per_seq  # иначе «забыли веса» могло бы совпасть с верным
+    assert str(task["num_kv_heads"]) in task["statement"] and "точно" in task["statement"]
+
+
+def test_12_2_7_integers_and_lecture_example():
+    ref = grading.reference("12.2.7")
+    assert grading.evaluate("12.2.7", {k: float(v) for k, v in ref.items()})
+    result = grading.evaluate("12.2.7", {**ref, "max_sequences": ref["max_sequences"] + 0.5})
+    assert result.status == "malformed" and "округлите вниз" in result.message
+    result = grading.evaluate("12.2.7", {**ref, "max_groups": ref["max_groups"] + 1})
+    assert result.status == "wrong" and "max_groups" in result.message
+    # пример лекции: L=32, H_kv=8, d_h=128, b=2 → 128 КиБ на токен (Llama-3.1-8B)
+    for v in range(40):
+        task = grading.task("12.2.7", v)
+        if task["model"] == "Llama-3.1-8B" and task["bytes_per_value"] == 2:
+            assert grading.reference("12.2.7", v)["kv_bytes_per_token"] == 131072
+            break
+    else:
+        pytest.fail("нет варианта с Llama-3.1-8B в bf16")
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_12_2_8_reference_by_hand(variant):
+    task, ref = grading.task("12.2.8", variant), grading.reference("12.2.8", variant)
+    sums = {ph: sum(comps.values()) for ph, comps in task["phases"]}
+    assert ref["peak_phase"] == max(sums, key=sums.get)
+    assert ref["peak_gib"] == pytest.approx(max(sums.values()))
+    lora = {ph: comps for ph, comps in task["phases_lora"]}
+    for ph, comps in task["phases"]:  # LoRA меняет только градиенты и оптимизатор
+        changed = {c for c in comps if comps[c] != lora[ph][c]}
+        assert changed <= {"градиенты", "оптимизатор"}
+    assert ref["peak_lora_gib"] == pytest.approx(max(sum(c.values()) for c in lora.values()))
+    assert ref["peak_lora_gib"] <= ref["peak_gib"]
+    groups = task["run_log"]["groups"]
+    degenerate = sum(len(set(r)) == 1 for r in groups.values())
+    assert 2 <= degenerate < len(groups)
+    rate = len(groups) / task["run_log"]["duration_s"]
+    assert ref["informative_groups_per_s"] == pytest.approx(rate * (1 - degenerate / len(groups)))
+
+
+def test_12_2_8_peak_phase_varies_and_feedback():
+    assert len({grading.reference("12.2.8", v)["peak_phase"] for v in range(12)}) >= 2
+    ref = grading.reference("12.2.8")
+    assert grading.evaluate("12.2.8", {**ref, "peak_phase": ref["peak_phase"].upper()})
+    result = grading.evaluate("12.2.8", {**ref, "peak_phase": "обучение"})
+    assert result.status == "malformed" and "generation" in result.message
+    result = grading.evaluate("12.2.8", {**ref, "peak_gib": "12 ГиБ"})
+    assert result.status == "malformed" and "peak_gib" in result.message
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_12_2_8_misconceptions_in_other_forms(variant):
+    from course_utils import memory
+
+    task, ref = grading.task("12.2.8", variant), grading.reference("12.2.8", variant)
+    som = memory.sum_of_component_maxima(task["phases"])
+    result = grading.evaluate("12.2.8", {**ref, "peak_gib": som, "peak_phase": "sync"}, variant)
+    assert result.misconception == "sum_of_maxima"
+    n = len(task["run_log"]["groups"]) / task["run_log"]["duration_s"]
+    wrong = {**ref, "peak_lora_gib": ref["peak_gib"], "informative_groups_per_s": n}
+    result = grading.evaluate("12.2.8", wrong, variant)
+    assert result.misconception == "groups_not_informative"
