@@ -36,7 +36,7 @@ except ImportError:  # Windows: без межпроцессной блокиро
     _fcntl = None
 
 __all__ = [
-    "COURSE_STEPS", "PLACEHOLDER", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
+    "COURSE_STEPS", "PLACEHOLDER", "AnswerError", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
     "____", "answers_match", "check", "evaluate", "exercise_ids", "hint", "misconceptions",
     "new_variant", "progress", "reference", "register", "registry_override", "solution", "task",
 ]  # fmt: skip
@@ -78,13 +78,26 @@ COURSE_STEPS: dict[str, str] = {
 }
 
 
+class AnswerError(Exception):
+    """Ответ нельзя оценить (функция студента упала или зависла): ``status`` и русский ``message``."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
 @dataclass(frozen=True)
 class Misconception:
-    """Типичная ошибка: ``answer(task)`` строит такой неверный ответ, ``message`` её называет."""
+    """Типичная ошибка: ``answer(task)`` строит такой неверный ответ, ``message`` её называет.
+
+    ``accepts(task, given)`` — своё правило, узнающее ту же ошибку в ином виде (по умолчанию —
+    совпадение с ``answer(task)``).
+    """
 
     key: str
     message: str
     answer: Callable[[dict], Any]
+    accepts: Callable[[dict, Any], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,8 @@ class Exercise:
     ``compare(expected, given, rtol) -> bool`` — своё сравнение (по умолчанию answers_match);
     ``validate_answer(answer, task)`` — сообщение о неверной форме ответа или None;
     ``describe_mismatch(expected, answer, task)`` — свой отзыв на неверный ответ (по умолчанию
-    общий, который не раскрывает верного значения).
+    общий, который не раскрывает верного значения); ``outcome(answer, task)`` — что сравнивать
+    вместо самого ответа (например, итог функции студента на скрытых случаях; AnswerError — отзыв).
     """
 
     id: str
@@ -110,6 +124,7 @@ class Exercise:
     compare: Callable[[Any, Any, float], bool] | None = None
     validate_answer: Callable[[Any, dict], str | None] | None = None
     describe_mismatch: Callable[[Any, Any, dict], str] | None = None
+    outcome: Callable[[Any, dict], Any] | None = None
 
     def __post_init__(self) -> None:
         keys = [m.key for m in self.misconceptions if isinstance(m, Misconception)]
@@ -412,9 +427,14 @@ def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
         problem = f"Ответ не удалось разобрать ({type(exc).__name__}); сверьтесь с условием."
     if problem:
         return CheckResult(ex.id, "malformed", str(problem))
-    expected, same = ex.reference(current), ex.compare or answers_match
+    same, judged = ex.compare or answers_match, ex.outcome or (lambda answer, task: answer)
     try:
-        if bool(same(expected, answer, ex.rtol)):
+        given = judged(answer, current)
+    except AnswerError as exc:
+        return CheckResult(ex.id, exc.status, exc.message)
+    expected = judged(ex.reference(current), current)
+    try:
+        if bool(same(expected, given, ex.rtol)):
             return CheckResult(ex.id, "correct", f"Упражнение {ex.id} решено.")
     except Exception as exc:
         try:
@@ -427,13 +447,17 @@ def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
         return CheckResult(ex.id, "malformed", msg)
     for m in ex.misconceptions:
         with contextlib.suppress(Exception):
-            if bool(same(m.answer(current), answer, ex.rtol)):
+            if m.accepts is not None:
+                hit = m.accepts(current, given)
+            else:
+                hit = same(judged(m.answer(current), current), given, ex.rtol)
+            if bool(hit):
                 return CheckResult(ex.id, "misconception", m.message, misconception=m.key)
     try:
         if ex.describe_mismatch is not None:
-            detail = ex.describe_mismatch(expected, answer, current)
+            detail = ex.describe_mismatch(expected, given, current)
         else:
-            detail = _describe_mismatch(expected, answer, ex.rtol)
+            detail = _describe_mismatch(expected, given, ex.rtol)
     except Exception:
         detail = "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
     return CheckResult(ex.id, "wrong", f"{detail} Подсказка: grading.hint({ex.id!r}).")

@@ -2,11 +2,11 @@
 
 Для шага и вариантов 0–7: текст условия, разбор, верный ответ и то, что ``grading.evaluate``
 отвечает на верный ответ, на ответ каждой типичной ошибки и на полтора десятка ответов не того
-вида. ``tests/test_exercises_golden.py`` сверяет снимок с ``tests/golden/exercises_<урок>.json``
+вида. ``tests/test_exercises_golden.py`` сверяет снимок с ``tests/golden/<шаг>.json`` (``12_5_10.json``)
 байт в байт. Осознанное изменение поведения обновляет файл в том же коммите:
 
-    python tests/exercises_golden.py            # все уроки
-    python tests/exercises_golden.py 12.4 12.5  # только эти
+    python tests/exercises_golden.py                # все шаги
+    python tests/exercises_golden.py 12.4 12.5.10   # шаги урока 12.4 и шаг 12.5.10
 """
 
 from __future__ import annotations
@@ -97,22 +97,21 @@ def step_snapshot(exercise_id):
     return {"id": ex.id, "title": ex.title, "hint": ex.hint, "variants": variants}
 
 
-def lesson_of(exercise_id):
-    return ".".join(exercise_id.split(".")[:2])
+def step_text(exercise_id):
+    """Снимок шага как текст файла: JSON с отступами, UTF-8, перевод строки в конце."""
+    return json.dumps(step_snapshot(exercise_id), ensure_ascii=False, indent=1) + "\n"
 
 
-def lessons():
-    return sorted({lesson_of(i) for i in grading.exercise_ids()})
+def golden_path(exercise_id):
+    return GOLDEN / f"{exercise_id.replace('.', '_')}.json"
 
 
-def lesson_text(lesson):
-    """Снимок урока как текст файла: JSON с отступами, UTF-8, перевод строки в конце."""
-    steps = [step_snapshot(i) for i in grading.exercise_ids() if lesson_of(i) == lesson]
-    return json.dumps(steps, ensure_ascii=False, indent=1) + "\n"
-
-
-def golden_path(lesson):
-    return GOLDEN / f"exercises_{lesson.replace('.', '_')}.json"
+def chosen(prefixes):
+    """Шаги, чьи id начинаются с одного из префиксов (``12.5``, ``12.5.10``); без префиксов — все."""
+    ids = grading.exercise_ids()
+    return [
+        i for i in ids if not prefixes or any(i == p or i.startswith(p + ".") for p in prefixes)
+    ]
 
 
 if __name__ == "__main__":
@@ -121,6 +120,6 @@ if __name__ == "__main__":
 
     os.environ["COURSE_PROGRESS_PATH"] = str(Path(tempfile.mkdtemp()) / "progress.json")
     GOLDEN.mkdir(exist_ok=True)
-    for lesson in sys.argv[1:] or lessons():
-        golden_path(lesson).write_text(lesson_text(lesson), encoding="utf-8")
-        print(f"записан {golden_path(lesson).relative_to(ROOT)}")
+    for exercise_id in chosen(sys.argv[1:]):
+        golden_path(exercise_id).write_text(step_text(exercise_id), encoding="utf-8")
+        print(f"записан {golden_path(exercise_id).relative_to(ROOT)}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import grading
+from course_utils import exercises, grading
+from course_utils.exercises.answers import Fields
 from course_utils.grading import ____, answers_match
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,3 +187,75 @@ def test_solution_opens_after_attempt(exercise_id, capsys):
     capsys.readouterr()
     grading.solution(exercise_id)
     assert "Разбор" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- ловушки держатся во всех вариантах
+TRAP_VARIANTS = range(50)
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_traps_hold_in_variants_0_49(exercise_id):
+    """В каждом варианте 0–49 верный ответ верен, а ответ каждой типичной ошибки узнаётся ею."""
+    failures = []
+    for variant in TRAP_VARIANTS:
+        task = grading.task(exercise_id, variant)
+        ref = _ex(exercise_id).reference(task)
+        got = grading.evaluate(exercise_id, ref, variant)
+        if got.status != "correct":
+            failures.append(f"вариант {variant}: верный ответ → {got.status}: {got.message}")
+        for m in grading.misconceptions(exercise_id):
+            got = grading.evaluate(exercise_id, m.answer(copy.deepcopy(task)), variant)
+            if (got.status, got.misconception) != ("misconception", m.key):
+                failures.append(f"вариант {variant}: {m.key} → {got.status} {got.misconception}")
+    assert not failures, f"{exercise_id}: {len(failures)} сбоев:\n" + "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------- условия и ячейки ноутбуков
+NOTEBOOKS = sorted((REPO / "notebooks").glob("12_*.ipynb"))
+
+
+def _code_cells(lesson):
+    path = next(p for p in NOTEBOOKS if p.name.startswith(lesson.replace(".", "_") + "_"))
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+def _var(exercise_id):
+    return "task_" + exercise_id.replace(".", "_")
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_statement_names_notebook_variable(exercise_id):
+    """Условие называет переменную ноутбука task_12_x_y, а не task[...] (в 12.3 task — другое)."""
+    for variant in range(8):
+        statement = grading.task(exercise_id, variant)["statement"]
+        assert not re.search(r"\btask\s*\[", statement), (exercise_id, variant)
+        if "[" in statement and re.search(r"\b\w+\[['\"]", statement):
+            assert _var(exercise_id) + "[" in statement, (exercise_id, variant)
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_notebook_binds_task_and_answer_skeleton(exercise_id):
+    """Ноутбук связывает task_12_x_y и проверяет answer_12_x_y; у словаря — заготовка с ____."""
+    lesson = ".".join(exercise_id.split(".")[:2])
+    cells, name = _code_cells(lesson), exercise_id.replace(".", "_")
+    assert any(f'{_var(exercise_id)} = grading.task("{exercise_id}")' in c for c in cells)
+    answer = [c for c in cells if f'grading.check("{exercise_id}", answer_{name})' in c]
+    assert len(answer) == 1, f"{exercise_id}: нет одной ячейки ответа answer_{name}"
+    schema = exercises.STEPS[exercise_id].answer
+    if isinstance(schema, Fields):
+        for key in schema.fields:
+            assert re.search(rf'"{re.escape(key)}":\s*\{{?\s*_*', answer[0]), (exercise_id, key)
+        assert "____" in answer[0]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:4])
+def test_lesson_ends_with_progress(notebook):
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    code = ["".join(c["source"]).strip() for c in cells if c["cell_type"] == "code"]
+    assert code[-1] == "grading.progress()"
+
+
+def test_first_lesson_shows_hint_and_new_variant_once():
+    cells = "\n".join(_code_cells("12.1"))
+    assert cells.count("grading.hint(") == 1 and cells.count("grading.new_variant(") == 1

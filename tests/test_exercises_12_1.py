@@ -172,11 +172,11 @@ def test_12_1_7_dominant_varies_between_variants():
 
 
 def test_12_1_7_setup_pool_is_large_and_covers_all_cells():
-    from course_utils.exercises import lesson_12_1
+    from course_utils.exercises import legacy_12_1
 
-    pool = lesson_12_1._SETUPS
+    pool = legacy_12_1._SETUPS
     assert len(pool) >= 8 and len({text for text, _, _ in pool}) == len(pool)
-    assert {cls for _, cls, _ in pool} == set(lesson_12_1.SETUP_CLASSES)
+    assert {cls for _, cls, _ in pool} == set(legacy_12_1.SETUP_CLASSES)
 
 
 def test_12_1_7_tolerance_and_malformed():

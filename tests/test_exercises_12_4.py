@@ -191,11 +191,11 @@ def test_12_4_8_agrees_with_offpolicy_and_feedback():
 @pytest.mark.parametrize("variant", range(40))
 def test_12_4_9_codes_match_injected_violations(variant):
     from course_utils import weight_sync
-    from course_utils.exercises import lesson_12_4
+    from course_utils.exercises import legacy_12_4
 
-    plan = lesson_12_4._plan_12_4_9(variant)
+    plan = legacy_12_4._plan_12_4_9(variant)
     task, ref = grading.task("12.4.9", variant), grading.reference("12.4.9", variant)
-    assert set(ref) == lesson_12_4._expected_codes(plan)
+    assert set(ref) == legacy_12_4._expected_codes(plan)
     assert len(ref) == len(set(ref)) and set(ref) <= set(weight_sync.AUDIT_RULES)
     assert task["rules"] == weight_sync.AUDIT_RULES
     replicas = {e["replica"] for e in task["events"]} - {"publisher"}
@@ -203,7 +203,7 @@ def test_12_4_9_codes_match_injected_violations(variant):
     versions = {e["version"] for e in task["events"] if e["event"] == "barrier"}
     assert 1 <= len(versions) <= 2
     if variant < 4:  # на первых вариантах узнаются все типичные ошибки
-        assert "checksum_mismatch" in ref and set(ref) & lesson_12_4._BARRIER_CODES
+        assert "checksum_mismatch" in ref and set(ref) & legacy_12_4._BARRIER_CODES
 
 
 def test_12_4_9_variety_clean_logs_and_traps():

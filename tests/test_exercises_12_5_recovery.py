@@ -186,10 +186,10 @@ def test_12_5_7_recommendations_and_forms():
 @pytest.mark.parametrize("variant", range(8))
 def test_12_5_8_tables_consistent_and_reference_by_hand(variant):
     from course_utils import tracing
-    from course_utils.exercises import lesson_12_5
+    from course_utils.exercises import legacy_12_5
 
     task, ref = grading.task("12.5.8", variant), grading.reference("12.5.8", variant)
-    assert tracing.check_chain(lesson_12_5._trace_tables(task)) == []
+    assert tracing.check_chain(legacy_12_5._trace_tables(task)) == []
     rollouts = task["rollouts"]
     assert ref["orphans"] == [r["rollout_id"] for r in rollouts if r["training_batch_id"] is None]
     batch = {b["training_batch_id"]: b for b in task["batches"]}

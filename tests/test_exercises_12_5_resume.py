@@ -194,7 +194,7 @@ def _accept_by_hand(batch, current):
 
 @pytest.mark.parametrize("variant", range(10))
 def test_12_5_11_reference_by_hand(variant):
-    from course_utils.exercises import lesson_12_5
+    from course_utils.exercises import legacy_12_5
 
     task, ref = grading.task("12.5.11", variant), grading.reference("12.5.11", variant)
     current = task["verifier_version"]
@@ -203,7 +203,7 @@ def test_12_5_11_reference_by_hand(variant):
         assert ref[b["batch_id"]] == ("accept" if _accept_by_hand(b, current) else "reject")
         assert b["batch_id"] in task["statement"]
     assert "accept" in ref.values() and "reject" in ref.values()
-    kinds = {lesson_12_5._kind_of(b, current) for b in task["batches"]}
+    kinds = {legacy_12_5._kind_of(b, current) for b in task["batches"]}
     if variant < 4:
         assert {"complete", "policy_mixed", "missing_rollouts", "missing_reward",
                 "duplicate"} <= kinds  # fmt: skip
@@ -211,11 +211,11 @@ def test_12_5_11_reference_by_hand(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_12_5_11_forms_and_misconceptions(variant):
-    from course_utils.exercises import lesson_12_5
+    from course_utils.exercises import legacy_12_5
 
     task, ref = grading.task("12.5.11", variant), grading.reference("12.5.11", variant)
     current = task["verifier_version"]
-    kind = {b["batch_id"]: lesson_12_5._kind_of(b, current) for b in task["batches"]}
+    kind = {b["batch_id"]: legacy_12_5._kind_of(b, current) for b in task["batches"]}
     russian = {k.upper(): ("Принять" if v == "accept" else "отклонить") for k, v in ref.items()}
     assert grading.evaluate("12.5.11", russian, variant)
     result = grading.evaluate("12.5.11", {**ref, next(iter(ref)): "maybe"}, variant)
@@ -385,7 +385,7 @@ def test_12_5_13_forms_and_misconceptions(variant):
 def test_12_2_numbers_and_plurals_in_russian(variant):
     """Разряды — неразрывный пробел (в формулах — \\,), не запятая и не обычный пробел;
     формы слов — через fmt.count («14 групп», «4 352 токена»)."""
-    from course_utils.exercises import lesson_12_2 as lesson
+    from course_utils.exercises import legacy_12_2 as lesson
 
     t6, t7, t8 = (grading.task(e, variant) for e in ("12.2.6", "12.2.7", "12.2.8"))
     s6, s7, s8 = (

@@ -7,7 +7,7 @@
 import difflib
 
 import pytest
-from exercises_golden import golden_path, lesson_text, lessons
+from exercises_golden import chosen, golden_path, step_text
 
 
 @pytest.fixture(autouse=True)
@@ -15,13 +15,13 @@ def progress_path(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_PROGRESS_PATH", str(tmp_path / "progress.json"))
 
 
-@pytest.mark.parametrize("lesson", lessons())
-def test_lesson_matches_golden(lesson):
-    path = golden_path(lesson)
-    assert path.exists(), f"нет снимка {path.name}: python tests/exercises_golden.py {lesson}"
-    expected, actual = path.read_text(encoding="utf-8"), lesson_text(lesson)
+@pytest.mark.parametrize("exercise_id", chosen([]))
+def test_step_matches_golden(exercise_id):
+    path = golden_path(exercise_id)
+    assert path.exists(), f"нет снимка {path.name}: python tests/exercises_golden.py {exercise_id}"
+    expected, actual = path.read_text(encoding="utf-8"), step_text(exercise_id)
     if actual != expected:
         diff = difflib.unified_diff(
             expected.splitlines(), actual.splitlines(), "снимок", "сейчас", lineterm="", n=1
         )
-        pytest.fail(f"{lesson}: поведение шагов изменилось:\n" + "\n".join(list(diff)[:60]))
+        pytest.fail(f"{exercise_id}: поведение шага изменилось:\n" + "\n".join(list(diff)[:60]))

@@ -117,7 +117,7 @@ def test_async_variants_keep_one_step_off_inside_async(frame):
 
 
 def test_vocabulary_shared_with_exercise_12_1_7():
-    from course_utils.exercises import lesson_12_1 as ex
+    from course_utils.exercises import legacy_12_1 as ex
 
     assert ex.SETUP_CLASSES == tuple(f"{p}/{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY)
     assert {cls for _, cls, _ in ex._SETUPS} == set(ex.SETUP_CLASSES)

@@ -1,0 +1,99 @@
+"""Проверочный шаг как данные: условие, решатель, схема ответа, типичные ошибки.
+
+Модуль шага объявляет ``STEP = Step(...)``; загрузчик пакета регистрирует ``STEP.exercise()``.
+Проверка формы, сравнение и отзыв на несовпадение берутся из схемы ответа (``answers``). Типичная
+ошибка — ``Trap``: ключ, русское сообщение и неверный ответ — целиком (``wrong(task, ref)``) или
+заменой части верного словаря (``override``: {ключ: task → значение}). С ``override`` ошибка
+узнаётся и в ином виде: достаточно, чтобы заменённые значения совпали с ответом студента;
+``matches(task, given)`` — своё правило для особых случаев.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from course_utils.exercises.answers import AnswerType, Fields, Function, norm
+from course_utils.grading import COURSE_STEPS, Exercise, Misconception
+
+__all__ = ["Step", "Trap"]
+
+
+@dataclass(frozen=True)
+class Trap:
+    """Типичная ошибка: ключ, сообщение и ровно одно из ``wrong`` и ``override``."""
+
+    key: str
+    message: str
+    wrong: Callable[[dict, Any], Any] | None = None
+    override: Mapping[str, Callable[[dict], Any]] | None = None
+    matches: Callable[[dict, Any], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.wrong is None) == (self.override is None):
+            raise ValueError(f"Trap {self.key}: нужен ровно один из wrong и override")
+
+    def answer(self, task: dict, ref: Any) -> Any:
+        """Канонический ответ с этой ошибкой."""
+        if self.wrong is not None:
+            return self.wrong(task, ref)
+        return {**ref, **{k: make(task) for k, make in self.override.items()}}
+
+
+@dataclass(frozen=True)
+class Step:
+    """Проверочный шаг: ``make_task(variant)`` → dict со ``statement``; ``solve(task)`` → верный ответ.
+
+    ``solution(task, ref)`` — разбор в Markdown; ``answer`` — схема ответа; ``traps`` — типичные
+    ошибки в порядке проверки.
+    """
+
+    id: str
+    make_task: Callable[[int], dict]
+    solve: Callable[[dict], Any]
+    answer: AnswerType
+    hint: str
+    solution: Callable[[dict, Any], str]
+    traps: tuple[Trap, ...] = ()
+
+    def _accepts(self, trap: Trap) -> Callable[[dict, Any], bool] | None:
+        """Правило, узнающее ошибку в ином виде; None — сравнить итоги с каноническим ответом."""
+        if trap.matches is not None:
+            return trap.matches
+        if trap.override is None or not isinstance(self.answer, Fields):
+            return None
+        fields = {norm(k): kind for k, kind in self.answer.fields.items()}
+
+        def accepts(task: dict, given: Any) -> bool:
+            g = {norm(k): v for k, v in given.items()}
+            wrong = {norm(k): make(task) for k, make in trap.override.items()}
+            return all(fields[k].same(v, g[k]) for k, v in wrong.items())
+
+        return accepts
+
+    def exercise(self) -> Exercise:
+        """Exercise для grading.register: форма, сравнение и отзыв — из схемы ответа."""
+        schema = self.answer
+        outcome = schema.outcome if isinstance(schema, Function) else None
+        return Exercise(
+            id=self.id,
+            title=COURSE_STEPS[self.id],
+            make_task=self.make_task,
+            reference=self.solve,
+            solution=lambda task: self.solution(task, self.solve(task)),
+            hint=self.hint,
+            misconceptions=[
+                Misconception(
+                    t.key,
+                    t.message,
+                    lambda task, t=t: t.answer(task, self.solve(task)),
+                    accepts=self._accepts(t),
+                )  # fmt: skip
+                for t in self.traps
+            ],
+            compare=lambda expected, given, rtol: schema.same(expected, given),
+            validate_answer=lambda answer, task: schema.problem(answer, task),
+            describe_mismatch=lambda expected, given, task: schema.mismatch(expected, given),
+            outcome=outcome,
+        )
