@@ -323,7 +323,7 @@ class _Deadline(BaseException):
     """Время функции студента вышло (BaseException: её `except Exception` его не поймает)."""
 
 
-def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "функция") -> Any:
+def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
     """fn(*args), но не дольше ``seconds`` с; иначе AnswerError с русским сообщением.
 
     В главном потоке POSIX — таймер SIGALRM прерывает и бесконечный цикл на Python; в других потоках
@@ -365,16 +365,12 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "�
     if error is None:
         return box.get("value")
     if isinstance(error, _Deadline):
-        raise AnswerError(
-            "wrong",
-            f"{name} не завершилась за {fmt.num(seconds)} с и остановлена: нет ли бесконечного цикла или ожидания?",
-        )
+        raise AnswerError("wrong", f"Проверка остановлена: `{name}` не завершилась за {num(seconds)} с. "
+                          "Нет ли в ней бесконечного цикла или ожидания?")  # fmt: skip
     if isinstance(error, KeyboardInterrupt):
-        raise AnswerError(
-            "not_attempted",
-            f"Проверка прервана (Ctrl+C / «Стоп») во время {name}; попытка не записана.",
-        )
-    raise AnswerError("wrong", f"{name} упала: {_exc_text(error)}.")
+        raise AnswerError("not_attempted", f"Проверка прервана (Ctrl+C или «Стоп») во время вызова "
+                          f"`{name}`; попытка не записана.")  # fmt: skip
+    raise AnswerError("wrong", f"`{name}` упала: {_exc_text(error)}.")
 
 
 def _exc_text(exc: BaseException) -> str:
