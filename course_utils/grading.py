@@ -1,13 +1,12 @@
 """Проверочные шаги модуля 12: реестр упражнений, варианты, проверка, разборы, прогресс.
 
-В ноутбуке: ``task = grading.task("12.2.6")`` — условие и данные текущего варианта; в ячейке ответа
-студент заменяет заглушку ``____``; ``grading.check("12.2.6", answer)`` печатает отзыв и никогда
-не падает на ответе; ``grading.solution(...)`` показывает разбор после первой попытки (по чести,
-как ответы в конце задачника); ``grading.new_variant(...)`` даёт новые числа; ``grading.progress()``
-— таблица всех 21 шагов. Прогресс — JSON по пути ``COURSE_PROGRESS_PATH`` (по умолчанию
-``~/.course_rl_infra_progress.json``): запись атомарная и под flock (два ядра не теряют попыток),
-неверная запись в файле сбрасывается одна (с копией файла). Упражнения регистрируют модули
-``course_utils.exercises.lesson_12_*`` при первом обращении к реестру.
+В ноутбуке: ``task_12_2_6 = grading.task("12.2.6")`` — условие и данные текущего варианта; в ячейке
+ответа студент заменяет заглушки ``____``; ``grading.check("12.2.6", answer_12_2_6)`` печатает отзыв и
+не падает на ответе; ``grading.solution(...)`` открывает разбор после попытки на этом варианте;
+``grading.new_variant(...)`` даёт новые числа; ``grading.progress()`` — таблица всех 21 шагов.
+Прогресс — JSON по пути ``COURSE_PROGRESS_PATH`` (по умолчанию ``~/.course_rl_infra_progress.json``):
+запись атомарная и под flock, неверная запись в файле сбрасывается одна (с копией файла). Шаги
+регистрирует пакет ``course_utils.exercises`` при первом обращении к реестру.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ except ImportError:  # Windows: без межпроцессной блокиро
 __all__ = [
     "COURSE_STEPS", "PLACEHOLDER", "AnswerError", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
     "____", "answers_match", "check", "evaluate", "exercise_ids", "hint", "misconceptions",
-    "new_variant", "progress", "reference", "register", "registry_override", "solution", "task",
+    "new_variant", "progress", "register", "registry_override", "solution", "task",
 ]  # fmt: skip
 
 
@@ -208,8 +207,9 @@ def task(exercise_id: str, variant: int | None = None) -> dict:
     return _make_task(ex, _entry(ex.id)["variant"] if variant is None else int(variant))
 
 
-def reference(exercise_id: str, variant: int | None = None) -> Any:
-    """Верный ответ для варианта (None — текущий). Для тестов и авторов упражнений."""
+def _reference(exercise_id: str, variant: int | None = None) -> Any:
+    """Верный ответ для варианта (None — текущий). Только для тестов и авторов упражнений: студенту
+    разбор открывает solution() после попытки."""
     return _get(exercise_id).reference(task(exercise_id, variant))
 
 
@@ -221,7 +221,7 @@ def misconceptions(exercise_id: str) -> list[Misconception]:
 def new_variant(exercise_id: str) -> dict:
     """Переходит к следующему варианту (новые числа), запоминает его и показывает условие."""
     ex = _get(exercise_id)
-    entry = _update(ex.id, lambda e: e.update(variant=e["variant"] + 1))
+    entry = _update(ex.id, lambda e: e.update(variant=e["variant"] + 1, variant_attempts=0))
     fresh = _make_task(ex, entry["variant"])
     _emit(f"🎲 {ex.id} «{ex.title}», вариант {entry['variant']}.", fresh["statement"])
     return fresh
@@ -235,12 +235,19 @@ def hint(exercise_id: str) -> None:
 
 
 def solution(exercise_id: str) -> None:
-    """Показывает разбор текущего варианта, если записана хотя бы одна попытка."""
+    """Показывает разбор текущего варианта, если на этом варианте была попытка.
+
+    Попытка — ответ верного вида (check со статусом correct, wrong или misconception); ответ не
+    того вида, ``____`` и ``None`` разбор не открывают. После new_variant разбор снова закрыт.
+    """
     ex = _get(exercise_id)
-    if not _entry(ex.id)["attempts"]:
+    entry = _entry(ex.id)
+    if not entry["variant_attempts"]:
+        which = f" варианта {entry['variant']}" if entry["variant"] else ""
         text = (
-            f"🔒 Разбор {ex.id} откроется после первой попытки: впишите свой ответ вместо ____ "
-            "и запустите grading.check. Засчитывается любая попытка, даже неверная."
+            f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ "
+            "вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже "
+            "неверный."
         )
         return _emit("", text)
     _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
@@ -467,15 +474,16 @@ def check(exercise_id: str, answer: Any) -> CheckResult:
     """Проверяет ответ на текущем варианте, записывает попытку и показывает отзыв.
 
     Не бросает исключений из-за ответа. ``____`` (и внутри списка или словаря) — «ещё не
-    решено», попытка не записывается.
+    решено»; ни она, ни ответ не того вида (malformed) попыткой не считаются и не записываются.
     """
     ex = _get(exercise_id)
     result = evaluate(ex.id, answer, _entry(ex.id)["variant"])
-    if result.status != "not_attempted":
+    if result.status in _ATTEMPT:
         when = dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
         def record(entry: dict) -> None:
             entry["attempts"] += 1
+            entry["variant_attempts"] += 1
             entry["solved"] = entry["solved"] or result.status == "correct"
             entry["last_attempt"], entry["last_status"] = when, result.status
 
@@ -528,7 +536,8 @@ def _progress_path() -> Path:
 
 
 def _blank() -> dict:
-    return {"attempts": 0, "solved": False, "variant": 0, "last_attempt": None, "last_status": None}
+    return {"attempts": 0, "solved": False, "variant": 0, "variant_attempts": 0,
+            "last_attempt": None, "last_status": None}  # fmt: skip
 
 
 def _is_timestamp(value: Any) -> bool:
@@ -538,11 +547,15 @@ def _is_timestamp(value: Any) -> bool:
         return False
 
 
-_RECORDED = {status for status in _STATUS if status != "not_attempted"}
+_ATTEMPT = ("correct", "wrong", "misconception")  # ответ верного вида — попытка
+_RECORDED = {
+    status for status in _STATUS if status != "not_attempted"
+}  # malformed — из старых файлов
 _FIELDS: dict[str, Callable[[Any], bool]] = {  # поле записи → допустимо ли значение
     "attempts": lambda v: type(v) is int and v >= 0,
     "solved": lambda v: type(v) is bool,
     "variant": lambda v: type(v) is int and v >= 0,
+    "variant_attempts": lambda v: type(v) is int and v >= 0,
     "last_attempt": lambda v: v is None or _is_timestamp(v),
     "last_status": lambda v: v is None or (isinstance(v, str) and v in _RECORDED),
 }
@@ -577,6 +590,8 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
                 bad.append(name)
         if "attempts" in bad and (fixed["solved"] or fixed["last_status"]):
             fixed["attempts"] = 1
+        if "variant_attempts" not in entry:  # файл прежней версии: попытки считались без варианта
+            fixed["variant_attempts"] = fixed["attempts"]
         if bad:
             what = "неверное поле" if len(bad) == 1 else "неверные поля"
             values = ", ".join(f"{name} = {_shown(entry[name])}" for name in bad)
@@ -761,3 +776,6 @@ def progress():
              "последняя попытка": when}
         )  # fmt: skip
     return pd.DataFrame(rows)
+
+
+reference = _reference  # ПЕРЕХОДНОЕ: тесты уроков переходят на _reference; удалить после переноса

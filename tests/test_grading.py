@@ -163,10 +163,40 @@ def test_solution_locked_until_first_attempt(registry, capsys):
     assert "и ключи, и значения" in capsys.readouterr().out
 
 
+def test_solution_lock_is_per_variant_and_per_real_attempt(registry, progress_path, capsys):
+    """Разбор открывает только ответ верного вида на текущем варианте; new_variant закрывает снова."""
+    for not_an_attempt in (None, "шестнадцать", [1, 2], grading.____):
+        grading.check("t.kv", not_an_attempt)
+        capsys.readouterr()
+        grading.solution("t.kv")
+        assert "🔒" in capsys.readouterr().out, not_an_attempt
+    assert not progress_path.exists()  # ни одна из них не записана как попытка
+    grading.check("t.kv", {"bytes_per_token": 1, "total_gib": 2.0})  # неверно, но верного вида
+    capsys.readouterr()
+    grading.solution("t.kv")
+    assert "Б на токен" in capsys.readouterr().out
+    grading.new_variant("t.kv")
+    capsys.readouterr()
+    grading.solution("t.kv")
+    out = capsys.readouterr().out
+    assert "🔒" in out and "варианта 1" in out and "Б на токен" not in out
+    grading.check("t.kv", {"bytes_per_token": 1, "total_gib": 2.0})
+    capsys.readouterr()
+    grading.solution("t.kv")
+    assert f"{grading._reference('t.kv')['bytes_per_token']} Б на токен" in capsys.readouterr().out
+    entry = _stored(progress_path)["t.kv"]
+    assert (entry["attempts"], entry["variant"], entry["variant_attempts"]) == (2, 1, 1)
+
+
+def test_reference_is_not_public():
+    assert "reference" not in grading.__all__ and not hasattr(grading, "reference")
+
+
 def test_progress_survives_restart(registry, progress_path):
     grading.register(replace(NUMERIC, id="12.2.6"))
     grading.check("12.2.6", 12345)
     grading.new_variant("12.2.6")
+    grading.check("12.2.6", 54321)  # попытка на новом варианте: разбор открыт и после перезапуска
     script = textwrap.dedent("""
         from course_utils import grading
         ex = grading.Exercise("12.2.6", "t", lambda v: {"statement": "s"}, lambda t: 1,
@@ -181,7 +211,7 @@ def test_progress_survives_restart(registry, progress_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "РАЗБОР ОТКРЫТ" in proc.stdout and "attempts 1 variant 1" in proc.stdout
+    assert "РАЗБОР ОТКРЫТ" in proc.stdout and "attempts 2 variant 1" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -221,7 +251,9 @@ def test_bad_entry_is_reset_alone(registry, progress_path, capsys):
     assert rows.loc["12.2.6", "вариант"] == 1 and rows.loc["12.2.7", "статус"] == "не начато"
     (aside,) = progress_path.parent.glob("progress.json.corrupt-*")  # копия — одна, исходная
     assert aside.read_text(encoding="utf-8") == original and aside.name in message
-    assert _stored(progress_path) == {"12.2.6": good, "12.2.7": grading._blank()}
+    # у записи прежней версии нет variant_attempts: попытки засчитываются текущему варианту
+    assert _stored(progress_path) == {"12.2.6": {**good, "variant_attempts": 2},
+                                      "12.2.7": grading._blank()}  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # файл исправлен: ни предупреждений, ни новых копий
         assert grading.task("12.2.6") == grading.task("12.2.6", 1)
@@ -259,7 +291,9 @@ def test_each_field_is_checked_per_entry(registry, progress_path, bad, named, re
     with pytest.warns(grading.ProgressWarning, match="t.num") as caught:
         assert grading.task("t.kv") == grading.task("t.kv", 0)
     assert named in str(caught[0].message) and "t.kv" not in str(caught[0].message)
-    assert _stored(progress_path) == {"t.num": repaired, "t.kv": kept}
+    derived = {"variant_attempts": repaired["attempts"]}  # поля нет в файле прежней версии
+    assert _stored(progress_path) == {"t.num": {**repaired, **derived},
+                                      "t.kv": {**kept, "variant_attempts": 3}}  # fmt: skip
 
 
 def _wait_for(paths: list[Path], procs: list[subprocess.Popen]) -> None:
@@ -409,7 +443,7 @@ def test_atomic_write_leaves_only_the_progress_file(registry, progress_path):
     data = json.loads(progress_path.read_text(encoding="utf-8"))
     assert data["format"] == 1
     assert set(data["exercises"]["t.num"]) == {
-        "attempts", "solved", "variant", "last_attempt", "last_status"
+        "attempts", "solved", "variant", "variant_attempts", "last_attempt", "last_status"
     }  # fmt: skip
 
 
