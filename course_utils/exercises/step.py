@@ -78,7 +78,7 @@ class Step:
         outcome = schema.outcome if isinstance(schema, Function) else None
         return Exercise(
             id=self.id,
-            title=COURSE_STEPS[self.id],
+            title=COURSE_STEPS.get(self.id, self.id),
             make_task=self.make_task,
             reference=self.solve,
             solution=lambda task: self.solution(task, self.solve(task)),
