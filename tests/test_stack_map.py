@@ -117,16 +117,16 @@ def test_async_variants_keep_one_step_off_inside_async(frame):
 
 
 def test_vocabulary_shared_with_exercise_12_1_7():
-    from course_utils.exercises import legacy_12_1 as ex
+    from course_utils.exercises.lesson_12_1 import loop_profile as ex
 
     assert ex.SETUP_CLASSES == tuple(f"{p}/{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY)
-    assert {cls for _, cls, _ in ex._SETUPS} == set(ex.SETUP_CLASSES)
-    one_step = [cls for text, cls, _ in ex._SETUPS if "k + 1" in text]
+    assert {cls for _, cls, _ in ex.SETUPS} == set(ex.SETUP_CLASSES)
+    one_step = [cls for text, cls, _ in ex.SETUPS if "k + 1" in text]
     assert one_step == ["disaggregated/async"]  # «на шаг позади» — асинхронно
-    task = ex._task_12_1_7(0)
-    answer = {**ex._reference_12_1_7(task)}
+    task = ex.make_task(0)
+    answer = {**ex.solve(task)}
     answer["setups"] = {**answer["setups"], "A": "disaggregated/one_step_off"}
-    message = ex._validate_12_1_7(answer, task)
+    message = ex.STEP.answer.problem(answer, task)
     assert "на шаг позади" in message and "async" in message
 
 
