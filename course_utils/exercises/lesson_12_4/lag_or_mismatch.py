@@ -1,0 +1,206 @@
+"""12.4.8 — задержка политики или TIM (по журналам); log μ(y) при температуре и top-p."""
+
+import json
+import math
+import random
+
+import numpy as np
+
+from course_utils import offpolicy
+from course_utils.exercises.answers import Choice, Fields, Keyed
+from course_utils.exercises.lesson_12_4.token_ratios import TOL, Approx, any_key, distinct, over
+from course_utils.exercises.step import Step, Trap
+
+_LOG_KINDS = (("lag", "tim"), ("tim", "lag"), ("tim", "tim"))
+_VOCAB = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "<eos>", "+", "=", "-"]
+_COLS = ("sample_id", "behavior_version", "trainer_version", "response_tokens",
+         "mean_abs_log_w", "max_abs_log_w", "seq_log_w")  # fmt: skip
+
+
+def _log_excerpt(rng: random.Random, kind: str, name: str, seed: int) -> list[dict]:
+    """Три строки журнала: версии и статистика log w (offpolicy.simulate_log_ratios)."""
+    u = rng.randint(120, 480)
+    sigma_tim = rng.choice([0.01, 0.03, 0.06]) if kind == "tim" else 0.005
+    sigma_lag = rng.choice([0.01, 0.02, 0.04])
+    rows = []
+    for i in range(3):
+        lag = rng.randint(1, 3) if kind == "lag" else 0
+        length = rng.choice([96, 160, 256, 384, 512])
+        lw = offpolicy.simulate_log_ratios(lag, length, 1, sigma_lag, sigma_tim, seed=seed + i)
+        stats = offpolicy.log_weight_stats(lw)
+        rows.append({"sample_id": f"{name}-{rng.randint(1000, 9999)}", "behavior_version": u - lag,
+                     "trainer_version": u, "response_tokens": length,
+                     "mean_abs_log_w": round(stats["mean_abs_log_ratio"], 4),
+                     "max_abs_log_w": round(stats["max_abs_log_ratio"], 3),
+                     "seq_log_w": round(float(lw[0].sum()), 3)})  # fmt: skip  # log w_seq = Σ_t log w_t
+        u += rng.randint(0, 1)
+    return rows
+
+
+def _nucleus(logits: list[float], temperature: float, top_p: float):
+    """(softmax(z/T), маска ядра top-p, наименьший зазор до порога 1 − p) — для генератора и разбора.
+
+    Правило то же, что в policy.sampling_logprobs: по возрастанию вероятности отбрасываем токены с
+    накопленной вероятностью ≤ 1 − p, самый вероятный остаётся всегда.
+    """
+    z = np.array(logits) / temperature
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    order = np.argsort(p, kind="stable")
+    cum = np.cumsum(p[order])
+    drop = cum <= 1 - top_p
+    drop[-1] = False
+    keep = np.ones(len(p), dtype=bool)
+    keep[order[drop]] = False
+    return p, keep, float(np.abs(cum[:-1] - (1 - top_p)).min())
+
+
+def _logprobs(task: dict) -> dict:
+    """log μ (верно), log softmax(z/T) без top-p и log μ без температуры — через offpolicy."""
+    z, tok, T, p = np.array(task["logits"]), task["token_index"], task["temperature"], task["top_p"]
+    return {"behavior": float(offpolicy.behavior_logprob(z, tok, T, p)),
+            "raw": float(offpolicy.raw_logprob(z, tok, T)),
+            "no_temp": float(offpolicy.behavior_logprob(z, tok, 1.0, p)),
+            "no_temp_raw": float(offpolicy.raw_logprob(z, tok, 1.0))}  # fmt: skip
+
+
+def _diagnosis(task: dict) -> dict:
+    return {name: "tim" if all(r["behavior_version"] == r["trainer_version"] for r in rows) else "lag"
+            for name, rows in task["logs"].items()}  # fmt: skip
+
+
+def make_task(variant: int) -> dict:
+    rng = random.Random(12_4_8_000 + 7919 * variant)
+    kinds = _LOG_KINDS[variant % len(_LOG_KINDS)]  # хотя бы один журнал — TIM
+    logs = {name: _log_excerpt(rng, kind, name, 1000 * variant + 10 * i)
+            for i, (name, kind) in enumerate(zip("AB", kinds))}  # fmt: skip
+    temperature, top_p = rng.choice([0.6, 0.7, 0.8, 1.2, 1.4]), rng.choice([0.7, 0.8, 0.9])
+    vocab = rng.sample(_VOCAB, 6)
+    while True:
+        logits = [round(rng.uniform(-1.5, 3.0), 2) for _ in vocab]
+        if len(set(logits)) < len(logits):
+            continue
+        _, keep_t, gap_t = _nucleus(logits, temperature, top_p)
+        _, keep_1, gap_1 = _nucleus(logits, 1.0, top_p)
+        both = [i for i in range(len(vocab)) if keep_t[i] and keep_1[i]]
+        if min(gap_t, gap_1) < 0.01 or keep_t.all() or len(both) < 2:
+            continue
+        token = rng.choice(both)
+        lp = _logprobs({"logits": logits, "token_index": token, "temperature": temperature, "top_p": top_p})  # fmt: skip
+        if distinct([lp["behavior"], lp["raw"], lp["no_temp"], lp["no_temp_raw"]]):
+            break
+    tables = []
+    for name, rows in logs.items():
+        body = "\n".join("| " + " | ".join(str(r[c]) for c in _COLS) + " |" for r in rows)
+        tables.append(
+            f"Журнал **{name}**:\n\n| {' | '.join(_COLS)} |\n|{'---|' * len(_COLS)}\n{body}"
+        )
+    logit_row = " | ".join(f"{z:.2f}" for z in logits)
+    statement = (
+        "**Задержка политики или TIM; log-вероятность поведения при температуре и top-p.**\n\n"
+        "**Часть 1.** Два фрагмента журналов обучения. В каждой строке — роллаут: "
+        "`behavior_version` — версия весов движка, которая его породила (v), "
+        "`trainer_version` — версия политики тренера в момент обновления (u), и статистика "
+        "$\\log w = \\log\\pi - \\log\\mu$ по токенам ответа: средний и максимальный "
+        "|log w| и сумма по последовательности `seq_log_w` (наты).\n\n"
+        + "\n\n".join(tables)
+        + '\n\nДля каждого журнала поставьте диагноз: `"lag"` — задержка политики '
+        '(роллауты собраны более старой версией, v < u) или `"tim"` — рассогласование '
+        "обучения и генерации (версия та же, v = u, а вероятности всё равно различаются).\n\n"
+        f"**Часть 2.** Движок семплирует с температурой T = {temperature} и top-p p = {top_p} "
+        "(ядро — наименьшее множество самых вероятных токенов с суммарной вероятностью ≥ p; "
+        "вероятности внутри ядра перенормируются). Логиты крошечного словаря на одном шаге:\n\n"
+        f"| токен | {' | '.join(f'`{v}`' for v in vocab)} |\n|---|{'---|' * len(vocab)}\n"
+        f"| логит z | {logit_row} |\n\n"
+        f"Выбран токен `{vocab[token]}` (номер {token}, с нуля). Найдите `behavior_logprob` — "
+        "$\\log\\mu(y)$, логарифм вероятности этого токена под распределением, из которого "
+        "движок действительно семплировал, в натах.\n\n"
+        "Данные — в `task['logs']`, `task['vocab']`, `task['logits']`, `task['token_index']`, "
+        "`task['temperature']`, `task['top_p']`.\n\n"
+        'Ответ — словарь `{"diagnosis": {"A": "lag" или "tim", "B": …}, '
+        f'"behavior_logprob": …}}`; для log-вероятности {TOL}.'
+    )
+    return {"statement": statement, "logs": logs, "vocab": vocab, "logits": logits,
+            "token_index": token, "temperature": temperature, "top_p": top_p}  # fmt: skip
+
+
+def solve(task: dict) -> dict:
+    return {"diagnosis": _diagnosis(task), "behavior_logprob": _logprobs(task)["behavior"]}
+
+
+def solution(task: dict, ref: dict) -> str:
+    lp, parts = _logprobs(task), []
+    for name, rows in task["logs"].items():
+        pairs = ", ".join(f"{r['behavior_version']}/{r['trainer_version']}" for r in rows)
+        biggest = max(abs(r["seq_log_w"]) for r in rows)
+        if ref["diagnosis"][name] == "lag":
+            why = "есть строки с v < u: роллауты собраны старой версией — задержка"
+        else:
+            why = ("во всех строках v = u: задержки нет, а log w ≠ 0 — это TIM (разные ядра, "
+                   "точность, порядок редукций)")  # fmt: skip
+        parts.append(f"- Журнал **{name}**: v/u = {pairs}; {why}. Наибольший |seq_log_w| = "
+                     f"{biggest:.3f} нат. **Диагноз: `{ref['diagnosis'][name]}`.**")  # fmt: skip
+    T, p, tok = task["temperature"], task["top_p"], task["token_index"]
+    probs, keep, _ = _nucleus(task["logits"], T, p)
+    mass = float(probs[keep].sum())
+    rows = "\n".join(
+        f"| `{v}` | {z:.2f} | {z / T:.4f} | {q:.4f} | {'да' if k else 'нет'} | "
+        f"{(q / mass if k else 0.0):.4f} |"
+        for v, z, q, k in zip(task["vocab"], task["logits"], probs, keep)
+    )
+    return (
+        "**Часть 1.** Диагноз ставится по версиям, а не по величине отношений: задержка "
+        "измеряется номером версии (v < u), TIM — на нулевой задержке (v = u). Большой |log w| "
+        "бывает и при TIM (длинный ответ, низкая точность), маленький — и при задержке в одну "
+        "версию.\n\n" + "\n".join(parts) + "\n\n"
+        f"**Часть 2.** $z/T$ при T = {T}, softmax, затем ядро top-p (p = {p}): отбрасываем "
+        "наименее вероятные токены, пока их суммарная вероятность ≤ 1 − p, и перенормируем "
+        "оставшиеся.\n\n"
+        "| токен | z | z/T | softmax(z/T) | в ядре | μ после перенормировки |\n"
+        f"|---|---|---|---|---|---|\n{rows}\n\n"
+        f"Масса ядра — {mass:.4f}; для выбранного токена y = `{task['vocab'][tok]}`:\n\n"
+        f"$$\\log\\mu(y) = \\log\\mathrm{{softmax}}(z/T)_y - \\log(\\text{{масса ядра}}) = "
+        f"{lp['raw']:.4f} - ({math.log(mass):.4f}) = {lp['behavior']:.4f}\\ \\text{{нат}}.$$\n\n"
+        f'**Ответ:** `{{"diagnosis": {json.dumps(ref["diagnosis"])}, "behavior_logprob": '
+        f"{lp['behavior']:.4f}}}`.\n\n"
+        f"Логарифм исходного softmax(z/T) ({lp['raw']:.4f}) — не политика поведения: движок "
+        "семплировал из усечённого и перенормированного распределения. Без температуры "
+        f"(ядро по softmax(z)) получилось бы {lp['no_temp']:.4f} — тоже не то распределение."
+    )
+
+
+ANSWER = Fields(
+    {
+        "diagnosis": Keyed(keys=lambda t: t["logs"], value=Choice(("lag", "tim")), noun="журналов"),
+        "behavior_logprob": Approx(high=0, unit="нат", bound="Логарифм вероятности ≤ 0"),
+    }
+)
+_NO_TEMP = {"behavior_logprob": lambda v: v["no_temp"]}
+_NO_TEMP_RAW = {"behavior_logprob": lambda v: v["no_temp_raw"]}
+
+STEP = Step(
+    id="12.4.8", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
+    hint=(
+        "Часть 1: сравните behavior_version и trainer_version — величина log w диагноз не "
+        "ставит. Часть 2: поделите логиты на T, возьмите softmax, отбросьте наименее "
+        "вероятные токены, пока их суммарная вероятность ≤ 1 − p, перенормируйте остальные: "
+        "log μ(y) = z_y/T − logsumexp(z/T по ядру)."
+    ),
+    traps=(
+        Trap("raw_softmax_under_top_p",
+             "Это log softmax(z/T) без усечения. Движок семплировал из ядра top-p, "
+             "перенормированного до суммы 1: log μ(y) = log softmax(z/T)_y − log(масса ядра). "
+             "Логарифм исходного softmax — не политика поведения.",
+             override=over(_logprobs, {"behavior_logprob": lambda v: v["raw"]})),
+        Trap("no_temperature",
+             "Вы забыли температуру: движок делит логиты на T до softmax и до отбора ядра "
+             "top-p (от T зависит и само ядро). Считайте softmax(z/T), затем ядро и "
+             "перенормировку.",
+             override=over(_logprobs, _NO_TEMP),
+             matches=lambda t, g: any(any_key(ANSWER, _logprobs, m)(t, g) for m in (_NO_TEMP, _NO_TEMP_RAW))),
+        Trap("staleness_everywhere",
+             "Вы объяснили каждое рассогласование задержкой. Задержка — это v < u; если "
+             "версии совпадают (v = u), а log w ≠ 0, это TIM: одинаковые веса не гарантируют "
+             "одинаковых вероятностей (ядра, точность, порядок редукций, декодирование).",
+             override={"diagnosis": lambda t: {name: "lag" for name in t["logs"]}}),
+    ),
+)  # fmt: skip
