@@ -89,10 +89,10 @@ def test_12_2_6_unit_feedback_and_shape():
     ref = grading._reference("12.2.6")
     in_bytes = {k: v * GIB for k, v in ref.items()}
     result = grading.evaluate("12.2.6", in_bytes)
-    assert result.status == "wrong" and "в байтах" in result.message
+    assert result.status == "wrong" and "ровно 2³⁰:" in result.message and "B_state" in result.message
     in_gb = {k: v * GIB / 1e9 for k, v in ref.items()}
     result = grading.evaluate("12.2.6", in_gb)
-    assert result.status == "wrong" and "ГБ" in result.message
+    assert result.status == "wrong" and "ГиБ против ГБ" in result.message
     result = grading.evaluate("12.2.6", {k: v for k, v in ref.items() if k != "zero3"})
     assert result.status == "malformed" and "zero3" in result.message
     assert grading.evaluate("12.2.6", {k: v * 1.005 for k, v in ref.items()})

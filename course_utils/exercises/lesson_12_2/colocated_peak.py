@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from course_utils import fmt, memory, throughput
 from course_utils.exercises.answers import Choice, Number
-from course_utils.exercises.lesson_12_2.optimizer_state import UnitFields, gib, key_matches
+from course_utils.exercises.lesson_12_2.optimizer_state import GIB_1PCT, UnitFields, by_key
 from course_utils.exercises.step import Step, Trap
 
 _PHASES = {"generation": "генерация: веса движка и KV-кэш",
@@ -14,13 +14,8 @@ _PHASES = {"generation": "генерация: веса движка и KV-кэш
 _COMPONENTS = ("веса движка", "KV-кэш", "веса тренера", "градиенты", "оптимизатор", "активации",
                "буфер синхронизации")  # fmt: skip
 _BASE = ("веса движка", "веса тренера")
-_SETUPS = (("SmolLM2-360M", 1), ("Qwen2.5-0.5B", 1), ("Qwen2.5-1.5B", 1),
-           ("Qwen2.5-7B", 8), ("Llama-3.1-8B", 8))  # fmt: skip
-_NUM = Number(rtol=1e-2)
-
-
-def _r3(n_bytes: int) -> float:
-    return round(gib(n_bytes), 3)
+_SETUPS = (("SmolLM2-360M", 1), ("Qwen2.5-0.5B", 1), ("Qwen2.5-1.5B", 1), ("Qwen2.5-7B", 8),
+           ("Llama-3.1-8B", 8))  # fmt: skip
 
 
 def _timeline(parts: dict, offload: bool) -> list:
@@ -35,7 +30,7 @@ def _timeline(parts: dict, offload: bool) -> list:
 def make_task(variant: int) -> dict:
     rng = random.Random(12_2_8_000 + 7919 * variant)
     model, world = _SETUPS[(variant + rng.randrange(5)) % 5]
-    shape = memory.ModelShape.from_name(model)
+    shape, r3 = memory.ModelShape.from_name(model), lambda b: round(memory.to_unit(b, "GiB"), 3)
     recipe = rng.choice(["bf16_mixed_adam", "adam8bit_mixed", "mixed_fp32_grads"])
     stage, n, rank = (3 if world > 1 else 0), shape.num_params, rng.choice([16, 32, 64])
     full = memory.per_rank_breakdown(n, recipe, world, stage)
@@ -43,13 +38,13 @@ def make_task(variant: int) -> dict:
         memory.lora_trainable_params(shape, rank), recipe, world, stage
     )
     kv_tokens = rng.choice([16, 32, 64]) * rng.choice([2048, 4096])
-    parts = {"веса движка": _r3(shape.weights_bytes(2)), "веса тренера": _r3(full["params"]),
-             "KV-кэш": _r3(shape.kv_bytes_per_token(2) * kv_tokens),
-             "градиенты": _r3(full["grads"]), "оптимизатор": _r3(full["optimizer"]),
+    parts = {"веса движка": r3(shape.weights_bytes(2)), "веса тренера": r3(full["params"]),
+             "KV-кэш": r3(shape.kv_bytes_per_token(2) * kv_tokens),
+             "градиенты": r3(full["grads"]), "оптимизатор": r3(full["optimizer"]),
              "активации": rng.choice([1.5, 2.5, 4.0, 6.0, 9.0]),
              "буфер синхронизации": rng.choice([0.5, 1.0, 2.0])}  # fmt: skip
     offload = rng.random() < 0.5
-    lora_parts = {**parts, "градиенты": _r3(lora["grads"]), "оптимизатор": _r3(lora["optimizer"])}
+    lora_parts = {**parts, "градиенты": r3(lora["grads"]), "оптимизатор": r3(lora["optimizer"])}
     n_groups, g = rng.randint(10, 14), rng.choice([4, 6, 8])
     # доли верных ответов по группам; две группы вырождены наверняка (все 0 и все 1)
     probs = [0.0, 1.0] + [rng.choice([0.0, 0.3, 0.5, 0.5, 0.7, 1.0]) for _ in range(n_groups - 2)]
@@ -58,11 +53,9 @@ def make_task(variant: int) -> dict:
         f"q{i + 1:02d}": [int(rng.random() < p) for _ in range(g)] for i, p in enumerate(probs)
     }
     log = {"duration_s": round(rng.uniform(20, 90), 1), "groups": groups}
-    table = "\n".join(
-        f"| `{ph}` | " + " | ".join(f"{v:g}" if v else "—" for v in comps.values()) + " |"
-        for ph, comps in _timeline(parts, offload)
-    )
-    groups_table = "\n".join(f"| {k} | {' '.join(map(str, v))} |" for k, v in log["groups"].items())
+    table = "\n".join(f"| `{ph}` | " + " | ".join(f"{v:g}" if v else "—" for v in comps.values()) + " |"
+                      for ph, comps in _timeline(parts, offload))  # fmt: skip
+    groups_table = "\n".join(f"| {k} | {' '.join(map(str, v))} |" for k, v in groups.items())
     where = "один GPU" if world == 1 else f"один из {world} GPU (тренер — FSDP full shard)"
     statement = (
         f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по "
@@ -71,8 +64,8 @@ def make_task(variant: int) -> dict:
         f"\n\n| фаза | {' | '.join(_COMPONENTS)} |\n|---|{'---|' * len(_COMPONENTS)}\n{table}\n\n"
         f"Фазы: {'; '.join(f'`{k}` — {v}' for k, v in _PHASES.items())}. Таблица есть и в "
         "`task['phases']`.\n\n"
-        f"**LoRA** (ранг {rank}, адаптеры на q, k, v, o всех слоёв): меняются "
-        f"только две статьи — градиенты становятся {lora_parts['градиенты']:g} ГиБ, оптимизатор "
+        f"**LoRA** (ранг {rank}, адаптеры на q, k, v, o всех слоёв): меняются только две статьи "
+        f"— градиенты становятся {lora_parts['градиенты']:g} ГиБ, оптимизатор "
         f"— {lora_parts['оптимизатор']:g} ГиБ; остальные статьи (замороженные базовые веса, "
         "KV-кэш, активации, буфер) те же.\n\n"
         f"**Журнал запуска:** за {log['duration_s']} с завершено "
@@ -81,10 +74,9 @@ def make_task(variant: int) -> dict:
         f"| группа | награды |\n|---|---|\n{groups_table}\n\n"
         "Группа вырождена, если скалярные награды всех её ответов равны: тогда у всех ответов "
         "преимущество A = 0 (здесь скалярная награда — одна correctness, формат-награды в "
-        "журнале нет).\n\nНайдите: "
-        "`peak_gib` — пик памяти, ГиБ; `peak_phase` — фазу пика (ключ из первого столбца); "
-        "`peak_lora_gib` — пик с LoRA, ГиБ; `informative_groups_per_s` — информативные группы в "
-        "секунду.\n\n"
+        "журнале нет).\n\nНайдите: `peak_gib` — пик памяти, ГиБ; `peak_phase` — фазу пика (ключ "
+        "из первого столбца); `peak_lora_gib` — пик с LoRA, ГиБ; `informative_groups_per_s` — "
+        "информативные группы в секунду.\n\n"
         'Ответ — словарь `{"peak_gib": …, "peak_phase": …, "peak_lora_gib": …, '
         '"informative_groups_per_s": …}`; числа с относительным допуском 1 % (rtol = 1e-2).'
     )
@@ -102,16 +94,15 @@ def _group_stats(log: dict) -> tuple[int, float]:
 
 
 def solve(task: dict) -> dict:
-    peak, phase = memory.colocation_peak(task["phases"])
-    peak_lora, _ = memory.colocation_peak(task["phases_lora"])
+    (peak, phase), (peak_lora, _) = (memory.colocation_peak(task[k]) for k in ("phases", "phases_lora"))  # fmt: skip
     n, share = _group_stats(task["run_log"])
-    rate = n / task["run_log"]["duration_s"]
     return {"peak_gib": peak, "peak_phase": phase, "peak_lora_gib": peak_lora,
-            "informative_groups_per_s": rate * (1 - share)}  # fmt: skip
+            "informative_groups_per_s": n / task["run_log"]["duration_s"] * (1 - share)}  # fmt: skip
 
 
 def _sum_of_maxima(task: dict) -> dict:
-    return {"peak_gib": memory.sum_of_component_maxima(task["phases"]),
+    """Ошибка «сумма максимумов статей» вместо максимума сумм (и с LoRA)."""
+    return {**solve(task), "peak_gib": memory.sum_of_component_maxima(task["phases"]),
             "peak_lora_gib": memory.sum_of_component_maxima(task["phases_lora"])}  # fmt: skip
 
 
@@ -121,20 +112,10 @@ def _no_base_peak(task: dict) -> float:
     return memory.colocation_peak(rows)[0]
 
 
-def _all_groups_per_s(task: dict) -> float:
-    return _group_stats(task["run_log"])[0] / task["run_log"]["duration_s"]
-
-
-def _either_peak(task: dict, given: dict) -> bool:
-    return any(key_matches(k, _sum_of_maxima, _NUM)(task, given) for k in ("peak_gib", "peak_lora_gib"))  # fmt: skip
-
-
 def solution(task: dict, ref: dict) -> str:
-    log = task["run_log"]
-    n, share = _group_stats(log)
-    sums = [(ph, sum(c.values()), sum(cl.values()))
-            for (ph, c), (_, cl) in zip(task["phases"], task["phases_lora"])]  # fmt: skip
-    rows = "\n".join(f"| `{ph}` | {s:.3f} | {sl:.3f} |" for ph, s, sl in sums)
+    log, (n, share) = task["run_log"], _group_stats(task["run_log"])
+    rows = "\n".join(f"| `{ph}` | {sum(c.values()):.3f} | {sum(cl.values()):.3f} |"
+                     for (ph, c), (_, cl) in zip(task["phases"], task["phases_lora"]))  # fmt: skip
     som = memory.sum_of_component_maxima(task["phases"])
     answer = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in ref.items()}
     return (
@@ -154,49 +135,24 @@ def solution(task: dict, ref: dict) -> str:
 
 
 STEP = Step(
-    id="12.2.8",
-    make_task=make_task,
-    solve=solve,
-    solution=solution,
-    answer=UnitFields(
-        {
-            "peak_gib": Number(rtol=1e-2, unit="ГиБ"),
-            "peak_phase": Choice(tuple(_PHASES)),
-            "peak_lora_gib": Number(rtol=1e-2, unit="ГиБ"),
-            "informative_groups_per_s": Number(rtol=1e-2, unit="групп/с"),
-        }
-    ),  # fmt: skip
-    hint=(
-        "Сложите статьи в каждой строке таблицы и возьмите максимум строк — это пик; "
-        "не складывайте максимумы столбцов. Для LoRA замените в каждой строке градиенты и "
-        "оптимизатор и снова возьмите максимум. Информативные группы/с = группы/с × "
-        "(1 − доля групп, где все награды равны)."
-    ),
+    id="12.2.8", make_task=make_task, solve=solve, solution=solution,
+    answer=UnitFields({"peak_gib": GIB_1PCT, "peak_phase": Choice(tuple(_PHASES)), "peak_lora_gib": GIB_1PCT,
+                       "informative_groups_per_s": Number(rtol=1e-2, unit="групп/с")}),
+    hint="Сложите статьи в каждой строке таблицы и возьмите максимум строк — это пик; не "
+    "складывайте максимумы столбцов. Для LoRA замените в каждой строке градиенты и оптимизатор и "
+    "снова возьмите максимум. Информативные группы/с = группы/с × (1 − доля групп, где все "
+    "награды равны).",
     traps=(
-        Trap(
-            "sum_of_maxima",
-            "Вы сложили максимумы статей по всем фазам. Но KV-кэш генерации и активации "
-            "обучения не лежат в памяти одновременно: пик — максимум по времени суммы "
-            "статей одной фазы, B_peak = max_t B(t).",
-            override={
-                "peak_gib": lambda t: _sum_of_maxima(t)["peak_gib"],
-                "peak_lora_gib": lambda t: _sum_of_maxima(t)["peak_lora_gib"],
-            },  # fmt: skip
-            matches=_either_peak,
-        ),
-        Trap(
-            "lora_no_base",
-            "С LoRA вы убрали базовые веса. Они заморожены, но нужны для прямого прохода "
-            "тренеру и для генерации движку: LoRA сокращает только градиенты и состояния "
-            "оптимизатора, а не память весов.",
-            override={"peak_lora_gib": _no_base_peak},
-        ),
-        Trap(
-            "groups_not_informative",
-            "Это все группы в секунду. Вырожденная группа (все награды равны) даёт нулевое "
-            "преимущество и не учит политику: информативные группы/с = группы/с × (1 − доля "
-            "вырожденных групп).",
-            override={"informative_groups_per_s": _all_groups_per_s},
-        ),
+        Trap("sum_of_maxima", "Вы сложили максимумы статей по всем фазам. Но KV-кэш генерации и "
+             "активации обучения не лежат в памяти одновременно: пик — максимум по времени суммы "
+             "статей одной фазы, B_peak = max_t B(t).",
+             **by_key(("peak_gib", "peak_lora_gib"), _sum_of_maxima, GIB_1PCT)),
+        Trap("lora_no_base", "С LoRA вы убрали базовые веса. Они заморожены, но нужны для прямого "
+             "прохода тренеру и для генерации движку: LoRA сокращает только градиенты и состояния "
+             "оптимизатора, а не память весов.", override={"peak_lora_gib": _no_base_peak}),
+        Trap("groups_not_informative", "Это все группы в секунду. Вырожденная группа (все награды "
+             "равны) даёт нулевое преимущество и не учит политику: информативные группы/с = "
+             "группы/с × (1 − доля вырожденных групп).",
+             override={"informative_groups_per_s": lambda t: _group_stats(t["run_log"])[0] / t["run_log"]["duration_s"]}),
     ),
-)
+)  # fmt: skip

@@ -4,7 +4,7 @@ import random
 
 from course_utils import fmt, memory
 from course_utils.exercises.answers import Number
-from course_utils.exercises.lesson_12_2.optimizer_state import UnitFields, key_matches, tex
+from course_utils.exercises.lesson_12_2.optimizer_state import UnitFields, by_key, tex
 from course_utils.exercises.step import Step, Trap
 
 # (модель, GPU, бюджет под веса и KV в ГиБ); у всех моделей GQA: H ≠ H_kv.
@@ -21,30 +21,23 @@ def _tokens(n: int) -> str:
 def make_task(variant: int) -> dict:
     rng = random.Random(12_2_7_000 + 7919 * variant)
     model, gpu, budgets = _SETUPS[(variant + rng.randrange(6)) % 6]
-    shape = memory.ModelShape.from_name(model)
+    s = memory.ModelShape.from_name(model)
     kv_dtype, b = rng.choice([("bfloat16", 2), ("bfloat16", 2), ("fp8", 1)])
     prompt, group = rng.choice([256, 384, 512]), rng.choice([4, 8, 16])
-    response = rng.choice([1024, 2048, 3072, 4096] if shape.num_params < 10**9 else [4096, 8192])
-    budget_gib = rng.choice(budgets)
-    task = {"model": model, "gpu": gpu, "num_layers": shape.num_layers,
-            "num_attention_heads": shape.num_attention_heads, "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim, "hidden_size": shape.hidden_size, "kv_dtype": kv_dtype,
-            "bytes_per_value": b, "budget_gib": budget_gib, "weights_bytes": shape.weights_bytes(2),
-            "group_size": group, "prompt_tokens": prompt, "response_tokens": response}  # fmt: skip
+    response = rng.choice([1024, 2048, 3072, 4096] if s.num_params < 10**9 else [4096, 8192])
+    budget, w = rng.choice(budgets), s.weights_bytes(2)
     statement = (
         f"**Бюджет KV-кэша.** Движок генерации обслуживает {model} на {gpu}. Из "
         f"`data/model_configs/{model}.json`:\n\n| величина | значение |\n|---|---|\n"
-        f"| слоёв L (`num_hidden_layers`) | {shape.num_layers} |\n"
-        f"| голов внимания H (`num_attention_heads`) | {shape.num_attention_heads} |\n"
-        f"| KV-голов $H_{{kv}}$ (`num_key_value_heads`) | {shape.num_kv_heads} |\n"
-        f"| размер головы $d_h$ = hidden_size / H | {shape.head_dim} |\n"
-        f"| hidden_size | {shape.hidden_size} |\n\n"
+        f"| слоёв L (`num_hidden_layers`) | {s.num_layers} |\n"
+        f"| голов внимания H (`num_attention_heads`) | {s.num_attention_heads} |\n"
+        f"| KV-голов $H_{{kv}}$ (`num_key_value_heads`) | {s.num_kv_heads} |\n"
+        f"| размер головы $d_h$ = hidden_size / H | {s.head_dim} |\n| hidden_size | {s.hidden_size} |\n\n"
         f"KV-кэш хранится в {kv_dtype}: b = {b} Б на число. Под веса и KV-кэш движку отдано "
-        f"{budget_gib} ГиБ (1 ГиБ = 2³⁰ Б); веса в bf16 занимают "
-        f"W = {fmt.num(task['weights_bytes'])} Б. GRPO: группа из G = {group} ответов на запрос, "
-        f"запрос — {_tokens(prompt)}, ответ — до {_tokens(response)}; считайте, что каждая "
-        f"последовательность держит в кэше все {prompt} + {_tokens(response)} (худший случай, "
-        "без общих префиксов).\n\nНайдите:\n"
+        f"{budget} ГиБ (1 ГиБ = 2³⁰ Б); веса в bf16 занимают W = {fmt.num(w)} Б. GRPO: группа из "
+        f"G = {group} ответов на запрос, запрос — {_tokens(prompt)}, ответ — до {_tokens(response)}; "
+        f"считайте, что каждая последовательность держит в кэше все {prompt} + {_tokens(response)} "
+        "(худший случай, без общих префиксов).\n\nНайдите:\n"
         "1. `kv_bytes_per_token` — байт KV-кэша на один токен (все слои);\n"
         "2. `max_sequences` — сколько таких последовательностей одновременно помещается в "
         "бюджет после весов (округлите вниз);\n"
@@ -52,45 +45,28 @@ def make_task(variant: int) -> dict:
         'Ответ — словарь `{"kv_bytes_per_token": …, "max_sequences": …, "max_groups": …}`; все '
         "три — целые числа, они сравниваются точно."
     )
-    return {"statement": statement, **task}
+    return {"statement": statement, "model": model, "gpu": gpu, "num_layers": s.num_layers,
+            "num_attention_heads": s.num_attention_heads, "num_kv_heads": s.num_kv_heads,
+            "head_dim": s.head_dim, "hidden_size": s.hidden_size, "kv_dtype": kv_dtype,
+            "bytes_per_value": b, "budget_gib": budget, "weights_bytes": w,
+            "group_size": group, "prompt_tokens": prompt, "response_tokens": response}  # fmt: skip
 
 
-def _answer(task: dict, kv_heads: int | None = None, weights: int | None = None,
-            per_tok: int | None = None) -> dict:  # fmt: skip
-    """Ответ по формулам memory; аргументы — подмена ради типичной ошибки."""
-    if per_tok is None:
-        hkv = task["num_kv_heads"] if kv_heads is None else kv_heads
-        per_tok = memory.kv_cache_bytes(task["num_layers"], hkv, task["head_dim"], 1,
-                                        task["bytes_per_value"])  # fmt: skip
+def solve(task: dict, heads: str = "num_kv_heads", weights: int | None = None, halve: bool = False) -> dict:  # fmt: skip
+    """Ответ по memory; heads, weights, halve — подмены ради типичных ошибок."""
+    per_tok = memory.kv_cache_bytes(task["num_layers"], task[heads], task["head_dim"], 1,
+                                    task["bytes_per_value"]) // (2 if halve else 1)  # fmt: skip
     w = task["weights_bytes"] if weights is None else weights
     seqs = memory.max_concurrent_sequences(task["budget_gib"] * memory.GIB, w, per_tok,
                                            task["prompt_tokens"] + task["response_tokens"])  # fmt: skip
-    return {"kv_bytes_per_token": per_tok, "max_sequences": seqs,
-            "max_groups": seqs // task["group_size"]}  # fmt: skip
-
-
-def solve(task: dict) -> dict:
-    return _answer(task)
-
-
-def _no_two(task: dict) -> dict:
-    return _answer(task, per_tok=solve(task)["kv_bytes_per_token"] // 2)
-
-
-def _heads(task: dict) -> dict:
-    return _answer(task, kv_heads=task["num_attention_heads"])
-
-
-def _no_weights(task: dict) -> dict:
-    return _answer(task, weights=0)
+    return {"kv_bytes_per_token": per_tok, "max_sequences": seqs, "max_groups": seqs // task["group_size"]}  # fmt: skip
 
 
 def solution(task: dict, ref: dict) -> str:
     L, hkv, dh, b = (task[k] for k in ("num_layers", "num_kv_heads", "head_dim", "bytes_per_value"))
     h, g, w = task["num_attention_heads"], task["group_size"], task["weights_bytes"]
     n_tok = task["prompt_tokens"] + task["response_tokens"]
-    per_seq = ref["kv_bytes_per_token"] * n_tok
-    free = task["budget_gib"] * memory.GIB - w
+    per_seq, free = ref["kv_bytes_per_token"] * n_tok, task["budget_gib"] * memory.GIB - w
     return (
         "**1. Байт на токен.** $B_{KV} = 2 L H_{kv} d_h N_{tok} b$; множитель 2 — ключи и "
         f"значения, а головы — KV-головы ($H_{{kv}} = {hkv}$, а не H = {h}: это GQA). При "
@@ -98,12 +74,10 @@ def solution(task: dict, ref: dict) -> str:
         f"$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = {tex(ref['kv_bytes_per_token'])}"
         f"\\ \\text{{Б}} = {ref['kv_bytes_per_token'] / 1024:g}\\ \\text{{КиБ}}.$$\n\n"
         f"**2. Последовательности.** Одна последовательность держит {task['prompt_tokens']} + "
-        f"{task['response_tokens']} = {_tokens(n_tok)}, то есть "
-        f"{fmt.num(per_seq)} Б. После весов остаётся {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
-        f"{fmt.num(free)} Б, поэтому\n\n"
+        f"{task['response_tokens']} = {_tokens(n_tok)}, то есть {fmt.num(per_seq)} Б. После весов "
+        f"остаётся {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = {fmt.num(free)} Б, поэтому\n\n"
         f"$$\\left\\lfloor \\frac{{{tex(free)}}}{{{tex(per_seq)}}} \\right\\rfloor = "
-        f"{ref['max_sequences']}.$$\n\n"
-        f"**3. Группы.** ⌊{ref['max_sequences']} / {g}⌋ = "
+        f"{ref['max_sequences']}.$$\n\n**3. Группы.** ⌊{ref['max_sequences']} / {g}⌋ = "
         f"{fmt.count(ref['max_groups'], 'группа', 'группы', 'групп')} по G = {g}.\n\n"
         f"**Ответ:** `{ref}`.\n\n"
         "Размер группы и длина ответа — инфраструктурные параметры: вдвое длиннее ответ — вдвое "
@@ -113,39 +87,20 @@ def solution(task: dict, ref: dict) -> str:
 
 
 STEP = Step(
-    id="12.2.7",
-    make_task=make_task,
-    solve=solve,
-    solution=solution,
+    id="12.2.7", make_task=make_task, solve=solve, solution=solution,
     answer=UnitFields({k: _EXACT for k in ("kv_bytes_per_token", "max_sequences", "max_groups")}),
-    hint=(
-        "Байт на токен: 2·L·H_kv·d_h·b — двойка за K и V, головы — KV-головы. Из бюджета "
-        "(ГиБ × 2³⁰) сначала вычтите веса, остаток разделите на байты одной "
-        "последовательности (запрос + ответ токенов) и округлите вниз; группы — ещё раз "
-        "вниз после деления на G."
-    ),
+    hint="Байт на токен: 2·L·H_kv·d_h·b — двойка за K и V, головы — KV-головы. Из бюджета "
+    "(ГиБ × 2³⁰) сначала вычтите веса, остаток разделите на байты одной последовательности "
+    "(запрос + ответ токенов) и округлите вниз; группы — ещё раз вниз после деления на G.",
     traps=(
-        Trap(
-            "no_factor_two",
-            "Байт на токен вдвое меньше нужного: кэш хранит и ключи (K), и значения (V), "
-            "поэтому в формуле B_KV = 2·L·H_kv·d_h·N_tok·b есть множитель 2.",
-            wrong=lambda task, ref: _no_two(task),
-            matches=key_matches("kv_bytes_per_token", _no_two, _EXACT),
-        ),
-        Trap(
-            "attention_heads_not_kv",
-            "Вы взяли число голов внимания H вместо числа KV-голов H_kv. В модели с GQA "
-            "несколько голов запросов делят одну пару K/V, и в кэше хранится только H_kv "
-            "голов (`num_key_value_heads`).",
-            wrong=lambda task, ref: _heads(task),
-            matches=key_matches("kv_bytes_per_token", _heads, _EXACT),
-        ),
-        Trap(
-            "forgot_weights",
-            "Под KV-кэш вы отдали весь бюджет. Сначала в той же памяти лежат веса модели "
-            "W: на кэш остаётся бюджет − W.",
-            wrong=lambda task, ref: _no_weights(task),
-            matches=key_matches("max_sequences", _no_weights, _EXACT),
-        ),
+        Trap("no_factor_two", "Байт на токен вдвое меньше нужного: кэш хранит и ключи (K), и "
+             "значения (V), поэтому в формуле B_KV = 2·L·H_kv·d_h·N_tok·b есть множитель 2.",
+             **by_key("kv_bytes_per_token", lambda t: solve(t, halve=True), _EXACT)),
+        Trap("attention_heads_not_kv", "Вы взяли число голов внимания H вместо числа KV-голов "
+             "H_kv. В модели с GQA несколько голов запросов делят одну пару K/V, и в кэше хранится "
+             "только H_kv голов (`num_key_value_heads`).",
+             **by_key("kv_bytes_per_token", lambda t: solve(t, heads="num_attention_heads"), _EXACT)),
+        Trap("forgot_weights", "Под KV-кэш вы отдали весь бюджет. Сначала в той же памяти лежат "
+             "веса модели W: на кэш остаётся бюджет − W.", **by_key("max_sequences", lambda t: solve(t, weights=0), _EXACT)),
     ),
-)
+)  # fmt: skip

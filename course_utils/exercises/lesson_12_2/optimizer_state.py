@@ -1,7 +1,7 @@
 """12.2.6 — B_state рецепта и постоянная часть состояния на ранг при DDP и ZeRO-1/2/3.
 
-Здесь же общие для шагов 12.2.6–12.2.8 помощники: словарь чисел с подсказкой о единицах в отзыве
-(``UnitFields``), правило «ошибка видна по одному ключу» (``key_matches``) и числа для формул.
+Здесь же помощники шагов 12.2.6–12.2.8: словарь чисел, чей отзыв называет «круглое» отношение
+(``UnitFields``), ошибка, видная по одному ключу (``by_key``), целое для TeX (``tex``).
 """
 
 import random
@@ -12,28 +12,27 @@ from course_utils import fmt, memory
 from course_utils.exercises.answers import Fields, Number, norm
 from course_utils.exercises.step import Step, Trap
 
-_UNIT_HINTS = ((memory.GIB, "ровно в 2³⁰ раз: вы ответили в байтах, а нужны ГиБ"),
-               (memory.GIB / 10**9, "в 2³⁰/10⁹ ≈ 1.074 раза: спутаны ГиБ (2³⁰ Б) и ГБ (10⁹ Б)"),
-               (1024, "ровно в 1024 раза: проверьте КиБ/МиБ/ГиБ"), (2, "ровно в 2 раза"))  # fmt: skip
-
 
 class UnitFields(Fields):
-    """Fields, чей отзыв называет все неверные ключи и «круглое» отношение (байты, ГБ, 1024, 2)."""
+    """Fields, чей отзыв называет все неверные ключи и объясняет первый (отношение 2³⁰, 2³⁰/10⁹…)."""
 
     def mismatch(self, expected: Any, given: Any) -> str:
-        e, g = ({norm(k): v for k, v in d.items()} for d in (expected, given))
-        notes = []
-        for key in self.wrong_keys(expected, given):
-            a, b = e[norm(key)], g[norm(key)]
-            ratios = (b / a, a / b) if isinstance(self.fields[key], Number) and a and b else ()
-            why = next((t for f, t in _UNIT_HINTS if any(abs(r / f - 1) < 1e-3 for r in ratios)), 0)
-            notes.append(f"{key} (отличается {why})" if why else key)
-        return f"Неверны значения: {'; '.join(notes)}."
+        wrong, (e, g) = self.wrong_keys(expected, given), ({norm(k): v for k, v in d.items()} for d in (expected, given))  # fmt: skip
+        if len(wrong) == 1:
+            return super().mismatch(expected, given)
+        why = self.fields[wrong[0]].mismatch(e[norm(wrong[0])], g[norm(wrong[0])])
+        return f"Неверны значения: {', '.join(wrong)}. {wrong[0]}: {why}"
 
 
-def key_matches(key: str, wrong: Callable[[dict], dict], kind: Number) -> Callable:
-    """Правило Trap.matches: ошибка узнаётся, если ``given[key]`` совпал с ``wrong(task)[key]``."""
-    return lambda task, given: kind.same(wrong(task)[key], {norm(k): v for k, v in given.items()}[norm(key)])  # fmt: skip
+def by_key(keys: str | tuple, wrong: Callable[[dict], dict], kind: Number) -> dict:
+    """wrong и matches для Trap: ответ — wrong(task); ошибка узнаётся, если совпал один из keys."""
+    keys = (keys,) if isinstance(keys, str) else keys
+
+    def matches(task: dict, given: dict) -> bool:
+        g, w = {norm(k): v for k, v in given.items()}, wrong(task)
+        return any(kind.same(w[k], g[norm(k)]) for k in keys)
+
+    return {"wrong": lambda task, ref: wrong(task), "matches": matches}
 
 
 def tex(n: int) -> str:
@@ -41,38 +40,35 @@ def tex(n: int) -> str:
     return fmt.num(int(n)).replace(fmt.NBSP, "\\,")
 
 
-def gib(n_bytes: float) -> float:
-    return memory.to_unit(n_bytes, "GiB")
-
-
 # Рецепты с Σb ≠ 16: иначе ошибка «16 байт — закон» совпала бы с верным ответом.
 _RECIPES = ("mixed_fp32_grads", "bf16_pure_adam", "adam8bit_mixed", "sgd_momentum_fp32")
 _ROUND_N = (1_300_000_000, 3_000_000_000, 14_000_000_000, 32_000_000_000, 70_000_000_000)
 _FIELDS = (("param_bytes", "веса", "b_{param}"), ("grad_bytes", "градиенты", "b_{grad}"),
-           ("m1_bytes", "первый момент Adam m1", "b_{m1}"),
-           ("m2_bytes", "второй момент Adam m2", "b_{m2}"),
+           ("m1_bytes", "первый момент Adam m1", "b_{m1}"), ("m2_bytes", "второй момент Adam m2", "b_{m2}"),
            ("master_bytes", "fp32-мастер-копия весов", "b_{master}"))  # fmt: skip
-_GIB = Number(rtol=1e-2, unit="ГиБ")
+GIB_1PCT = Number(rtol=1e-2, unit="ГиБ")
+
+
+def _params(n: int) -> str:
+    return fmt.count(n, "параметр", "параметра", "параметров")
 
 
 def make_task(variant: int) -> dict:
     rng = random.Random(12_2_6_000 + 7919 * variant)
-    recipe = _RECIPES[variant % len(_RECIPES)]
+    recipe, model = _RECIPES[variant % len(_RECIPES)], None
     if variant % 2 == 0:
         model = rng.choice(memory.available_model_configs())
         n = memory.ModelShape.from_name(model).num_params
-        source = f"{model}: точное число по `data/model_configs/{model}.json`"
     else:
-        model, n = None, rng.choice(_ROUND_N)
-        source = "круглое число для прикидки"
+        n = rng.choice(_ROUND_N)
+    source = f"{model}: точное число по `data/model_configs/{model}.json`" if model else "круглое число для прикидки"  # fmt: skip
     world = rng.choice([4, 8, 16, 32, 64] if n > 10**10 else [2, 4, 8, 16])
     r = memory.RECIPES[recipe]
     rows = "\n".join(f"| {text} | ${sym}$ | {getattr(r, f):g} |" for f, text, sym in _FIELDS)
     statement = (
-        f"**Состояние модели и ZeRO.** Модель: N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} "
-        f"({source}). Рецепт `{recipe}` — {r.label}. Байт на параметр:\n\n"
-        f"| статья | обозначение | Б/параметр |\n"
-        f"|---|---|---|\n{rows}\n| **итого** | $\\Sigma b$ | **{r.total:g}** |\n\n"
+        f"**Состояние модели и ZeRO.** Модель: N = {_params(n)} ({source}). Рецепт `{recipe}` — "
+        f"{r.label}. Байт на параметр:\n\n| статья | обозначение | Б/параметр |\n|---|---|---|\n"
+        f"{rows}\n| **итого** | $\\Sigma b$ | **{r.total:g}** |\n\n"
         f"Обучение с параллелизмом данных на D = {world} GPU. Напоминание: в DDP каждый ранг "
         "хранит полную копию состояния; ZeRO-1 делит между рангами состояния оптимизатора "
         "(m1, m2 и мастер-копию), ZeRO-2 — ещё и градиенты, ZeRO-3 (= FSDP full shard) — ещё "
@@ -88,36 +84,33 @@ def make_task(variant: int) -> dict:
             "bytes_per_param": {f: getattr(r, f) for f, _, _ in _FIELDS}, "world_size": world}  # fmt: skip
 
 
-def _answer(n: int, recipe: str, world: int) -> dict:
-    out = {"B_state": gib(memory.state_bytes(n, recipe))}
+def solve(task: dict, recipe: str | None = None) -> dict:
+    """B_state и байты на ранг при DDP и ZeRO-1/2/3 (ГиБ) по memory; recipe — подмена рецепта."""
+    n, recipe, world = task["n_params"], recipe or task["recipe"], task["world_size"]
+    out = {"B_state": memory.to_unit(memory.state_bytes(n, recipe), "GiB")}
     for stage, key in enumerate(("ddp", "zero1", "zero2", "zero3")):
-        out[key] = gib(memory.per_rank_state_bytes(n, recipe, world, stage))
+        out[key] = memory.to_unit(memory.per_rank_state_bytes(n, recipe, world, stage), "GiB")
     return out
 
 
-def solve(task: dict) -> dict:
-    return _answer(task["n_params"], task["recipe"], task["world_size"])
-
-
-def _sixteen(task: dict) -> dict:
-    return _answer(task["n_params"], "bf16_mixed_adam", task["world_size"])
-
-
-def _split_all(task: dict) -> float:
-    return solve(task)["B_state"] / task["world_size"]
+def _split_all(task: dict) -> dict:
+    """Ошибка «ZeRO-1 делит всё»: zero1, zero2 и zero3 равны B_state / D."""
+    ref = solve(task)
+    return {
+        **ref,
+        **dict.fromkeys(("zero1", "zero2", "zero3"), ref["B_state"] / task["world_size"]),
+    }
 
 
 def solution(task: dict, ref: dict) -> str:
     n, d, b = task["n_params"], task["world_size"], task["bytes_per_param"]
-    bp, bg = b["param_bytes"], b["grad_bytes"]
-    k = b["m1_bytes"] + b["m2_bytes"] + b["master_bytes"]
-    total = bp + bg + k
-    terms = " + ".join(f"{v:g}" for v in b.values())
+    bp, bg, k = b["param_bytes"], b["grad_bytes"], b["m1_bytes"] + b["m2_bytes"] + b["master_bytes"]
+    total, terms = bp + bg + k, " + ".join(f"{v:g}" for v in b.values())
     g = {key: f"{v:.3f}" for key, v in ref.items()}
     who = f"{task['model']}, " if task["model"] else ""
     return (
-        f"Модель: {who}N = {fmt.count(n, 'параметр', 'параметра', 'параметров')}, рецепт "
-        f"`{task['recipe']}`, D = {d}. Всё модельное состояние — сумма хранимых представлений:\n\n"
+        f"Модель: {who}N = {_params(n)}, рецепт `{task['recipe']}`, D = {d}. Всё модельное "
+        "состояние — сумма хранимых представлений:\n\n"
         "$$B_{state} = N(b_{param} + b_{grad} + b_{m1} + b_{m2} + b_{master}) = "
         f"{tex(n)} \\cdot ({terms}) = {tex(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ "
         "\\text{ГиБ}.$$\n\n"
@@ -136,39 +129,22 @@ def solution(task: dict, ref: dict) -> str:
 
 
 STEP = Step(
-    id="12.2.6",
-    make_task=make_task,
-    solve=solve,
-    solution=solution,
-    answer=UnitFields({k: _GIB for k in ("B_state", "ddp", "zero1", "zero2", "zero3")}),
-    hint=(
-        "B_state = N·(сумма строк таблицы рецепта). На ранг: в DDP — всё; ZeRO-1 делит на D "
-        "только m1 + m2 + мастер-копию; ZeRO-2 — ещё градиенты; ZeRO-3 — всё. Переведите "
-        "байты в ГиБ делением на 2³⁰."
-    ),
+    id="12.2.6", make_task=make_task, solve=solve, solution=solution,
+    answer=UnitFields({k: GIB_1PCT for k in ("B_state", "ddp", "zero1", "zero2", "zero3")}),
+    hint="B_state = N·(сумма строк таблицы рецепта). На ранг: в DDP — всё; ZeRO-1 делит на D "
+    "только m1 + m2 + мастер-копию; ZeRO-2 — ещё градиенты; ZeRO-3 — всё. Переведите "
+    "байты в ГиБ делением на 2³⁰.",
     traps=(
-        Trap(
-            "sixteen_law",
-            "Вы взяли «16 байт на параметр», а у этого рецепта другая сумма. 16 Б — лишь "
-            "сценарий bf16-весов с Adam во float32 и мастер-копией; считайте "
-            "B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master) по таблице условия.",
-            wrong=lambda task, ref: _sixteen(task),
-            matches=key_matches("B_state", _sixteen, _GIB),
-        ),
-        Trap(
-            "shard_everything_at_zero1",
-            "На ZeRO-1 вы разделили на D всё состояние. ZeRO-1 шардирует только состояния "
-            "оптимизатора (m1, m2, мастер-копию); веса и градиенты на каждом ранге остаются "
-            "целиком. Градиенты делятся с ZeRO-2, веса — только с ZeRO-3 (FSDP full shard).",
-            override={"zero1": _split_all, "zero2": _split_all, "zero3": _split_all},
-            matches=key_matches("zero1", lambda t: {"zero1": _split_all(t)}, _GIB),
-        ),
-        Trap(
-            "ddp_divides",
-            "В DDP вы разделили состояние на D. DDP делит между рангами данные (мини-пакет), "
-            "а не модель: каждый ранг хранит полную копию весов, градиентов и оптимизатора, "
-            "то есть все B_state.",
-            override={"ddp": _split_all},
-        ),
+        Trap("sixteen_law", "Вы взяли «16 байт на параметр», а у этого рецепта другая сумма. 16 Б "
+             "— лишь сценарий bf16-весов с Adam во float32 и мастер-копией; считайте "
+             "B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master) по таблице условия.",
+             **by_key("B_state", lambda t: solve(t, "bf16_mixed_adam"), GIB_1PCT)),
+        Trap("shard_everything_at_zero1", "На ZeRO-1 вы разделили на D всё состояние. ZeRO-1 "
+             "шардирует только состояния оптимизатора (m1, m2, мастер-копию); веса и градиенты на "
+             "каждом ранге остаются целиком. Градиенты делятся с ZeRO-2, веса — только с ZeRO-3 "
+             "(FSDP full shard).", **by_key("zero1", _split_all, GIB_1PCT)),
+        Trap("ddp_divides", "В DDP вы разделили состояние на D. DDP делит между рангами данные "
+             "(мини-пакет), а не модель: каждый ранг хранит полную копию весов, градиентов и "
+             "оптимизатора, то есть все B_state.", override={"ddp": lambda t: solve(t)["B_state"] / t["world_size"]}),
     ),
-)
+)  # fmt: skip
