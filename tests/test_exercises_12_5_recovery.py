@@ -1,19 +1,19 @@
-"""Отдельные проверки шагов урока 12.5: 12.5.6–12.5.9; общие свойства — в test_exercises.py."""
+"""Отдельные проверки шагов урока 12.5: 12.5.6–12.5.9; общие свойства — в test_exercises.py.
+
+Типичные ошибки здесь собираются вручную из данных условия (не через ловушки шага) и должны
+узнаваться своим ключом в каждом варианте 0–49.
+"""
 
 import math
-import re
-from pathlib import Path
 
+import numpy as np
 import pytest
 
-from course_utils import grading
+from course_utils import checkpoint, grading
 
-REPO = Path(__file__).resolve().parents[1]
-IDS = grading.exercise_ids()
 VARIANTS = range(4)
-# Упражнения, чьи условия по делу содержат не-JSON объекты (таблицы pandas и т. п.); пока нет.
-NOT_JSON: set[str] = set()
-CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
+ALL = range(50)
+COMPS = list(checkpoint.COMPONENTS)
 
 
 @pytest.fixture(autouse=True)
@@ -27,112 +27,115 @@ def _ex(exercise_id):
     return grading._get(exercise_id)
 
 
-def _data(task):
-    """Данные условия без текста формулировки."""
-    return {k: v for k, v in task.items() if k != "statement"}
+def _key(exercise_id, answer, variant):
+    result = grading.evaluate(exercise_id, answer, variant)
+    return result.misconception if result.status == "misconception" else result.status
 
 
-def _leaves(x):
-    if isinstance(x, dict):
-        for k, v in x.items():
-            yield k
-            yield from _leaves(v)
-    elif isinstance(x, (list, tuple, set)):
-        for v in x:
-            yield from _leaves(v)
-    else:
-        yield x
-
-
-def _renderings(x):
-    if isinstance(x, bool) or x is None:
-        return set()
-    if isinstance(x, str):
-        return {x} if len(x.strip()) >= 3 else set()
-    if isinstance(x, (int, float)) and math.isfinite(x):
-        out = {str(x), f"{x:g}", f"{x:.2f}", f"{x:.3g}", f"{x:.1f}"}
-        return {s for s in out if len(s) >= 2}
-    return set()
-
-
-# ---------------------------------------------------------------- 12.5.6–12.5.9: восстановление и наблюдаемость (урок 12.5)
 def test_lesson_12_5_registered():
     from course_utils import exercises
 
     assert "lesson_12_5" in exercises.LOADED
-    assert {"12.5.6", "12.5.7", "12.5.8", "12.5.9"} <= set(IDS)
+    assert {"12.5.6", "12.5.7", "12.5.8", "12.5.9"} <= set(grading.exercise_ids())
 
 
-def _conditional_12_5_6(run):
-    return {"queue_policy": run["asynchronous"], "curriculum": run["curriculum"],
-            "reward_normalizer": run["running_reward_norm"]}  # fmt: skip
+def _by_hand_12_5_6(task):
+    """(нет в манифесте, нужные из них, условных компонентов у запуска нет) — без кода шага."""
+    run = task["run"]
+    has = {"queue": run["asynchronous"], "curriculum": run["curriculum"],
+           "normalizer": run["running_reward_norm"]}  # fmt: skip
+    have = {e["component"] for e in task["manifest"]}
+    absent = [c for c in COMPS if c not in have]
+    return (
+        absent,
+        [c for c in absent if has.get(c, True)],
+        [c for c in absent if not has.get(c, True)],
+    )
 
 
-@pytest.mark.parametrize("variant", range(12))
+@pytest.mark.parametrize("variant", ALL)
 def test_12_5_6_manifest_and_reference_by_hand(variant):
-    from course_utils import guarantees
-
     task, ref = grading.task("12.5.6", variant), grading.reference("12.5.6", variant)
-    comps = guarantees.CHECKPOINT_COMPONENTS
     have = [e["component"] for e in task["manifest"]]
-    assert len(set(have)) == len(have) and set(have) <= set(comps)
-    assert {"model", "optimizer"} <= set(have)
+    assert len(set(have)) == len(have) and set(have) <= set(COMPS)
+    assert {"policy", "optimizer"} <= set(have) and task["components"] == COMPS
     assert all(e["file"] in task["statement"] and e["bytes"] > 0 for e in task["manifest"])
-    cond = _conditional_12_5_6(task["run"])
-    absent = [c for c in comps if c not in have]
-    needed = [c for c in absent if cond.get(c, True)]
-    assert ref == {"missing": needed, "can_resume": not needed}
-    assert len(needed) in (2, 3, 4) or (not needed and len(absent) >= 2)
-    # независимая сверка: предполётная проверка гарантий с тем, что у запуска есть
-    declared = have + [c for c in comps if not cond.get(c, True)]
-    table = guarantees.preflight({"checkpoint_components": declared, "crash_tested": True})
-    row = table[table["гарантия"].str.startswith("6.")].iloc[0]
-    assert bool(row["выполнена"]) == ref["can_resume"]
-    if variant < 4:  # на первых вариантах узнаются все типичные ошибки
-        assert task["run"]["asynchronous"] and "queue_policy" in needed
-        assert set(needed) & {"rng_states", "data_cursor"}
-        assert set(absent) - set(needed), "нужен компонент, которого у запуска нет"
+    assert all(e["file"].startswith(e["component"] + ".") for e in task["manifest"])
+    absent, needed, na = _by_hand_12_5_6(task)
+    assert dict(ref) == {"missing": needed, "can_resume": False}
+    assert task["run"]["asynchronous"] and "queue" in needed and na  # каждая ловушка различима
+    assert set(needed) & {"rng", "data_cursor"} and 2 <= len(needed) <= 5
+    params = {e["component"]: e["bytes"] for e in task["manifest"]}
+    n = task["run"]["num_params"]
+    assert abs((params["policy"] + params["optimizer"]) / (14 * n) - 1) < 1e-4  # 2 + 12 Б/параметр
 
 
-def test_12_5_6_can_resume_variant_and_answer_forms():
-    refs = [grading.reference("12.5.6", v) for v in range(40)]
-    clean = next(v for v, r in enumerate(refs) if r["can_resume"])
-    assert grading.evaluate("12.5.6", {"missing": [], "can_resume": True}, clean)
-    assert grading.evaluate("12.5.6", {"missing": ["queue_policy"], "can_resume": False}, clean).status == "wrong"  # fmt: skip
+@pytest.mark.parametrize("variant", ALL)
+def test_12_5_6_wrong_answers_built_by_hand_named_in_every_variant(variant):
+    task = grading.task("12.5.6", variant)
+    absent, needed, na = _by_hand_12_5_6(task)
+
+    def key(missing, can=False):
+        return _key("12.5.6", {"missing": missing, "can_resume": can}, variant)
+
+    assert key(needed) == "correct"
+    assert key(needed, True) == "list_right_verdict_wrong"
+    assert key(list(reversed(needed)), True) == "list_right_verdict_wrong"
+    assert key([], True) == key([]) == "weights_only_resume"
+    assert key([c for c in needed if c not in ("rng", "data_cursor")]) == "rng_not_needed"
+    for lost in {"rng", "data_cursor"} & set(needed):  # без одного из двух — та же ошибка
+        assert key([c for c in needed if c != lost]) == "rng_not_needed"
+    assert key([c for c in needed if c != "queue"]) == "queue_irrelevant"
+    assert key(absent) == key([*needed, na[0]]) == "not_applicable_listed"
+
+
+def test_12_5_6_right_list_with_wrong_verdict_has_its_own_feedback():
+    ref = grading.reference("12.5.6")
+    result = grading.evaluate("12.5.6", {"missing": ref["missing"], "can_resume": True})
+    assert result.misconception == "list_right_verdict_wrong"
+    assert "верный" in result.message and "can_resume" in result.message
+    assert "только весов" not in result.message and "False" not in result.message
+    weights = grading.evaluate("12.5.6", {"missing": [], "can_resume": True})
+    assert weights.misconception == "weights_only_resume" and weights.message != result.message
+
+
+def test_12_5_6_answer_forms_and_mismatch_feedback():
     ref = grading.reference("12.5.6")
     loose = {"Missing": [f" `{c.upper()}` " for c in reversed(ref["missing"])], "can_resume": False}
     assert grading.evaluate("12.5.6", loose)
     assert grading.evaluate("12.5.6", {"missing": set(ref["missing"]), "can_resume": False})
     result = grading.evaluate("12.5.6", {"missing": ["веса"], "can_resume": False})
-    assert result.status == "malformed" and "rng_states" in result.message
+    assert result.status == "malformed" and "data_cursor" in result.message
+    assert "rng_states" not in result.message  # один словарь: checkpoint.COMPONENTS
     assert grading.evaluate("12.5.6", ref["missing"]).status == "malformed"
     result = grading.evaluate("12.5.6", {"missing": ref["missing"], "can_resume": "нет"})
     assert result.status == "malformed" and "can_resume" in result.message
-    result = grading.evaluate("12.5.6", {**ref, "missing": [*ref["missing"], "model"]})
-    assert result.status == "wrong" and "В манифесте есть model" in result.message
-    result = grading.evaluate("12.5.6", {**ref, "missing": ref["missing"][:1]})
-    assert result.status == "wrong"
+    result = grading.evaluate("12.5.6", {**ref, "missing": [*ref["missing"], "policy"]})
+    assert result.status == "wrong" and "В манифесте есть policy" in result.message
+    rng = [c for c in ("rng", "data_cursor") if c in ref["missing"]]
+    partial = [rng[0], "queue"] if len(ref["missing"]) > 2 else ["queue"]  # не одна из ловушек
+    result = grading.evaluate("12.5.6", {**ref, "missing": partial})
+    assert result.status == "wrong", result
     assert f"Нужных отсутствующих компонентов: {len(ref['missing'])}" in result.message
-    assert not any(c in result.message for c in ref["missing"][1:])
+    assert not any(c in result.message for c in set(ref["missing"]) - set(partial))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_12_5_6_misconceptions_in_other_forms(variant):
-    task, ref = grading.task("12.5.6", variant), grading.reference("12.5.6", variant)
-    have = {e["component"] for e in task["manifest"]}
-    cond = _conditional_12_5_6(task["run"])
-    na = [c for c in cond if not cond[c] and c not in have]
-
-    def verdict(missing, can=False):
-        return grading.evaluate("12.5.6", {"missing": missing, "can_resume": can}, variant)
-
-    assert verdict([]).misconception == "weights_only_resume"
-    assert verdict(ref["missing"], True).misconception == "weights_only_resume"
-    no_rng = [c for c in ref["missing"] if c not in ("rng_states", "data_cursor")]
-    assert verdict(no_rng + na).misconception == "rng_not_needed"
-    no_queue = [c for c in ref["missing"] if c != "queue_policy"]
-    assert verdict(list(reversed(no_queue))).misconception == "queue_irrelevant"
-    assert verdict([*ref["missing"], na[0]]).misconception == "not_applicable_listed"
+@pytest.mark.parametrize("variant", ALL)
+def test_12_5_7_wrong_answers_built_by_hand_named_in_every_variant(variant):
+    task, ref = grading.task("12.5.7", variant), grading.reference("12.5.7", variant)
+    c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
+    m, star = m_h * 3600, math.sqrt(2 * task["write_s"] * task["mtbf_h"] * 3600)
+    assert (
+        _key("12.5.7", {**ref, "I_star_min": math.sqrt(2 * c * m_h) / 60}, variant) == "units_mixed"
+    )
+    assert (
+        _key("12.5.7", {**ref, "I_star_min": star}, variant) == "units_mixed"
+    )  # секунды за минуты
+    assert _key("12.5.7", {**ref, "H_current": c / i + i / (2 * m_h)}, variant) == "units_mixed"
+    assert _key("12.5.7", {**ref, "I_star_min": math.sqrt(c * m) / 60}, variant) == "sqrt_cm_no_two"
+    one = {**ref, "H_current": c / i, "H_star": c / star}
+    assert _key("12.5.7", one, variant) == "overhead_one_term"
+    assert _key("12.5.7", {**ref, "H_current": c / i}, variant) == "overhead_one_term"
 
 
 @pytest.mark.parametrize("variant", range(9))
@@ -214,14 +217,14 @@ def test_12_5_8_solution_code_reproduces_answer():
     task, ref = grading.task("12.5.8"), grading.reference("12.5.8")
     text = _ex("12.5.8").solution(task)
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    scope = {"task": task}
+    scope = {"task_12_5_8": task}
     exec(code, scope)
     assert list(scope["orphans"]) == ref["orphans"]
     assert list(scope["bad"]) == ref["verifier_mismatches"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_12_5_8_forms_and_misconceptions(variant):
+@pytest.mark.parametrize("variant", ALL)
+def test_12_5_8_forms_and_wrong_answers_built_by_hand(variant):
     task, ref = grading.task("12.5.8", variant), grading.reference("12.5.8", variant)
     flipped = {"Orphans": set(ref["orphans"]),
                "verifier_mismatches": [x.upper() for x in reversed(ref["verifier_mismatches"])]}  # fmt: skip
@@ -245,14 +248,15 @@ def test_12_5_8_forms_and_misconceptions(variant):
     assert result.misconception == "latest_verifier_everywhere"
     result = grading.evaluate("12.5.8", {**ref, "orphans": ref["orphans"][1:]}, variant)
     if result.status == "wrong":  # без первого сироты — не та же ошибка, что «отброшенные»
-        assert "orphans" in result.message and "Не хватает идентификаторов rollout_id: 1" in result.message
+        assert (
+            "orphans" in result.message
+            and "Не хватает идентификаторов rollout_id: 1" in result.message
+        )
         assert ref["orphans"][0] not in result.message
 
 
 @pytest.mark.parametrize("variant", range(8))
 def test_12_5_9_reference_by_hand(variant):
-    import numpy as np
-
     task, ref = grading.task("12.5.9", variant), grading.reference("12.5.9", variant)
     groups = task["groups"]
     durations = [d for g in groups for d in g["durations_s"]]
@@ -268,12 +272,11 @@ def test_12_5_9_reference_by_hand(variant):
     assert all(len(g["durations_s"]) == len(g["rewards"]) == task["group_size"] for g in groups)
     assert 3 <= len({g["collector"] for g in groups}) <= 4
     assert "numpy.percentile" in task["statement"] and "1 %" in task["statement"]
+    assert "task_12_5_9['groups']" in task["statement"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_12_5_9_forms_and_misconceptions(variant):
-    import numpy as np
-
+@pytest.mark.parametrize("variant", ALL)
+def test_12_5_9_forms_and_wrong_answers_built_by_hand(variant):
     task, ref = grading.task("12.5.9", variant), grading.reference("12.5.9", variant)
     assert grading.evaluate("12.5.9", {k: float(f"{v:.4g}") for k, v in ref.items()}, variant)
     result = grading.evaluate("12.5.9", {**ref, "degenerate_share": 100 * ref["degenerate_share"]}, variant)  # fmt: skip
@@ -281,13 +284,20 @@ def test_12_5_9_forms_and_misconceptions(variant):
     per = {}
     for g in task["groups"]:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
-    avg95 = float(np.mean([np.percentile(x, 95) for x in per.values()]))
-    result = grading.evaluate("12.5.9", {**ref, "p95": avg95}, variant)
-    assert result.misconception == "average_of_percentiles"
+    for q in (95, 99):
+        avg = float(np.mean([np.percentile(x, q) for x in per.values()]))
+        assert _key("12.5.9", {**ref, f"p{q}": avg}, variant) == "average_of_percentiles"
+    rate = len(task["groups"]) / task["wall_s"]
+    assert (
+        _key("12.5.9", {**ref, "informative_groups_per_s": rate}, variant)
+        == "groups_not_informative"
+    )
     mean = float(np.mean([d for x in per.values() for d in x]))
     assert grading.evaluate("12.5.9", {**ref, "p50": mean}, variant).misconception == "mean_as_p50"
     zeros = sum(set(g["rewards"]) == {0} for g in task["groups"]) / len(task["groups"])
     result = grading.evaluate("12.5.9", {**ref, "degenerate_share": zeros}, variant)
     assert result.misconception == "all_correct_not_degenerate"
+    both = {**ref, "degenerate_share": zeros, "informative_groups_per_s": rate * (1 - zeros)}
+    assert _key("12.5.9", both, variant) == "all_correct_not_degenerate"
     result = grading.evaluate("12.5.9", {**ref, "p99": ref["p99"] * 1.2}, variant)
     assert result.status == "wrong" and "p99" in result.message and "p95" not in result.message

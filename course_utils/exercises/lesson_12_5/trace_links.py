@@ -170,8 +170,8 @@ def make_task(variant: int) -> dict:
         f"тренер собирает из неё пакеты (допустимая задержка политики — до {data['max_lag']} "
         "версий; более старые роллауты при извлечении отбрасываются как несвежие). Посреди прогона "
         "проверяющую систему обновили. Три таблицы трассы с идентификаторами цепочки шага "
-        "12.5.2 (они же — `task['rollouts']`, `task['batches']`, `task['steps']`; удобно "
-        "`pd.DataFrame(task['rollouts'])`; время — секунды от старта, «—» — нет значения):\n\n"
+        "12.5.2 (они же — `task_12_5_8['rollouts']`, `task_12_5_8['batches']`, `task_12_5_8['steps']`; удобно "
+        "`pd.DataFrame(task_12_5_8['rollouts'])`; время — секунды от старта, «—» — нет значения):\n\n"
         f"**rollouts**\n\n{_table(data['rollouts'], ROLLOUT_COLS)}\n\n"
         f"**batches** (журнал тренера; пакет шага k собран при версии тренера k)\n\n"
         f"{_table(data['batches'], BATCH_COLS)}\n\n**steps**\n\n{_table(data['steps'], STEP_COLS)}\n\n"
@@ -208,7 +208,7 @@ def solution(task: dict, ref: dict) -> str:
                 else "Таких роллаутов нет: каждый пакет оценён той версией, которую ждал его шаг.")  # fmt: skip
     code = (
         "```python\nimport pandas as pd\n"
-        "r, b, s = (pd.DataFrame(task[k]) for k in ('rollouts', 'batches', 'steps'))\n"
+        "r, b, s = (pd.DataFrame(task_12_5_8[k]) for k in ('rollouts', 'batches', 'steps'))\n"
         "chain = (r.merge(b.drop(columns=['rollout_ids', 'tokens']), on='training_batch_id', "
         "how='left')\n         .merge(s, on='optimizer_step', how='left'))\n"
         "orphans = chain.loc[chain.training_batch_id.isna(), 'rollout_id']\n"

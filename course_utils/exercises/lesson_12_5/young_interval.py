@@ -13,55 +13,55 @@ from course_utils.exercises.lesson_12_5.manifest_gaps import value
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
 
-RTOL = 1e-2
-TOL = "относительный допуск 1 % (rtol = 1e-2)"
-_SAME_BAND = 0.10  # «так же»: |I − I*| ≤ 10 % от I*
+RTOL, TOL = 1e-2, "относительный допуск 1 % (rtol = 1e-2)"
 _WRITE_S = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
 _MTBF_H = (3, 4, 6, 8, 12, 18, 24, 36, 48, 72)
-_RATIOS = ((60, "спутаны секунды и минуты"), (3600, "спутаны часы и секунды"),
-           (100, "нужна доля, а не проценты"))  # fmt: skip
+_RATIOS = {60: "спутаны секунды и минуты", 3600: "спутаны часы и секунды", 100: "нужна доля, а не проценты"}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Amount(Number):
-    """Неотрицательное число; отзыв называет «круглое» отношение 60, 3600 или 100 (единицы)."""
+    """Неотрицательное число (допуск 1 %); отзыв называет отношение 60, 3600 или 100 — единицы."""
 
     rtol: float = RTOL
 
     def problem(self, given: Any, task: dict) -> str | None:
         bad = super().problem(given, task)
-        return bad or (
-            f"Величина неотрицательна, а получено {_plain(given)}." if _plain(given) < 0 else None
-        )
+        return bad or (f"Величина неотрицательна, а получено {_plain(given)}." if _plain(given) < 0 else None)  # fmt: skip
 
     def mismatch(self, expected: Any, given: Any) -> str:
         e, g = float(_plain(expected)), float(_plain(given))
-        for factor, why in _RATIOS:
-            if e and g and any(abs(r / factor - 1) < 2e-3 for r in (g / e, e / g)):
-                return f"Ответ отличается от верного ровно в {num(factor)} раз: {why}."
-        return super().mismatch(expected, given)
+        hit = [f for f in _RATIOS if e and g and min(abs(g / e / f - 1), abs(e / g / f - 1)) < 2e-3]
+        return f"Ответ отличается от верного ровно в {num(hit[0])} раз: {_RATIOS[hit[0]]}." if hit else super().mismatch(e, g)  # fmt: skip
 
 
-def recommend_of(given: Any) -> str | None:
-    """«чаще», «реже» или «так же» (написание «также», кавычки и точка не важны)."""
-    text = norm(given).strip("`'\" .") if isinstance(_plain(given), str) else None
-    return "так же" if text == "также" else text
+def near(x: float, given: dict, key: str) -> bool:
+    """Значение ответа по ключу совпало с x (допуск 1 %)."""
+    return Amount().same(x, value(given, key))
 
 
 class _Recommend(Choice):
+    """«чаще», «реже» или «так же»; «также», кавычки и точка в конце не важны."""
+
+    @staticmethod
+    def of(given: Any) -> str | None:
+        text = norm(given).strip("`'\" .") if isinstance(_plain(given), str) else None
+        return "так же" if text == "также" else text
+
     def problem(self, given: Any, task: dict) -> str | None:
-        return None if recommend_of(given) in self.options else super().problem(given, task)
+        return None if self.of(given) in self.options else super().problem(given, task)
 
     def same(self, expected: Any, given: Any) -> bool:
-        return recommend_of(given) == expected
+        return self.of(given) == expected
 
     def mismatch(self, expected: Any, given: Any) -> str:
         return "Рекомендация не та: сравните текущий I с I* в одних единицах."
 
 
 def _recommend(interval_s: float, optimum_s: float) -> str:
+    """«так же», если |I/I* − 1| ≤ 10 %; иначе «чаще» (I > I*) или «реже»."""
     ratio = interval_s / optimum_s
-    return "так же" if abs(ratio - 1) <= _SAME_BAND else "чаще" if ratio > 1 else "реже"
+    return "так же" if abs(ratio - 1) <= 0.10 else "чаще" if ratio > 1 else "реже"
 
 
 def make_task(variant: int) -> dict:
@@ -77,12 +77,7 @@ def make_task(variant: int) -> dict:
         i_min = round(raw / 5) * 5 if raw > 40 else round(raw)
         ratio = i_min * 60 / i_star
         margin_ok = abs(ratio - 1) <= 0.07 if target == "так же" else not 0.75 < ratio < 1.3
-        if (
-            i_min >= 1
-            and i_min * 60 >= 3 * c
-            and margin_ok
-            and _recommend(i_min * 60, i_star) == target
-        ):
+        if i_min >= 1 and i_min * 60 >= 3 * c and margin_ok and _recommend(i_min * 60, i_star) == target:  # fmt: skip
             break
     statement = (
         f"**Интервал Янга.** Запуск пишет полную контрольную точку за C = {c} с (всё это время "
@@ -92,7 +87,8 @@ def make_task(variant: int) -> dict:
         "работы\n\n$$H(I) \\approx \\frac{C}{I} + \\frac{I}{2M},\\qquad "
         "I^* = \\sqrt{2CM}$$\n\n(все величины в формулах — в одних единицах; приближение для "
         "C ≪ I ≪ M, без времени перезапуска и коррелированных отказов). Данные — "
-        "`task['write_s']` (с), `task['mtbf_h']` (ч), `task['interval_min']` (мин).\n\nНайдите:\n"
+        "`task_12_5_7['write_s']` (с), `task_12_5_7['mtbf_h']` (ч), "
+        "`task_12_5_7['interval_min']` (мин).\n\nНайдите:\n"
         "1. `I_star_min` — оптимальный интервал I*, **в минутах**;\n"
         "2. `H_current` — H при текущем интервале, доля (0.05 = 5 %, не проценты);\n"
         "3. `H_star` — H(I*), доля;\n"
@@ -124,11 +120,6 @@ def solve(task: dict) -> dict:
     v = _values(task)
     return {"I_star_min": v["star_s"] / 60, "H_current": v["H_current"], "H_star": v["H_star"],
             "recommend": _recommend(v["i_s"], v["star_s"])}  # fmt: skip
-
-
-def near(x: float, given: dict, key: str) -> bool:
-    """Значение ответа по ключу совпало с x (допуск 1 %)."""
-    return Amount().same(x, value(given, key))
 
 
 def _units_mixed(task: dict, given: dict) -> bool:
