@@ -1,0 +1,191 @@
+"""12.3.6 — конвейер двух этапов (C_seq, C_pipe, T_n, ускорение) и лучшее разбиение K устройств.
+
+Здесь же помощники шагов 12.3.6–12.3.9: допуск, вид словаря, число без лишних нулей, ``either``.
+"""
+
+import random
+from typing import Any
+
+from course_utils import pipeline
+from course_utils.exercises.answers import Fields, Number, md_table, norm, num
+from course_utils.exercises.step import Step, Trap
+
+TOLERANCE = "относительный допуск 1 % (rtol = 1e-2)"
+SECONDS = Number(rtol=1e-2, unit="с")
+
+
+def shape(schema: Fields) -> str:
+    """Вид словаря ответа для условия: {"a": …, "b": …}."""
+    return "{" + ", ".join(f'"{k}": …' for k in schema.fields) + "}"
+
+
+def s(x: float, digits: int = 2) -> str:
+    """Число для текста без лишних нулей: 12.0 → 12, 0.25 → 0.25."""
+    return f"{round(float(x), digits):g}"
+
+
+def value(given: Any, key: str) -> Any:
+    """Значение ответа (уже верной формы) по ключу без учёта регистра."""
+    return {norm(k): v for k, v in given.items()}[norm(key)]
+
+
+def either(key: str, message: str, schema: Fields, override: dict, by: tuple = ()) -> Trap:
+    """Trap, которую узнаёт любое одно из значений ``override`` (или только ключей ``by``)."""
+
+    def matches(task: dict, given: Any) -> bool:
+        return any(
+            schema.fields[k].same(override[k](task), value(given, k)) for k in by or override
+        )
+
+    return Trap(key, message, override=override, matches=matches)  # fmt: skip
+
+
+class _Split(Fields):
+    """Словарь 12.3.6; ещё и k_gen + k_train = K, у каждого этапа ≥ 1 устройства."""
+
+    def problem(self, given: Any, task: dict) -> str | None:
+        bad = super().problem(given, task)
+        k = None if bad else (value(given, "k_gen"), value(given, "k_train"))
+        if k and (sum(k) != task["K"] or min(k) < 1):
+            bad = f"k_gen + k_train должно равняться K = {task['K']}, и каждому этапу нужно ≥ 1 устройства."
+        return bad
+
+
+ANSWER = _Split({"C_seq": SECONDS, "C_pipe": SECONDS, "T_n": SECONDS,
+                 "speedup": Number(rtol=1e-2, unit="раз"), "k_gen": Number(integer=True),
+                 "k_train": Number(integer=True)})  # fmt: skip
+_SCENARIOS = (  # (описание, диапазоны G и T, с, r_g и r_t, токенов/с на устройство)
+    ("длинные рассуждения: генерация много дольше обучения", (60, 150), (8, 30), (800, 2000),
+     (4000, 9000)),
+    ("короткие ответы и несколько эпох PPO на пакет: обучение дольше генерации", (15, 40),
+     (45, 110), (3000, 6000), (1200, 2800)),
+    ("этапы почти сбалансированы", (40, 80), (30, 70), (1500, 3000), (2000, 5000)),
+)  # fmt: skip
+
+
+def _rates(K: int, r_g: float, r_t: float) -> dict[int, float]:
+    """Скорость конвейера min(k·r_g, (K − k)·r_t), токенов/с, при k_gen = k = 1…K−1."""
+    return {k: min(k * r_g, (K - k) * r_t) for k in range(1, K)}
+
+
+def _proportional(K: int, r_g: float, r_t: float) -> int:
+    """Ошибочное k_gen «пропорционально скорости»: больше устройств более быстрому этапу."""
+    return min(max(round(K * r_g / (r_g + r_t)), 1), K - 1)
+
+
+def make_task(variant: int) -> dict:
+    rng = random.Random(12_3_6_000 + 7919 * variant)
+    scenario, g_range, t_range, rg_range, rt_range = _SCENARIOS[variant % 3]
+    while True:  # «первый пакет бесплатно» должен заметно отличаться от верного T_n
+        G, T, n = rng.randint(*g_range), rng.randint(*t_range), rng.choice([3, 4, 5, 6, 8])
+        if G != T and min(G, T) / pipeline.pipeline_total_time(G, T, n) >= 0.03:
+            break
+    while True:  # лучшее разбиение единственно; «поровну» и «пропорционально» различимы и неверны
+        K = rng.choice([8, 12, 16, 24, 32])
+        r_g, r_t = (rng.randrange(lo, hi + 1, 50) for lo, hi in (rg_range, rt_range))
+        rates, wrong = _rates(K, r_g, r_t), {K // 2, _proportional(K, r_g, r_t)}
+        top = sorted(rates.values())
+        if top[-2] < top[-1] * 0.995 and len(wrong) == 2 and max(rates, key=rates.get) not in wrong:
+            break
+    statement = (
+        f"**Конвейер из двух этапов.** Запуск: {scenario}. Один логический пакет проходит два "
+        f"этапа: сбор роллаутов с наградой — G = {G} с, обучение с синхронизацией весов — "
+        f"T = {T} с. Этапы стоят на разных устройствах и могут работать одновременно (идеальный "
+        f"двухступенчатый конвейер, все пакеты одинаковы). Нужно обработать n = {n} пакетов.\n\n"
+        "Найдите:\n1. `C_seq` — длительность цикла одного пакета в последовательном режиме, с;\n"
+        "2. `C_pipe` — период выпуска пакетов заполненным конвейером, с;\n"
+        "3. `T_n` — полное время n пакетов в конвейере (от начала сбора первого до конца "
+        "обучения последнего), с;\n"
+        "4. `speedup` — ускорение конвейера на этих n пакетах: время n пакетов в "
+        "последовательном режиме, делённое на T_n, раз.\n\n"
+        f"**Разбиение устройств.** Другой кластер из K = {K} одинаковых ускорителей нужно "
+        "поделить между генерацией и обучением. Измерено на одном устройстве: генерация — "
+        f"r_g = {r_g} токенов/с, обучение — r_t = {r_t} токенов/с. Скорость этапа растёт линейно "
+        "с числом его устройств, каждому этапу нужно хотя бы одно устройство.\n\n"
+        "5–6. `k_gen` и `k_train` — целые числа устройств генерации и обучения "
+        "(k_gen + k_train = K), при которых конвейер пропускает больше всего токенов в секунду.\n\n"
+        f"Ответ — словарь `{shape(ANSWER)}`; секунды и разы — {TOLERANCE}, "
+        "число устройств — точно."
+    )
+    return {"statement": statement, "scenario": scenario, "G_s": G, "T_s": T, "n_batches": n, "K": K,
+            "gen_tokens_per_s_per_device": r_g, "train_tokens_per_s_per_device": r_t}  # fmt: skip
+
+
+def _speeds(task: dict) -> tuple[float, float]:
+    return task["gen_tokens_per_s_per_device"], task["train_tokens_per_s_per_device"]
+
+
+def solve(task: dict) -> dict:
+    G, T, n = task["G_s"], task["T_s"], task["n_batches"]
+    k_gen, k_train, _ = pipeline.best_device_split(task["K"], *_speeds(task))
+    return {"C_seq": pipeline.sequential_cycle(G, T), "C_pipe": pipeline.pipelined_period(G, T),
+            "T_n": pipeline.pipeline_total_time(G, T, n), "speedup": pipeline.speedup(G, T, n),
+            "k_gen": k_gen, "k_train": k_train}  # fmt: skip
+
+
+def solution(task: dict, ref: dict) -> str:
+    (G, T, n, K), (r_g, r_t) = (task[k] for k in ("G_s", "T_s", "n_batches", "K")), _speeds(task)
+    period, k, rates = ref["C_pipe"], ref["k_gen"], _rates(K, r_g, r_t)
+    table = md_table(("k_gen", "k_train", "генерация, токенов/с", "обучение, токенов/с", "конвейер, токенов/с"),
+                     [(kg, K - kg, num(int(kg * r_g)), num(int((K - kg) * r_t)),
+                       f"**{num(int(rates[kg]))}**" if kg == k else num(int(rates[kg])))
+                      for kg in sorted({*range(max(1, k - 2), min(K - 1, k + 2) + 1), K // 2})])  # fmt: skip
+    answer = {**ref, "speedup": round(ref["speedup"], 3)}
+    return (
+        "**1–2. Цикл и период.** Последовательно этапы идут друг за другом, в заполненном "
+        "конвейере — одновременно, и период задаёт более медленный этап:\n\n"
+        f"$$C_{{seq}} = G + T = {G} + {T} = {s(ref['C_seq'])}\\ \\text{{с}}, \\qquad "
+        f"C_{{pipe}} = \\max(G, T) = \\max({G}, {T}) = {s(period)}\\ \\text{{с}}.$$\n\n"
+        "**3. n пакетов.** Первый пакет всё равно проходит оба этапа подряд (заполнение "
+        "конвейера), каждый следующий выходит через период:\n\n"
+        f"$$T_n = G + T + (n - 1)\\max(G, T) = {s(ref['C_seq'])} + {n - 1} \\cdot {s(period)} "
+        f"= {s(ref['T_n'])}\\ \\text{{с}}.$$\n\n**4. Ускорение на n пакетах:**\n\n"
+        f"$$S_n = \\frac{{n\\,C_{{seq}}}}{{T_n}} = \\frac{{{n} \\cdot {s(ref['C_seq'])}}}"
+        f"{{{s(ref['T_n'])}}} \\approx {ref['speedup']:.3f}.$$\n\n"
+        f"Предел при n → ∞ — $C_{{seq}}/C_{{pipe}} \\approx {pipeline.speedup(G, T):.3f}$: "
+        f"он меньше 2, пока этапы не равны. Здесь узкое место — "
+        f"{'генерация' if G > T else 'обучение'}: быстрый этап часть времени ждёт.\n\n"
+        "**5–6. Разбиение.** Конвейер пропускает столько, сколько самый медленный этап: "
+        "$\\min(k_{gen} r_g,\\ k_{train} r_t)$. Минимум максимален, когда этапы уравновешены: "
+        f"$k_{{gen}} r_g \\approx (K - k_{{gen}}) r_t$, то есть $k_{{gen}} \\approx K r_t / (r_g + "
+        f"r_t) = {K} \\cdot {r_t} / ({r_g} + {r_t}) \\approx {K * r_t / (r_g + r_t):.2f}$. Среди "
+        f"целых соседей (и для сравнения поровну):\n\n{table}\n\n"
+        f"Лучше всего k_gen = {k}, k_train = {ref['k_train']}: {num(int(rates[k]))} токенов/с "
+        f"против {num(int(rates[K // 2]))} при делении поровну. Устройства делят по измеренным "
+        "скоростям, а не поровну; линейный рост — приближение: сеть, проверяющая система или "
+        f"память могут стать новым узким местом.\n\n**Ответ:** `{answer}`."
+    )
+
+
+def _split(k_gen: Any) -> dict:
+    return {"k_gen": k_gen, "k_train": lambda t: t["K"] - k_gen(t)}
+
+
+STEP = Step(
+    id="12.3.6", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
+    hint="Последовательно этапы складываются, в заполненном конвейере период — максимум этапов. "
+    "Первый пакет проходит оба этапа подряд, остальные n − 1 выходят через период. Для разбиения "
+    "переберите k_gen = 1…K−1: конвейер идёт со скоростью самого медленного этапа, "
+    "min(k_gen·r_g, k_train·r_t).",
+    traps=(
+        either("sum_not_max", "В заполненном конвейере этапы работают одновременно, поэтому период — "
+               "C_pipe = max(G, T), а не G + T. Сумма — это цикл последовательного режима; с ней "
+               "конвейер не дал бы никакого выигрыша.", ANSWER,
+               {"C_pipe": lambda t: t["G_s"] + t["T_s"], "speedup": lambda t: 1.0,
+                "T_n": lambda t: t["n_batches"] * (t["G_s"] + t["T_s"])}, by=("C_pipe", "T_n")),
+        either("first_batch_free", "Вы забыли заполнение конвейера: первый пакет проходит оба "
+               "этапа подряд, поэтому T_n = G + T + (n − 1)·max(G, T), а не n·max(G, T). Отношение "
+               "C_seq / C_pipe — лишь предел ускорения при n → ∞, на n пакетах ускорение меньше: "
+               "S_n = n·C_seq / T_n.", ANSWER,
+               {"T_n": lambda t: t["n_batches"] * pipeline.pipelined_period(t["G_s"], t["T_s"]),
+                "speedup": lambda t: pipeline.speedup(t["G_s"], t["T_s"])}),
+        Trap("equal_split", "Устройства поделены поровну, без учёта скоростей. Конвейер "
+             "пропускает min(k_gen·r_g, k_train·r_t): дополнительные устройства нужны этапу, "
+             "который ограничивает скорость, пока этапы не уравновесятся.",
+             override=_split(lambda t: t["K"] // 2)),
+        Trap("faster_gets_more", "Вы дали больше устройств более быстрому этапу (пропорционально "
+             "скорости). Нужно наоборот: медленному этапу — больше устройств, чтобы "
+             "k_gen·r_g ≈ k_train·r_t, то есть k_gen ≈ K·r_t / (r_g + r_t).",
+             override=_split(lambda t: _proportional(t["K"], *_speeds(t)))),
+    ),
+)  # fmt: skip
