@@ -19,7 +19,7 @@ def _values(task: dict) -> dict:
     stats = offpolicy.log_weight_stats(np.log(w))
     return {"ess": offpolicy.effective_sample_size(w), "ess_norm": offpolicy.normalized_ess(w),
             "clip_fraction": offpolicy.clip_fraction(w, el, advantages=a, eps_high=eh),
-            "max_abs_log_w": stats["max_abs_log_ratio"],
+            "max_abs_log_w": stats["max_abs_log_ratio"], "mean_abs_log_w": stats["mean_abs_log_ratio"],
             "clip_no_sign": offpolicy.clip_fraction(w, el, eps_high=eh),
             "n": len(w), "mean_w": float(w.mean()), "sum_w": float(w.sum())}  # fmt: skip
 
@@ -47,7 +47,12 @@ def make_task(variant: int) -> dict:
         adv = [round(s * rng.uniform(0.2, 1.6), 2) for _, s in kinds]
         task = {"weights": weights, "advantages": adv, "eps_low": el, "eps_high": eh}
         v = _values(task)
-        if v["ess_norm"] <= 0.85 and distinct([v["ess"], v["n"], v["mean_w"], v["sum_w"], v["ess_norm"]]):  # fmt: skip
+        ess = [v["ess"], v["n"], v["mean_w"], v["sum_w"], v["ess_norm"]]
+        if (
+            v["ess_norm"] <= 0.85
+            and distinct(ess)
+            and distinct([v["max_abs_log_w"], v["mean_abs_log_w"]])
+        ):
             break
     rows = "\n".join(f"| o{i + 1} | {w:.3f} | {a:+.2f} |" for i, (w, a) in enumerate(zip(weights, adv)))  # fmt: skip
     band = f"[1 − {el}, 1 + {eh}] = [{1 - el:.2f}, {1 + eh:.2f}]"
@@ -61,16 +66,15 @@ def make_task(variant: int) -> dict:
         "преимущество $A_i$ (GRPO):\n\n"
         f"| ответ | $w_i$ | $A_i$ |\n|---|---|---|\n{rows}\n\n"
         f"Клиппирование PPO: $\\varepsilon_{{low}} = {el}$, $\\varepsilon_{{high}} = {eh}$, "
-        f"полоса {band}{asym}. Данные — в `task['weights']`, `task['advantages']`, "
-        "`task['eps_low']`, `task['eps_high']`.\n\nНайдите:\n"
+        f"полоса {band}{asym}. Данные — в `task_12_4_7['weights']`, `task_12_4_7['advantages']`, "
+        "`task_12_4_7['eps_low']`, `task_12_4_7['eps_high']`.\n\nНайдите:\n"
         "1. `ess` — эффективный размер выборки (ESS Киша) по весам $w_i$;\n"
         "2. `ess_norm` — ESS/n;\n"
         "3. `clip_fraction` — долю ответов, на которых клиппирование **действительно "
         "срабатывает**, то есть обрезанная ветвь цели PPO заменяет необрезанную (так считают "
         "`clip_ratio` в TRL и `pg_clipfrac` в verl); доля от 0 до 1;\n"
         "4. `max_abs_log_w` — $\\max_i |\\log w_i|$, в натах.\n\n"
-        'Ответ — словарь `{"ess": …, "ess_norm": …, "clip_fraction": …, "max_abs_log_w": …}`; '
-        f"{TOL}."
+        f'Ответ — словарь `{{"ess": …, "ess_norm": …, "clip_fraction": …, "max_abs_log_w": …}}`; {TOL}.'
     )
     return {"statement": statement, **task}
 
@@ -106,7 +110,8 @@ def solution(task: dict, ref: dict) -> str:
         + f"\n\nСрабатывает на {k} из {v['n']}: доля {v['clip_fraction']:.4f} (вне полосы — "
         f"{k_all} из {v['n']}, но это не доля клиппирования).\n\n"
         f"**max |log w|** = {v['max_abs_log_w']:.4f} нат (смотрите на модуль: малый вес "
-        "$w \\ll 1$ — такое же сильное рассогласование, как большой).\n\n"
+        "$w \\ll 1$ — такое же сильное рассогласование, как большой; среднее |log w| = "
+        f"{v['mean_abs_log_w']:.4f} нат прячет выброс).\n\n"
         f"**Ответ:** `{ {key: round(v[key], 4) for key in ANSWER.fields} }`.\n\n"
         "ESS — диагностика концентрации весов, а не доказательство несмещённости: при "
         "ESS/n заметно меньше 1 несколько ответов тянут градиент сильнее остальных."
@@ -150,5 +155,10 @@ STEP = Step(
              "В ess_norm вы записали сам ESS. Нормированная величина — ESS/n ∈ (0, 1]: её "
              "удобно сравнивать между пакетами разного размера.",
              override=over(_values, {"ess_norm": lambda v: v["ess"]})),
+        Trap("mean_abs_not_max",
+             "Это среднее |log w|, а спрашивается максимум. Средний модуль сглаживает выброс: "
+             "один ответ с большим |log w_i| уже тянет градиент, и мониторинг смотрит на "
+             "max_i |log w_i|.",
+             override=over(_values, {"max_abs_log_w": lambda v: v["mean_abs_log_w"]})),
     ),
 )  # fmt: skip

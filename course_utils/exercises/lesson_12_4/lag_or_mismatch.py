@@ -6,35 +6,59 @@ import random
 
 import numpy as np
 
-from course_utils import offpolicy
+from course_utils import fmt, offpolicy
 from course_utils.exercises.answers import Choice, Fields, Keyed
 from course_utils.exercises.lesson_12_4.token_ratios import TOL, Approx, any_key, distinct, over
 from course_utils.exercises.step import Step, Trap
 
-_LOG_KINDS = (("lag", "tim"), ("tim", "lag"), ("tim", "tim"))
+_KINDS = (
+    ("lag", "lag", "tim"),
+    ("lag", "tim", "lag"),
+    ("tim", "lag", "lag"),
+    ("tim", "tim", "lag"),
+    ("tim", "lag", "tim"),
+    ("lag", "tim", "tim"),
+)  # оба диагноза
 _VOCAB = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "<eos>", "+", "=", "-"]
-_COLS = ("sample_id", "behavior_version", "trainer_version", "response_tokens",
+_COLS = ("kind", "sample_id", "behavior_version", "trainer_version", "response_tokens",
          "mean_abs_log_w", "max_abs_log_w", "seq_log_w")  # fmt: skip
 
 
-def _log_excerpt(rng: random.Random, kind: str, name: str, seed: int) -> list[dict]:
-    """Три строки журнала: версии и статистика log w (offpolicy.simulate_log_ratios)."""
-    u = rng.randint(120, 480)
-    sigma_tim = rng.choice([0.01, 0.03, 0.06]) if kind == "tim" else 0.005
-    sigma_lag = rng.choice([0.01, 0.02, 0.04])
-    rows = []
-    for i in range(3):
-        lag = rng.randint(1, 3) if kind == "lag" else 0
-        length = rng.choice([96, 160, 256, 384, 512])
-        lw = offpolicy.simulate_log_ratios(lag, length, 1, sigma_lag, sigma_tim, seed=seed + i)
-        stats = offpolicy.log_weight_stats(lw)
-        rows.append({"sample_id": f"{name}-{rng.randint(1000, 9999)}", "behavior_version": u - lag,
-                     "trainer_version": u, "response_tokens": length,
-                     "mean_abs_log_w": round(stats["mean_abs_log_ratio"], 4),
-                     "max_abs_log_w": round(stats["max_abs_log_ratio"], 3),
-                     "seq_log_w": round(float(lw[0].sum()), 3)})  # fmt: skip  # log w_seq = Σ_t log w_t
-        u += rng.randint(0, 1)
-    return rows
+def _row(kind: str, sid: str, v: int, u: int, length: int, sigmas: tuple, seed: int) -> dict:
+    """Строка журнала: статистика log w при задержке u − v (offpolicy.simulate_log_ratios)."""
+    lw = offpolicy.simulate_log_ratios(u - v, length, 1, *sigmas, seed=seed)
+    stats = offpolicy.log_weight_stats(lw)
+    return {"kind": kind, "sample_id": sid, "behavior_version": v, "trainer_version": u,
+            "response_tokens": length, "mean_abs_log_w": round(stats["mean_abs_log_ratio"], 4),
+            "max_abs_log_w": round(stats["max_abs_log_ratio"], 3),
+            "seq_log_w": round(float(lw[0].sum()), 3)}  # fmt: skip  # log w_seq = Σ_t log w_t
+
+
+def share_at_zero_lag(rows: list[dict]) -> float:
+    """Доля расхождения, которая остаётся без задержки: |log w| пробы / средний |log w| обучения."""
+    train = [r["mean_abs_log_w"] for r in rows if r["kind"] == "train"]
+    return next(r["mean_abs_log_w"] for r in rows if r["kind"] == "probe_lag0") / np.mean(train)
+
+
+def _log(rng: random.Random, kind: str, name: str, seed: int) -> list[dict]:
+    """Три строки обучения с задержкой L ≥ 1 и проба на нулевой задержке по токенам одной из них."""
+    while True:
+        if kind == "lag":  # (σ на версию задержки, σ TIM): TIM мал
+            sigmas = (rng.choice([0.006, 0.01, 0.02]), rng.choice([0.0005, 0.001, 0.002]))
+        else:  # TIM велик, каждая версия сдвигает политику мало
+            sigmas = (rng.choice([0.0005, 0.001]), rng.choice([0.01, 0.02, 0.04]))
+        u, lag, rows = rng.randint(120, 480), rng.randint(1, 3), []
+        for i in range(3):
+            sid, length = f"{name}-{rng.randint(1000, 9999)}", rng.choice([96, 160, 256, 384, 512])
+            rows.append(_row("train", sid, u - lag, u, length, sigmas, seed + i))
+            u += rng.randint(0, 1)
+        probe = rng.choice(rows)
+        rows.append(
+            _row("probe_lag0", probe["sample_id"], u, u, probe["response_tokens"], sigmas, seed + 9)
+        )
+        seed += 100
+        if share_at_zero_lag(rows) <= 0.2 if kind == "lag" else share_at_zero_lag(rows) >= 0.75:
+            return rows
 
 
 def _nucleus(logits: list[float], temperature: float, top_p: float):
@@ -64,15 +88,13 @@ def _logprobs(task: dict) -> dict:
 
 
 def _diagnosis(task: dict) -> dict:
-    return {name: "tim" if all(r["behavior_version"] == r["trainer_version"] for r in rows) else "lag"
-            for name, rows in task["logs"].items()}  # fmt: skip
+    return {name: "tim" if share_at_zero_lag(rows) >= 0.5 else "lag" for name, rows in task["logs"].items()}  # fmt: skip
 
 
 def make_task(variant: int) -> dict:
     rng = random.Random(12_4_8_000 + 7919 * variant)
-    kinds = _LOG_KINDS[variant % len(_LOG_KINDS)]  # хотя бы один журнал — TIM
-    logs = {name: _log_excerpt(rng, kind, name, 1000 * variant + 10 * i)
-            for i, (name, kind) in enumerate(zip("AB", kinds))}  # fmt: skip
+    logs = {name: _log(rng, kind, name, 1000 * variant + 10 * i)
+            for i, (name, kind) in enumerate(zip("ABC", _KINDS[variant % len(_KINDS)]))}  # fmt: skip
     temperature, top_p = rng.choice([0.6, 0.7, 0.8, 1.2, 1.4]), rng.choice([0.7, 0.8, 0.9])
     vocab = rng.sample(_VOCAB, 6)
     while True:
@@ -97,15 +119,19 @@ def make_task(variant: int) -> dict:
     logit_row = " | ".join(f"{z:.2f}" for z in logits)
     statement = (
         "**Задержка политики или TIM; log-вероятность поведения при температуре и top-p.**\n\n"
-        "**Часть 1.** Два фрагмента журналов обучения. В каждой строке — роллаут: "
-        "`behavior_version` — версия весов движка, которая его породила (v), "
-        "`trainer_version` — версия политики тренера в момент обновления (u), и статистика "
-        "$\\log w = \\log\\pi - \\log\\mu$ по токенам ответа: средний и максимальный "
-        "|log w| и сумма по последовательности `seq_log_w` (наты).\n\n"
+        "**Часть 1.** Три фрагмента журналов асинхронного обучения. Строка `train` — роллаут, "
+        "которым обновлялась политика: `behavior_version` — версия весов движка, которая его "
+        "породила (v), `trainer_version` — версия тренера в момент обновления (u), и статистика "
+        "$\\log w = \\log\\pi - \\log\\mu$ по токенам ответа: средний и максимальный |log w| "
+        "(наты на токен) и сумма по последовательности `seq_log_w` (наты). Во всех строках "
+        "`train` v < u. Последняя строка журнала, `probe_lag0`, — проба на нулевой задержке: "
+        "движок, загруженный той же версией u, что и тренер, прогнал токены одного из роллаутов, "
+        "и тренер их пересчитал (v = u).\n\n"
         + "\n\n".join(tables)
-        + '\n\nДля каждого журнала поставьте диагноз: `"lag"` — задержка политики '
-        '(роллауты собраны более старой версией, v < u) или `"tim"` — рассогласование '
-        "обучения и генерации (версия та же, v = u, а вероятности всё равно различаются).\n\n"
+        + "\n\nДля каждого журнала поставьте диагноз — что даёт основную часть расхождения log w "
+        'в строках `train`: `"lag"` — задержка политики (роллауты собраны более старой версией) '
+        'или `"tim"` — рассогласование обучения и генерации (оно есть и при одной версии '
+        "весов).\n\n"
         f"**Часть 2.** Движок семплирует с температурой T = {temperature} и top-p p = {top_p} "
         "(ядро — наименьшее множество самых вероятных токенов с суммарной вероятностью ≥ p; "
         "вероятности внутри ядра перенормируются). Логиты крошечного словаря на одном шаге:\n\n"
@@ -114,9 +140,9 @@ def make_task(variant: int) -> dict:
         f"Выбран токен `{vocab[token]}` (номер {token}, с нуля). Найдите `behavior_logprob` — "
         "$\\log\\mu(y)$, логарифм вероятности этого токена под распределением, из которого "
         "движок действительно семплировал, в натах.\n\n"
-        "Данные — в `task['logs']`, `task['vocab']`, `task['logits']`, `task['token_index']`, "
-        "`task['temperature']`, `task['top_p']`.\n\n"
-        'Ответ — словарь `{"diagnosis": {"A": "lag" или "tim", "B": …}, '
+        "Данные — в `task_12_4_8['logs']`, `task_12_4_8['vocab']`, `task_12_4_8['logits']`, "
+        "`task_12_4_8['token_index']`, `task_12_4_8['temperature']`, `task_12_4_8['top_p']`.\n\n"
+        'Ответ — словарь `{"diagnosis": {"A": "lag" или "tim", "B": …, "C": …}, '
         f'"behavior_logprob": …}}`; для log-вероятности {TOL}.'
     )
     return {"statement": statement, "logs": logs, "vocab": vocab, "logits": logits,
@@ -130,15 +156,15 @@ def solve(task: dict) -> dict:
 def solution(task: dict, ref: dict) -> str:
     lp, parts = _logprobs(task), []
     for name, rows in task["logs"].items():
-        pairs = ", ".join(f"{r['behavior_version']}/{r['trainer_version']}" for r in rows)
-        biggest = max(abs(r["seq_log_w"]) for r in rows)
-        if ref["diagnosis"][name] == "lag":
-            why = "есть строки с v < u: роллауты собраны старой версией — задержка"
-        else:
-            why = ("во всех строках v = u: задержки нет, а log w ≠ 0 — это TIM (разные ядра, "
-                   "точность, порядок редукций)")  # fmt: skip
-        parts.append(f"- Журнал **{name}**: v/u = {pairs}; {why}. Наибольший |seq_log_w| = "
-                     f"{biggest:.3f} нат. **Диагноз: `{ref['diagnosis'][name]}`.**")  # fmt: skip
+        train = [r for r in rows if r["kind"] == "train"]
+        lag = {r["trainer_version"] - r["behavior_version"] for r in train}
+        share, label = share_at_zero_lag(rows), ref["diagnosis"][name]
+        why = ("без задержки расхождение почти то же — его даёт TIM" if label == "tim"
+               else "без задержки расхождение почти исчезает — его даёт задержка")  # fmt: skip
+        parts.append(f"- Журнал **{name}**: задержка {', '.join(map(str, sorted(lag)))} в строках "
+                     f"train, средний |log w| = {np.mean([r['mean_abs_log_w'] for r in train]):.4f} "
+                     f"нат на токен; на пробе v = u — {rows[-1]['mean_abs_log_w']:.4f}, то есть "
+                     f"{fmt.num(round(share * 100))}{fmt.NBSP}% расхождения остаётся; {why}. **Диагноз: `{label}`.**")  # fmt: skip
     T, p, tok = task["temperature"], task["top_p"], task["token_index"]
     probs, keep, _ = _nucleus(task["logits"], T, p)
     mass = float(probs[keep].sum())
@@ -148,10 +174,10 @@ def solution(task: dict, ref: dict) -> str:
         for v, z, q, k in zip(task["vocab"], task["logits"], probs, keep)
     )
     return (
-        "**Часть 1.** Диагноз ставится по версиям, а не по величине отношений: задержка "
-        "измеряется номером версии (v < u), TIM — на нулевой задержке (v = u). Большой |log w| "
-        "бывает и при TIM (длинный ответ, низкая точность), маленький — и при задержке в одну "
-        "версию.\n\n" + "\n".join(parts) + "\n\n"
+        "**Часть 1.** Версии диагноза не ставят: v < u во всех строках обучения, а расхождение "
+        "складывается из задержки и TIM. Разделяет их проба на нулевой задержке: та же версия "
+        "у движка и тренера убирает задержку, и то, что осталось, — TIM. Сравниваем средний "
+        "|log w| на токен (сумма `seq_log_w` зависит от длины).\n\n" + "\n".join(parts) + "\n\n"
         f"**Часть 2.** $z/T$ при T = {T}, softmax, затем ядро top-p (p = {p}): отбрасываем "
         "наименее вероятные токены, пока их суммарная вероятность ≤ 1 − p, и перенормируем "
         "оставшиеся.\n\n"
@@ -180,8 +206,9 @@ _NO_TEMP_RAW = {"behavior_logprob": lambda v: v["no_temp_raw"]}
 STEP = Step(
     id="12.4.8", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
     hint=(
-        "Часть 1: сравните behavior_version и trainer_version — величина log w диагноз не "
-        "ставит. Часть 2: поделите логиты на T, возьмите softmax, отбросьте наименее "
+        "Часть 1: версии диагноз не ставят (v < u везде). Сравните средний |log w| строк train "
+        "с пробой probe_lag0: если на нулевой задержке расхождение почти то же — это TIM, если "
+        "почти исчезло — задержка. Часть 2: поделите логиты на T, возьмите softmax, отбросьте наименее "
         "вероятные токены, пока их суммарная вероятность ≤ 1 − p, перенормируйте остальные: "
         "log μ(y) = z_y/T − logsumexp(z/T по ядру)."
     ),
@@ -198,9 +225,15 @@ STEP = Step(
              override=over(_logprobs, _NO_TEMP),
              matches=lambda t, g: any(any_key(ANSWER, _logprobs, m)(t, g) for m in (_NO_TEMP, _NO_TEMP_RAW))),
         Trap("staleness_everywhere",
-             "Вы объяснили каждое рассогласование задержкой. Задержка — это v < u; если "
-             "версии совпадают (v = u), а log w ≠ 0, это TIM: одинаковые веса не гарантируют "
-             "одинаковых вероятностей (ядра, точность, порядок редукций, декодирование).",
+             "Вы поставили диагноз по версиям: v < u во всех строках обучения, но это не говорит, "
+             "откуда расхождение. Посмотрите на пробу на нулевой задержке (v = u): если |log w| "
+             "там почти тот же, расхождение даёт TIM — одинаковые веса не гарантируют одинаковых "
+             "вероятностей (ядра, точность, порядок редукций, декодирование).",
              override={"diagnosis": lambda t: {name: "lag" for name in t["logs"]}}),
+        Trap("probe_nonzero_is_tim",
+             "Проба на нулевой задержке почти никогда не даёт ровно 0: немного TIM есть всегда. "
+             "Диагноз — по доле: сравните средний |log w| пробы со строками обучения; если без "
+             "задержки остаётся малая часть расхождения, основную часть даёт задержка политики.",
+             override={"diagnosis": lambda t: {name: "tim" for name in t["logs"]}}),
     ),
 )  # fmt: skip

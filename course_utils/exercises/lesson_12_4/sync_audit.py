@@ -41,22 +41,16 @@ def plan(variant: int) -> dict:
     """Сценарий варианта: реплики, версии, внедрённые нарушения (по публикациям), отменённая
     публикация-ловушка. В условие не попадает; тесты сверяют коды с audit_log.
 
-    Варианты 0..3 несут нарушение барьера и нарушение контрольной суммы (на них проверяются
-    все типичные ошибки); дальше — 0–2 нарушения любого вида, бывает и чистый журнал.
+    В каждом варианте — нарушение барьера и нарушение контрольной суммы (на них держатся ловушки
+    commit_is_enough и checksum_ignored), иногда ещё одно нарушение другого вида.
     """
     rng = random.Random(12_4_9_000 + 7919 * variant)
     replicas = [f"replica-{i}" for i in range(rng.choice([2, 3]))]
     n_pub = rng.choice([1, 2])
-    if variant < 4:
-        kinds = [
-            random.Random(12_4_9).sample(_BARRIER_KINDS, 4)[variant],
-            rng.choice(_CHECKSUM_KINDS),
-        ]
-    else:
-        while True:
-            kinds = rng.sample(sorted(INJECTIONS), rng.choice([0, 1, 1, 2, 2]))
-            if sum(k in _BARRIER_KINDS for k in kinds) <= 1:
-                break
+    kinds = [rng.choice(_BARRIER_KINDS), rng.choice(_CHECKSUM_KINDS)]
+    other = sorted(set(INJECTIONS) - set(_BARRIER_KINDS) - set(_CHECKSUM_KINDS))
+    if n_pub * len(replicas) > 2 and rng.random() < 0.6:
+        kinds.append(rng.choice(other))
     pubs: list[dict[str, str]] = [{} for _ in range(n_pub)]
     for kind in kinds:
         free = [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
@@ -218,13 +212,13 @@ def make_task(variant: int) -> dict:
         "реплики, публикатор записывает `barrier`, и только после него реплики переключаются "
         "(`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию "
         "активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\n"
-        f"Журнал (событий: {len(events)}, по времени; он же — `task['events']`, удобно "
-        "`pd.DataFrame(task['events'])`):\n\n"
+        f"Журнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно "
+        "`pd.DataFrame(task_12_4_9['events'])`):\n\n"
         f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n{body}\n\n"
-        f"Типы событий:\n{types}\n\nПравила аудита (коды — `task['rules']`):\n{rules}\n\n"
+        f"Типы событий:\n{types}\n\nПравила аудита (коды — `task_12_4_9['rules']`):\n{rules}\n\n"
         "Какие правила нарушены в этом журнале? Ответ — список кодов (каждый код один раз, "
-        'порядок не важен), например `["inplace_update"]`; если журнал чистый — `[]`. '
-        "Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task['events'])`."
+        'порядок не важен), например `["inplace_update"]`; если журнал чистый — `[]`. Ищите '
+        "сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
     return {"statement": statement, "events": events, "rules": dict(ws.AUDIT_RULES)}
 

@@ -31,11 +31,9 @@ class Approx(Number):
     bound: str = ""
 
     def problem(self, given: Any, task: dict) -> str | None:
-        bad, g = super().problem(given, task), _plain(given)
-        low = -math.inf if self.low is None else self.low
-        if bad is None and not low <= g <= (math.inf if self.high is None else self.high):
-            return f"{self.bound}, получено {g!r}."
-        return bad
+        bad, g, (low, high) = super().problem(given, task), _plain(given), (self.low, self.high)
+        inside = bad or ((low is None or g >= low) and (high is None or g <= high))
+        return bad if inside else f"{self.bound}, получено {g!r}."
 
     def same(self, expected: Any, given: Any) -> bool:
         e, g = float(_plain(expected)), float(_plain(given))
@@ -71,10 +69,20 @@ def field(given: dict, key: str) -> Any:
     return {norm(k): v for k, v in given.items()}[norm(key)]
 
 
-def distinct(values: list[float], rel: float = 0.05, gap: float = 0.01) -> bool:
-    """Все значения попарно различимы с запасом (иначе ошибка совпала бы с верным ответом)."""
-    return all(abs(a - b) > rel * max(abs(a), abs(b)) + gap
-               for i, a in enumerate(values) for b in values[i + 1 :])  # fmt: skip
+def distinct(values: list[float]) -> bool:
+    """Все значения попарно различимы с запасом 5 % + 0.01 (иначе ошибка совпала бы с верной)."""
+    return all(abs(a - b) > 0.05 * max(abs(a), abs(b)) + 0.01 for i, a in enumerate(values) for b in values[i + 1 :])  # fmt: skip
+
+
+def over(values, make: dict) -> dict:
+    """Trap.override: {ключ: task → make[ключ](values(task))}."""
+    return {k: (lambda t, f=f: f(values(t))) for k, f in make.items()}
+
+
+def any_key(answer: Fields, values, *makes: dict):
+    """Правило Trap.matches: ошибка видна хотя бы по одному ключу одного из ``makes``."""
+    return lambda task, given: any(answer.fields[k].same(f(values(task)), field(given, k))
+                                   for make in makes for k, f in make.items())  # fmt: skip
 
 
 def _dialogue(rng: random.Random) -> list[tuple[str, list[str]]]:
@@ -121,16 +129,11 @@ def make_task(variant: int) -> dict:
         task = {"tokens": tokens, "mask": mask, "logp_target": lt, "logp_behavior": lb}
         v = _values(task)
         d = [abs(a - b) for a, b, k in zip(lt, lb, mask) if k]
-        if (
-            abs(v["seq"]) >= 0.15
-            and max(d) >= 0.05
-            and distinct([v["seq"], -v["seq"], v["seq_all"], v["mean"], -v["seq_all"]])
-        ):
+        seqs = [v["seq"], -v["seq"], v["seq_all"], v["mean"], -v["seq_all"], math.exp(v["seq"])]
+        if abs(v["seq"]) >= 0.15 and max(d) >= 0.05 and distinct(seqs):
             break
-    rows = "\n".join(
-        f"| {t} | `{tok}` | {'политика' if k else 'среда'} | {k} | {a:.3f} | {b:.3f} |"
-        for t, (tok, k, a, b) in enumerate(zip(tokens, mask, lt, lb))
-    )
+    rows = "\n".join(f"| {t} | `{tok}` | {'политика' if k else 'среда'} | {k} | {a:.3f} | {b:.3f} |"
+                     for t, (tok, k, a, b) in enumerate(zip(tokens, mask, lt, lb)))  # fmt: skip
     statement = (
         "**Отношения токенов и лог-отношение последовательности.** Многоходовой ответ модели "
         "(запрос не показан): модель вызывает калькулятор, ответ инструмента вставлен в "
@@ -140,14 +143,14 @@ def make_task(variant: int) -> dict:
         "поведения), в натах. Небрежный конвейер записал числа и для токенов среды.\n\n"
         "| t | токен | чей | $m_t$ | $\\log\\pi_\\theta$ | $\\log\\mu$ |\n|---|---|---|---|---|---|\n"
         f"{rows}\n\n"
-        "Те же данные — в `task['tokens']`, `task['mask']`, `task['logp_target']` "
-        "($\\log\\pi_\\theta$) и `task['logp_behavior']` ($\\log\\mu$).\n\n"
+        "Те же данные — в `task_12_4_6['tokens']`, `task_12_4_6['mask']`, "
+        "`task_12_4_6['logp_target']` ($\\log\\pi_\\theta$) и `task_12_4_6['logp_behavior']` "
+        "($\\log\\mu$).\n\n"
         "Найдите:\n"
         "1. `ratios` — отношения важности $\\rho_t = \\pi_\\theta/\\mu$ для каждого токена "
         "политики, по порядку (список, по числу токенов с $m_t = 1$; можно округлить до 3 знаков);\n"
         "2. `seq_log_ratio` — логарифм отношения всей последовательности $\\log w_{seq}$, в натах.\n\n"
-        'Ответ — словарь `{"ratios": [...], "seq_log_ratio": …}`; '
-        f"{TOL}."
+        f'Ответ — словарь `{{"ratios": [...], "seq_log_ratio": …}}`; {TOL}.'
     )
     return {"statement": statement, **task}
 
@@ -160,9 +163,7 @@ def solve(task: dict) -> dict:
 def solution(task: dict, ref: dict) -> str:
     v = _values(task)
     rows, terms = [], []
-    for t, (tok, k, a, b) in enumerate(
-        zip(task["tokens"], task["mask"], task["logp_target"], task["logp_behavior"])
-    ):
+    for t, (tok, k, a, b) in enumerate(zip(*(task[c] for c in ("tokens", "mask", "logp_target", "logp_behavior")))):  # fmt: skip
         if k:
             rows.append(f"| {t} | `{tok}` | {a:.3f} − ({b:.3f}) = {a - b:+.3f} | {math.exp(a - b):.4f} |")  # fmt: skip
             terms.append(f"({a - b:+.3f})")
@@ -183,23 +184,9 @@ def solution(task: dict, ref: dict) -> str:
         f"была бы {v['seq_all']:.4f} нат — чужой вклад {v['seq_all'] - v['seq']:+.4f} нат. "
         "Отношение — $\\pi/\\mu$ (целевая над поведенческой), а не наоборот; и это сумма, а не "
         f"среднее: среднее ({v['mean']:.4f}) — уже другая величина (геометрическое среднее "
-        "в режиме `geometric`)."
+        "в режиме `geometric`). И ответ — сам логарифм $\\log w_{seq}$ в натах, а не "
+        f"$w_{{seq}}$ = {math.exp(v['seq']):.4f}."
     )
-
-
-def over(values, make: dict) -> dict:
-    """Trap.override: {ключ: task → make[ключ](values(task))}."""
-    return {k: (lambda t, f=f: f(values(t))) for k, f in make.items()}
-
-
-def any_key(answer: Fields, values, make: dict):
-    """Правило Trap.matches: ошибка видна хотя бы по одному ключу ``make`` (make[ключ](values))."""
-
-    def matches(task: dict, given: dict) -> bool:
-        v = values(task)
-        return any(answer.fields[k].same(f(v), field(given, k)) for k, f in make.items())
-
-    return matches
 
 
 _ENV = {"ratios": lambda v: v["all_ratios"], "seq_log_ratio": lambda v: v["seq_all"]}
@@ -230,5 +217,9 @@ STEP = Step(
              "токеновых отношений, значит log w_seq = Σ_t m_t·(log π_θ − log μ); среднее "
              "даёт геометрическое среднее, другую величину.",
              override=over(_values, {"seq_log_ratio": lambda v: v["mean"]})),
+        Trap("w_seq_not_log",
+             "Это само отношение w_seq = exp(Σ_t m_t·(log π_θ − log μ)), а спрашивается его "
+             "логарифм log w_seq — сумма разностей в натах, без экспоненты.",
+             override=over(_values, {"seq_log_ratio": lambda v: math.exp(v["seq"])})),
     ),
 )  # fmt: skip
