@@ -49,8 +49,10 @@ def _legacy_register():
 for _name in LESSON_MODULES:
     try:
         _register_steps(_name)
-        with _legacy_register():
-            importlib.import_module(f"{__name__}.{_name.replace('lesson', 'legacy')}")
+        _legacy = f"{__name__}.{_name.replace('lesson', 'legacy')}"
+        if importlib.util.find_spec(_legacy) is not None:
+            with _legacy_register():
+                importlib.import_module(_legacy)
     except Exception as _exc:  # noqa: BLE001 — один сломанный урок не должен ломать остальные
         LOAD_ERRORS[_name] = f"{type(_exc).__name__}: {_exc}"
         warnings.warn(
