@@ -1,7 +1,5 @@
 """12.5.8 — связки трасс: осиротевшие роллауты и несовпадения версии верификатора."""
 
-from __future__ import annotations
-
 import copy
 import functools
 import json
@@ -33,36 +31,31 @@ def _build(rng: random.Random, variant: int) -> dict:
     upgrade, base = rng.choice(steps[1:]), rng.randint(2, 6)
     old, new = f"verifier-{base}", f"verifier-{base + 1}"
     expected = {k: new if k >= upgrade else old for k in steps}
-    max_lag, size = rng.choice([1, 2]), rng.choice([4, 5])
-    period = rng.uniform(25, 45)
+    max_lag, size, period = rng.choice([1, 2]), rng.choice([4, 5]), rng.uniform(25, 45)
     t0 = period * rng.uniform(5.0, 6.0)  # в таблицах — последние шаги прогона, не первые
-    dequeue = {k: round(t0 + (k - k0) * period, 1) for k in steps}
-    rows: list[dict] = []
+    dequeue, last, rows = {k: round(t0 + (k - k0) * period, 1) for k in steps}, steps[-1], []
 
     def add(version, verifier, enq, deq, dropped=False, step=None) -> None:
         rows.append({"behavior_policy_version": version, "verifier_version": verifier,
-                     "reward": None if verifier is None else float(rng.random() < 0.5),
-                     "tokens": rng.randint(40, 900), "enqueue_time": enq, "dequeue_time": deq,
-                     "dropped": dropped, "_step": step})  # fmt: skip
+                     "reward": None if verifier is None else float(rng.random() < 0.5), "tokens": rng.randint(40, 900),
+                     "enqueue_time": enq, "dequeue_time": deq, "dropped": dropped, "_step": step})  # fmt: skip
 
     for k in steps:
         for _ in range(size):
             lag = min(rng.choice([0, 0, 1] + [2] * (max_lag == 2)), max_lag)
-            add(k - lag, expected[k], round(dequeue[k] - rng.uniform(0.5, period * (lag + 0.9)), 1),
-                dequeue[k], step=k)  # fmt: skip
-    late = [r for r in rows if r["_step"] >= upgrade]
+            add(k - lag, expected[k], round(dequeue[k] - rng.uniform(0.5, period * (lag + 0.9)), 1), dequeue[k], step=k)  # fmt: skip
     n_mm = rng.choice([1, 2, 2, 3]) if variant < 4 or rng.random() < 0.85 else 0
-    for r in rng.sample(late, min(n_mm, len(late))):
-        r["behavior_policy_version"] = min(r["behavior_policy_version"], r["_step"] - 1)
-        r["verifier_version"] = old
+    for r in rng.sample(late := [r for r in rows if r["_step"] >= upgrade], min(n_mm, len(late))):
+        r["behavior_policy_version"], r["verifier_version"] = (
+            min(r["behavior_policy_version"], r["_step"] - 1),
+            old,
+        )
     if rng.random() < 0.3:  # одна реплика верификатора обновилась раньше тренера
         rng.choice([r for r in rows if r["_step"] == upgrade - 1])["verifier_version"] = new
     for _ in range(rng.choice([1, 2])):  # отброшены как несвежие при извлечении
-        k = rng.choice(steps)
-        lag = max_lag + rng.choice([1, 2])
+        k, lag = rng.choice(steps), max_lag + rng.choice([1, 2])
         enq = round(dequeue[k] - rng.uniform(period * lag, period * (lag + 0.8)), 1)
         add(k - lag, old if k <= upgrade else rng.choice([old, new]), enq, dequeue[k], True)
-    last = steps[-1]
     for _ in range(rng.choice([1, 2])):  # готовы, но к концу прогона не извлечены
         add(last + rng.choice([0, 1]), new, round(dequeue[last] + rng.uniform(1, period), 1), None)
     if rng.random() < 0.5:  # ещё генерировался к концу прогона
@@ -73,17 +66,12 @@ def _build(rng: random.Random, variant: int) -> dict:
     for i, r in enumerate(rows):
         r["rollout_id"], r["prompt_id"] = f"r{first_id + i}", rng.choice(prompts)
         r["training_batch_id"] = None if r["_step"] is None else f"b{r['_step']:04d}"
-    batches = []
-    for k in steps:
-        members = [r for r in rows if r["_step"] == k]
-        batches.append({"training_batch_id": f"b{k:04d}", "optimizer_step": k,
-                        "trainer_policy_version": k, "n_rollouts": len(members),
-                        "tokens": sum(r["tokens"] for r in members),
-                        "rollout_ids": [r["rollout_id"] for r in members], "complete": True})  # fmt: skip
+    batches = [{"training_batch_id": f"b{k:04d}", "optimizer_step": k, "trainer_policy_version": k,
+                "n_rollouts": len(m := [r for r in rows if r["_step"] == k]), "tokens": sum(r["tokens"] for r in m),
+                "rollout_ids": [r["rollout_id"] for r in m], "complete": True} for k in steps]  # fmt: skip
     return {"rollouts": [{c: r[c] for c in ROLLOUT_COLS} for r in rows], "batches": batches,
-            "steps": [{"optimizer_step": k, "resulting_policy_version": k + 1,
-                       "expected_verifier_version": expected[k]} for k in steps],
-            "max_lag": max_lag, "horizon_s": round(dequeue[last] + period, 1)}  # fmt: skip
+            "steps": [{"optimizer_step": k, "resulting_policy_version": k + 1, "expected_verifier_version": expected[k]}
+                      for k in steps], "max_lag": max_lag, "horizon_s": round(dequeue[last] + period, 1)}  # fmt: skip
 
 
 def trace_tables(task: dict) -> tracing.TraceTables:
@@ -114,11 +102,7 @@ def _values(key: str) -> dict:
     trainer = {b["training_batch_id"]: b["trainer_policy_version"] for b in task["batches"]}
     last = max(task["steps"], key=lambda s: s["optimizer_step"])["expected_verifier_version"]
     used = [r for r in task["rollouts"] if r["training_batch_id"] is not None]
-    stale = {
-        r["rollout_id"]
-        for r in used
-        if r["behavior_policy_version"] != trainer[r["training_batch_id"]]
-    }
+    stale = {r["rollout_id"] for r in used if r["behavior_policy_version"] != trainer[r["training_batch_id"]]}  # fmt: skip
     mismatches = set(mism["rollout_id"])
     latest_used = {r["rollout_id"] for r in used if r["verifier_version"] != last}
     latest_all = {r["rollout_id"] for r in task["rollouts"] if r["verifier_version"] != last}
@@ -142,11 +126,10 @@ def _values(key: str) -> dict:
 
 
 def _cell(x: Any) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, (bool, float)):
-        return str(x) if isinstance(x, bool) else f"{x:g}"
-    return ", ".join(map(str, x)) or "—" if isinstance(x, (list, tuple)) else str(x)
+    """Ячейка таблицы: None → «—», число с плавающей точкой — через :g, список — через запятую."""
+    if isinstance(x, (list, tuple)):
+        return ", ".join(map(str, x)) or "—"
+    return "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def _table(rows: list[dict], cols: Iterable[str]) -> str:
@@ -166,25 +149,22 @@ def make_task(variant: int) -> dict:
                 and set(v["stale"]) not in v["latest_variants"] and (ref_vm or variant >= 4)):  # fmt: skip
             break
     statement = (
-        "**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, "
-        f"тренер собирает из неё пакеты (допустимая задержка политики — до {data['max_lag']} "
-        "версий; более старые роллауты при извлечении отбрасываются как несвежие). Посреди прогона "
-        "проверяющую систему обновили. Три таблицы трассы с идентификаторами цепочки шага "
-        "12.5.2 (они же — `task_12_5_8['rollouts']`, `task_12_5_8['batches']`, `task_12_5_8['steps']`; удобно "
-        "`pd.DataFrame(task_12_5_8['rollouts'])`; время — секунды от старта, «—» — нет значения):\n\n"
-        f"**rollouts**\n\n{_table(data['rollouts'], ROLLOUT_COLS)}\n\n"
-        f"**batches** (журнал тренера; пакет шага k собран при версии тренера k)\n\n"
+        "**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер "
+        f"собирает из неё пакеты (допустимая задержка политики — до {data['max_lag']} версий; более старые "
+        "роллауты при извлечении отбрасываются как несвежие). Посреди прогона проверяющую систему обновили. Три "
+        "таблицы трассы с идентификаторами цепочки шага 12.5.2 (они же — `task_12_5_8['rollouts']`, "
+        "`task_12_5_8['batches']`, `task_12_5_8['steps']`; удобно `pd.DataFrame(task_12_5_8['rollouts'])`; "
+        f"время — секунды от старта, «—» — нет значения):\n\n**rollouts**\n\n{_table(data['rollouts'], ROLLOUT_COLS)}"
+        "\n\n**batches** (журнал тренера; пакет шага k собран при версии тренера k)\n\n"
         f"{_table(data['batches'], BATCH_COLS)}\n\n**steps**\n\n{_table(data['steps'], STEP_COLS)}\n\n"
-        "Соедините таблицы (роллаут → пакет → шаг оптимизатора) и найдите:\n"
-        "1. `orphans` — осиротевшие роллауты: сгенерированы (или ещё генерировались), но не "
-        "попали ни в один обучающий пакет, так что их работа не дошла ни до одного шага "
-        "оптимизатора;\n"
-        "2. `verifier_mismatches` — роллауты, попавшие в пакет, чья версия верификатора не та, "
-        "которую ждал шаг оптимизатора этого пакета (`expected_verifier_version`).\n\n"
-        'Ответ — словарь `{"orphans": [...], "verifier_mismatches": [...]}` со списками '
-        "`rollout_id` (строки, порядок не важен; `[]`, если таких нет). Сверить себя после "
+        "Соедините таблицы (роллаут → пакет → шаг оптимизатора) и найдите:\n1. `orphans` — осиротевшие "
+        "роллауты: сгенерированы (или ещё генерировались), но не попали ни в один обучающий пакет, так что их "
+        "работа не дошла ни до одного шага оптимизатора;\n2. `verifier_mismatches` — роллауты, попавшие в "
+        "пакет, чья версия верификатора не та, которую ждал шаг оптимизатора этого пакета "
+        '(`expected_verifier_version`).\n\nОтвет — словарь `{"orphans": [...], "verifier_mismatches": [...]}` '
+        "со списками `rollout_id` (строки, порядок не важен; `[]`, если таких нет). Сверить себя после "
         "проверки можно с `tracing.find_orphans` и `tracing.verifier_mismatches`."
-    )
+    )  # fmt: skip
     return {"statement": statement, **data}
 
 
@@ -193,7 +173,7 @@ def solve(task: dict) -> dict:
     return {"orphans": v["orphans"], "verifier_mismatches": v["verifier_mismatches"]}
 
 
-def _one_of(task: dict, given: dict, options: list) -> bool:
+def _one_of(given: dict, options: list) -> bool:
     return names(given, "verifier_mismatches") in [{norm(x) for x in o} for o in options]
 
 
@@ -218,21 +198,18 @@ def solution(task: dict, ref: dict) -> str:
     )
     stale_only = [x for x in v["stale"] if x not in set(v["verifier_mismatches"])]
     return (
-        "Цепочка шага 12.5.2: роллаут → `training_batch_id` → пакет → `optimizer_step` → шаг "
-        "(и его `expected_verifier_version`). Левое соединение сохраняет роллауты без пакета:\n\n"
-        f"{code}\n\n**Осиротевшие** — `training_batch_id` пуст, по любой причине (так считает "
-        "`tracing.find_orphans`):\n\n"
+        "Цепочка шага 12.5.2: роллаут → `training_batch_id` → пакет → `optimizer_step` → шаг (и его "
+        f"`expected_verifier_version`). Левое соединение сохраняет роллауты без пакета:\n\n{code}\n\n"
+        "**Осиротевшие** — `training_batch_id` пуст, по любой причине (так считает `tracing.find_orphans`):\n\n"
         + md_table(["`rollout_id`", "`enqueue_time`", "`dequeue_time`", "`dropped`", "причина"], orphan_rows)
-        + "\n\nОтброшенные как несвежие — тоже сироты: генерация и проверка потрачены, а ни до "
-        "одного обновления работа не дошла. Отбрасывание — законное правило очереди, но его "
-        "нужно считать (лекция: «число потерянных роллаутов»).\n\n"
-        f"**Несовпадения версии верификатора** — сверяем с версией, которую ждал *шаг этого "
-        f"пакета* (последний шаг ждёт `{v['last_expected']}`, ранние — другую):\n\n{mm_table}\n\n"
-        f"**Ответ:** `{ref}`.\n\n"
-        f"Не ошибки верификатора: несвежие по политике роллауты ({len(stale_only)} шт., "
-        f"например {', '.join(f'`{x}`' for x in stale_only[:3]) or '—'}) — задержка политики "
-        "в пределах допуска, это другая ось версий; роллауты без пакета в обновление не "
-        "попали, их версии верификатора ни на что не повлияли."
+        + "\n\nОтброшенные как несвежие — тоже сироты: генерация и проверка потрачены, а ни до одного "
+        "обновления работа не дошла. Отбрасывание — законное правило очереди, но его нужно считать (лекция: "
+        "«число потерянных роллаутов»).\n\n**Несовпадения версии верификатора** — сверяем с версией, которую "
+        f"ждал *шаг этого пакета* (последний шаг ждёт `{v['last_expected']}`, ранние — другую):\n\n{mm_table}"
+        f"\n\n**Ответ:** `{ref}`.\n\nНе ошибки верификатора: несвежие по политике роллауты ({len(stale_only)} "
+        f"шт., например {', '.join(f'`{x}`' for x in stale_only[:3]) or '—'}) — задержка политики в пределах "
+        "допуска, это другая ось версий; роллауты без пакета в обновление не попали, их версии верификатора ни "
+        "на что не повлияли."
     )  # fmt: skip
 
 
@@ -240,29 +217,23 @@ _IDS = Names(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентиф
 STEP = Step(
     id="12.5.8", make_task=make_task, solve=solve, solution=solution,
     answer=Fields({"orphans": _IDS, "verifier_mismatches": _IDS}),
-    hint="Соедините rollouts с batches по training_batch_id и затем со steps по "
-    "optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. "
-    "Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version "
-    "шага этого пакета (не последнего шага); версия политики здесь ни при чём.",
+    hint="Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые "
+    "соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета "
+    "verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики "
+    "здесь ни при чём.",
     traps=(
-        Trap("dropped_not_orphans",
-             "Вы не посчитали роллауты, отброшенные как несвежие. Отбрасывание — законное "
-             "правило очереди, но работа генерации и проверки потеряна и ни до одного шага "
-             "оптимизатора не дошла: это тоже осиротевшие роллауты, их число — метрика "
-             "надёжности.",
+        Trap("dropped_not_orphans", "Вы не посчитали роллауты, отброшенные как несвежие. Отбрасывание — законное "
+             "правило очереди, но работа генерации и проверки потеряна и ни до одного шага оптимизатора не дошла: "
+             "это тоже осиротевшие роллауты, их число — метрика надёжности.",
              override={"orphans": lambda t: [x for x in values(t)["orphans"] if x not in values(t)["dropped"]]}),
-        Trap("mismatch_all_versions",
-             "Вы отметили роллауты, чья версия политики поведения отличается от версии "
-             "тренера. Это задержка политики (другая ось версий, она в пределах допуска), а "
-             "не ошибка проверяющей системы: сравнивайте verifier_version с "
-             "expected_verifier_version шага.",
+        Trap("mismatch_all_versions", "Вы отметили роллауты, чья версия политики поведения отличается от версии "
+             "тренера. Это задержка политики (другая ось версий, она в пределах допуска), а не ошибка проверяющей "
+             "системы: сравнивайте verifier_version с expected_verifier_version шага.",
              override={"verifier_mismatches": lambda t: values(t)["stale_or_verifier"]},
-             matches=lambda t, g: _one_of(t, g, [values(t)["stale_or_verifier"], values(t)["stale"]])),
-        Trap("latest_verifier_everywhere",
-             "Вы сравнили все роллауты с последней версией верификатора. Каждый роллаут "
-             "сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → "
-             "пакет → шаг, а не берите одну версию на весь прогон.",
-             override={"verifier_mismatches": lambda t: values(t)["latest"]},
-             matches=lambda t, g: _one_of(t, g, values(t)["latest_variants"])),
+             matches=lambda t, g: _one_of(g, [values(t)["stale_or_verifier"], values(t)["stale"]])),
+        Trap("latest_verifier_everywhere", "Вы сравнили все роллауты с последней версией верификатора. Каждый "
+             "роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг, а не "
+             "берите одну версию на весь прогон.", override={"verifier_mismatches": lambda t: values(t)["latest"]},
+             matches=lambda t, g: _one_of(g, values(t)["latest_variants"])),
     ),
 )  # fmt: skip
