@@ -14,52 +14,76 @@ _SETUPS = (("SmolLM2-135M", "T4 (16 ГБ)", (10, 12)), ("SmolLM2-360M", "T4 (16 
 _EXACT = Number(rtol=1e-9, integer=True)
 
 
+# Ошибка: (ключ, по которому видна, подмена в solve, сообщение); make_task разводит max_sequences.
+_SLIPS = {
+    "no_factor_two": ("kv_bytes_per_token", {"halve": True}, "Байт на токен вдвое меньше нужного: кэш "
+        "хранит и ключи (K), и значения (V), поэтому в формуле B_KV = 2·L·H_kv·d_h·N_tok·b есть множитель 2."),
+    "attention_heads_not_kv": ("kv_bytes_per_token", {"heads": "num_attention_heads"}, "Вы взяли число "
+        "голов внимания H вместо числа KV-голов H_kv. В модели с GQA несколько голов запросов "
+        "делят одну "
+        "пару K/V, и в кэше хранится только H_kv голов (`num_key_value_heads`)."),
+    "forgot_weights": ("max_sequences", {"weights": False}, "Под KV-кэш вы отдали весь бюджет. Сначала в той "
+        "же памяти лежат веса модели W: на кэш остаётся бюджет − W."),
+    "forgot_prompt": ("max_sequences", {"prompt": False}, "Вы посчитали последовательность только по "
+        "токенам ответа. Запрос лежит в KV-кэше всё время генерации: одна последовательность "
+        "держит "
+        "запрос + ответ токенов."),
+    "budget_in_gb": ("max_sequences", {"unit": memory.GB}, "Бюджет вы перевели в байты как ГБ (× 10⁹), "
+        f"а он дан в ГиБ: 1 ГиБ = 2³⁰ Б = {fmt.num(memory.GIB)} Б, примерно на 7 % больше 10⁹ Б."),
+}  # fmt: skip
+
+
 def _tokens(n: int) -> str:
     return fmt.count(n, "токен", "токена", "токенов")
 
 
 def make_task(variant: int) -> dict:
     rng = random.Random(12_2_7_000 + 7919 * variant)
-    model, gpu, budgets = _SETUPS[(variant + rng.randrange(6)) % 6]
-    s = memory.ModelShape.from_name(model)
-    kv_dtype, b = rng.choice([("bfloat16", 2), ("bfloat16", 2), ("fp8", 1)])
-    prompt, group = rng.choice([256, 384, 512]), rng.choice([4, 8, 16])
-    response = rng.choice([1024, 2048, 3072, 4096] if s.num_params < 10**9 else [4096, 8192])
-    budget, w = rng.choice(budgets), s.weights_bytes(2)
+    while True:  # тянем заново, пока ошибки числа последовательностей не разойдутся с верным
+        model, gpu, budgets = _SETUPS[(variant + rng.randrange(6)) % 6]
+        s = memory.ModelShape.from_name(model)
+        kv_dtype, b = rng.choice([("bfloat16", 2), ("bfloat16", 2), ("fp8", 1)])
+        prompt, group = rng.choice([256, 384, 512]), rng.choice([4, 8, 16])
+        response = rng.choice([1024, 2048, 3072, 4096] if s.num_params < 10**9 else [4096, 8192])
+        task = {"model": model, "gpu": gpu, "num_layers": s.num_layers,
+                "num_attention_heads": s.num_attention_heads, "num_kv_heads": s.num_kv_heads,
+                "head_dim": s.head_dim, "hidden_size": s.hidden_size, "kv_dtype": kv_dtype,
+                "bytes_per_value": b, "budget_gib": rng.choice(budgets), "weights_bytes": s.weights_bytes(2),
+                "group_size": group, "prompt_tokens": prompt, "response_tokens": response}  # fmt: skip
+        slips = [{}] + [kw for key, kw, _ in _SLIPS.values() if key == "max_sequences"]
+        seqs = [solve(task, **kw)["max_sequences"] for kw in slips]
+        if len(set(seqs)) == len(seqs) and seqs[0] >= group:
+            break
     statement = (
         f"**Бюджет KV-кэша.** Движок генерации обслуживает {model} на {gpu}. Из "
-        f"`data/model_configs/{model}.json`:\n\n| величина | значение |\n|---|---|\n"
-        f"| слоёв L (`num_hidden_layers`) | {s.num_layers} |\n"
-        f"| голов внимания H (`num_attention_heads`) | {s.num_attention_heads} |\n"
-        f"| KV-голов $H_{{kv}}$ (`num_key_value_heads`) | {s.num_kv_heads} |\n"
-        f"| размер головы $d_h$ = hidden_size / H | {s.head_dim} |\n| hidden_size | {s.hidden_size} |\n\n"
-        f"KV-кэш хранится в {kv_dtype}: b = {b} Б на число. Под веса и KV-кэш движку отдано "
-        f"{budget} ГиБ (1 ГиБ = 2³⁰ Б); веса в bf16 занимают W = {fmt.num(w)} Б. GRPO: группа из "
-        f"G = {group} ответов на запрос, запрос — {_tokens(prompt)}, ответ — до {_tokens(response)}; "
-        f"считайте, что каждая последовательность держит в кэше все {prompt} + {_tokens(response)} "
-        "(худший случай, без общих префиксов).\n\nНайдите:\n"
-        "1. `kv_bytes_per_token` — байт KV-кэша на один токен (все слои);\n"
-        "2. `max_sequences` — сколько таких последовательностей одновременно помещается в "
-        "бюджет после весов (округлите вниз);\n"
-        "3. `max_groups` — сколько целых групп GRPO это даёт (округлите вниз).\n\n"
+        f"`data/model_configs/{model}.json` (те же числа — в `task_12_2_7['num_layers']` и т. д.):"
+        f"\n\n| величина | значение |\n|---|---|\n| слоёв L (`num_hidden_layers`) | {s.num_layers} "
+        f"|\n| голов внимания H (`num_attention_heads`) | {s.num_attention_heads} |\n| KV-голов "
+        f"$H_{{kv}}$ (`num_key_value_heads`) | {s.num_kv_heads} |\n| размер головы $d_h$ = "
+        f"hidden_size / H | {s.head_dim} |\n| hidden_size | {s.hidden_size} |\n\nKV-кэш хранится в "
+        f"{kv_dtype}: b = {b} Б на число. Под веса и KV-кэш движку отдано {task['budget_gib']} ГиБ "
+        f"(1 ГиБ = 2³⁰ Б); веса в bf16 занимают W = {fmt.num(task['weights_bytes'])} Б. GRPO: "
+        f"группа из G = {group} ответов на запрос, запрос — {_tokens(prompt)}, ответ — до "
+        f"{_tokens(response)}; считайте, что каждая последовательность держит в кэше все {prompt} "
+        f"+ {_tokens(response)} (худший случай, без общих префиксов).\n\nНайдите:\n1. "
+        f"`kv_bytes_per_token` — байт KV-кэша на один токен (все слои);\n2. `max_sequences` — "
+        "сколько таких последовательностей одновременно помещается в бюджет после весов (округлите "
+        "вниз);\n3. `max_groups` — сколько целых групп GRPO это даёт (округлите вниз).\n\n"
         'Ответ — словарь `{"kv_bytes_per_token": …, "max_sequences": …, "max_groups": …}`; все '
         "три — целые числа, они сравниваются точно."
     )
-    return {"statement": statement, "model": model, "gpu": gpu, "num_layers": s.num_layers,
-            "num_attention_heads": s.num_attention_heads, "num_kv_heads": s.num_kv_heads,
-            "head_dim": s.head_dim, "hidden_size": s.hidden_size, "kv_dtype": kv_dtype,
-            "bytes_per_value": b, "budget_gib": budget, "weights_bytes": w,
-            "group_size": group, "prompt_tokens": prompt, "response_tokens": response}  # fmt: skip
+    return {"statement": statement, **task}
 
 
-def solve(task: dict, heads: str = "num_kv_heads", weights: int | None = None, halve: bool = False) -> dict:  # fmt: skip
-    """Ответ по memory; heads, weights, halve — подмены ради типичных ошибок."""
+def solve(task: dict, heads: str = "num_kv_heads", halve: bool = False, weights: bool = True,
+          prompt: bool = True, unit: int = memory.GIB) -> dict:  # fmt: skip
+    """Ответ по memory; аргументы — подмены ради типичных ошибок (False — слагаемое забыто)."""
     per_tok = memory.kv_cache_bytes(task["num_layers"], task[heads], task["head_dim"], 1,
                                     task["bytes_per_value"]) // (2 if halve else 1)  # fmt: skip
-    w = task["weights_bytes"] if weights is None else weights
-    seqs = memory.max_concurrent_sequences(task["budget_gib"] * memory.GIB, w, per_tok,
-                                           task["prompt_tokens"] + task["response_tokens"])  # fmt: skip
-    return {"kv_bytes_per_token": per_tok, "max_sequences": seqs, "max_groups": seqs // task["group_size"]}  # fmt: skip
+    seqs = memory.max_concurrent_sequences(task["budget_gib"] * unit, task["weights_bytes"] * weights,
+                                           per_tok, task["prompt_tokens"] * prompt + task["response_tokens"])  # fmt: skip
+    return {"kv_bytes_per_token": per_tok, "max_sequences": seqs,
+            "max_groups": seqs // task["group_size"]}  # fmt: skip
 
 
 def solution(task: dict, ref: dict) -> str:
@@ -70,19 +94,17 @@ def solution(task: dict, ref: dict) -> str:
     return (
         "**1. Байт на токен.** $B_{KV} = 2 L H_{kv} d_h N_{tok} b$; множитель 2 — ключи и "
         f"значения, а головы — KV-головы ($H_{{kv}} = {hkv}$, а не H = {h}: это GQA). При "
-        "$N_{tok} = 1$:\n\n"
-        f"$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = {tex(ref['kv_bytes_per_token'])}"
-        f"\\ \\text{{Б}} = {ref['kv_bytes_per_token'] / 1024:g}\\ \\text{{КиБ}}.$$\n\n"
-        f"**2. Последовательности.** Одна последовательность держит {task['prompt_tokens']} + "
-        f"{task['response_tokens']} = {_tokens(n_tok)}, то есть {fmt.num(per_seq)} Б. После весов "
-        f"остаётся {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = {fmt.num(free)} Б, поэтому\n\n"
-        f"$$\\left\\lfloor \\frac{{{tex(free)}}}{{{tex(per_seq)}}} \\right\\rfloor = "
-        f"{ref['max_sequences']}.$$\n\n**3. Группы.** ⌊{ref['max_sequences']} / {g}⌋ = "
-        f"{fmt.count(ref['max_groups'], 'группа', 'группы', 'групп')} по G = {g}.\n\n"
-        f"**Ответ:** `{ref}`.\n\n"
-        "Размер группы и длина ответа — инфраструктурные параметры: вдвое длиннее ответ — вдвое "
-        "меньше одновременных групп. PagedAttention снижает потери на фрагментацию, но не "
-        "отменяет линейной стоимости ключей и значений."
+        f"$N_{{tok}} = 1$:\n\n$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = "
+        f"{tex(ref['kv_bytes_per_token'])}\\ \\text{{Б}} = {ref['kv_bytes_per_token'] / 1024:g}\\ "
+        f"\\text{{КиБ}}.$$\n\n**2. Последовательности.** Одна последовательность держит "
+        f"{task['prompt_tokens']} + {task['response_tokens']} = {_tokens(n_tok)}, то есть "
+        f"{fmt.num(per_seq)} Б. После весов остаётся {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
+        f"{fmt.num(free)} Б, поэтому\n\n$$\\left\\lfloor \\frac{{{tex(free)}}}{{{tex(per_seq)}}} "
+        f"\\right\\rfloor = {ref['max_sequences']}.$$\n\n**3. Группы.** ⌊{ref['max_sequences']} / "
+        f"{g}⌋ = {fmt.count(ref['max_groups'], 'группа', 'группы', 'групп')} по G = "
+        f"{g}.\n\n**Ответ:** `{ref}`.\n\nРазмер группы и длина ответа — инфраструктурные "
+        f"параметры: вдвое длиннее ответ — вдвое меньше одновременных групп. PagedAttention "
+        "снижает потери на фрагментацию, но не отменяет линейной стоимости ключей и значений."
     )
 
 
@@ -92,15 +114,6 @@ STEP = Step(
     hint="Байт на токен: 2·L·H_kv·d_h·b — двойка за K и V, головы — KV-головы. Из бюджета "
     "(ГиБ × 2³⁰) сначала вычтите веса, остаток разделите на байты одной последовательности "
     "(запрос + ответ токенов) и округлите вниз; группы — ещё раз вниз после деления на G.",
-    traps=(
-        Trap("no_factor_two", "Байт на токен вдвое меньше нужного: кэш хранит и ключи (K), и "
-             "значения (V), поэтому в формуле B_KV = 2·L·H_kv·d_h·N_tok·b есть множитель 2.",
-             **by_key("kv_bytes_per_token", lambda t: solve(t, halve=True), _EXACT)),
-        Trap("attention_heads_not_kv", "Вы взяли число голов внимания H вместо числа KV-голов "
-             "H_kv. В модели с GQA несколько голов запросов делят одну пару K/V, и в кэше хранится "
-             "только H_kv голов (`num_key_value_heads`).",
-             **by_key("kv_bytes_per_token", lambda t: solve(t, heads="num_attention_heads"), _EXACT)),
-        Trap("forgot_weights", "Под KV-кэш вы отдали весь бюджет. Сначала в той же памяти лежат "
-             "веса модели W: на кэш остаётся бюджет − W.", **by_key("max_sequences", lambda t: solve(t, weights=0), _EXACT)),
-    ),
+    traps=tuple(Trap(name, message, **by_key(key, lambda t, kw=kw: solve(t, **kw), _EXACT))
+                for name, (key, kw, message) in _SLIPS.items()),
 )  # fmt: skip
