@@ -7,7 +7,7 @@ import numpy as np
 
 from course_utils import offpolicy
 from course_utils.exercises.answers import Fields
-from course_utils.exercises.lesson_12_4.token_ratios import TOL, Approx, distinct, field, over
+from course_utils.exercises.lesson_12_4.token_ratios import TOL, Approx, any_key, distinct, over
 from course_utils.exercises.step import Step, Trap
 
 _NONNEG = Approx(low=0, bound="Величина неотрицательна")
@@ -24,18 +24,10 @@ def _values(task: dict) -> dict:
             "n": len(w), "mean_w": float(w.mean()), "sum_w": float(w.sum())}  # fmt: skip
 
 
-def _draw_weight(rng: random.Random, kind: str, el: float, eh: float) -> float:
-    low, high = 1 - el, 1 + eh
-    if kind == "high":
-        return rng.uniform(high + 0.04, 2.8)
-    if kind == "low":
-        return rng.uniform(0.25, low - 0.04)
-    return rng.uniform(low + 0.03, high - 0.03)
-
-
 def make_task(variant: int) -> dict:
     rng = random.Random(12_4_7_000 + 7919 * variant)
     el, eh, n = 0.2, rng.choice([0.2, 0.28]), rng.choice([8, 8, 10])
+    ranges = {"high": (1 + eh + 0.04, 2.8), "low": (0.25, 1 - el - 0.04), "in": (1 - el + 0.03, 1 + eh - 0.03)}  # fmt: skip
     while True:
         # (положение w, знак A): хотя бы одно срабатывание и хотя бы один выход за полосу
         # с «неправильным» знаком A — там клиппирование не срабатывает.
@@ -43,16 +35,12 @@ def make_task(variant: int) -> dict:
         kinds += [rng.choice([("low", -1), ("low", 1), ("high", -1), ("high", 1)])]
         kinds += [("in", rng.choice([-1, 1])) for _ in range(n - len(kinds))]
         rng.shuffle(kinds)
-        weights = [round(_draw_weight(rng, k, el, eh), 3) for k, _ in kinds]
+        weights = [round(rng.uniform(*ranges[k]), 3) for k, _ in kinds]
         adv = [round(s * rng.uniform(0.2, 1.6), 2) for _, s in kinds]
         task = {"weights": weights, "advantages": adv, "eps_low": el, "eps_high": eh}
         v = _values(task)
         ess = [v["ess"], v["n"], v["mean_w"], v["sum_w"], v["ess_norm"]]
-        if (
-            v["ess_norm"] <= 0.85
-            and distinct(ess)
-            and distinct([v["max_abs_log_w"], v["mean_abs_log_w"]])
-        ):
+        if v["ess_norm"] <= 0.85 and distinct(ess) and distinct([v["max_abs_log_w"], v["mean_abs_log_w"]]):  # fmt: skip
             break
     rows = "\n".join(f"| o{i + 1} | {w:.3f} | {a:+.2f} |" for i, (w, a) in enumerate(zip(weights, adv)))  # fmt: skip
     band = f"[1 − {el}, 1 + {eh}] = [{1 - el:.2f}, {1 + eh:.2f}]"
@@ -123,13 +111,7 @@ ANSWER = Fields({"ess": _NONNEG, "ess_norm": _NONNEG,
                  "max_abs_log_w": Approx(low=0, unit="нат", bound="Величина неотрицательна")})  # fmt: skip
 
 
-def _ess_mean(task: dict, given: dict) -> bool:
-    """ESS = n, средний или суммарный вес; или ESS/n = средний вес."""
-    v, kind, ess = _values(task), ANSWER.fields["ess"], field(given, "ess")
-    return any(kind.same(v[x], ess) for x in ("n", "mean_w", "sum_w")) or kind.same(
-        v["mean_w"], field(given, "ess_norm")
-    )
-
+_MEAN = [{"ess": lambda v, x=x: v[x]} for x in ("n", "mean_w", "sum_w")] + [{"ess_norm": lambda v: v["mean_w"]}]  # fmt: skip
 
 STEP = Step(
     id="12.4.7", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
@@ -150,7 +132,7 @@ STEP = Step(
              "выборки Киша: ESS = (Σw)²/Σw²; он равен n только при равных весах и падает к 1, "
              "когда доминирует один пример.",
              override={"ess": lambda t: float(len(t["weights"])), "ess_norm": lambda t: 1.0},
-             matches=_ess_mean),
+             matches=any_key(ANSWER, _values, *_MEAN)),
         Trap("ess_not_normalized",
              "В ess_norm вы записали сам ESS. Нормированная величина — ESS/n ∈ (0, 1]: её "
              "удобно сравнивать между пакетами разного размера.",

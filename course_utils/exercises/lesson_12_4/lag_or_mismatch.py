@@ -7,18 +7,12 @@ import random
 import numpy as np
 
 from course_utils import fmt, offpolicy
-from course_utils.exercises.answers import Choice, Fields, Keyed
+from course_utils.exercises.answers import Choice, Fields, Keyed, md_table
 from course_utils.exercises.lesson_12_4.token_ratios import TOL, Approx, any_key, distinct, over
 from course_utils.exercises.step import Step, Trap
 
-_KINDS = (
-    ("lag", "lag", "tim"),
-    ("lag", "tim", "lag"),
-    ("tim", "lag", "lag"),
-    ("tim", "tim", "lag"),
-    ("tim", "lag", "tim"),
-    ("lag", "tim", "tim"),
-)  # оба диагноза
+_KINDS = (("lag", "lag", "tim"), ("lag", "tim", "lag"), ("tim", "lag", "lag"),
+          ("tim", "tim", "lag"), ("tim", "lag", "tim"), ("lag", "tim", "tim"))  # fmt: skip  # оба диагноза
 _VOCAB = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "<eos>", "+", "=", "-"]
 _COLS = ("kind", "sample_id", "behavior_version", "trainer_version", "response_tokens",
          "mean_abs_log_w", "max_abs_log_w", "seq_log_w")  # fmt: skip
@@ -53,38 +47,26 @@ def _log(rng: random.Random, kind: str, name: str, seed: int) -> list[dict]:
             rows.append(_row("train", sid, u - lag, u, length, sigmas, seed + i))
             u += rng.randint(0, 1)
         probe = rng.choice(rows)
-        rows.append(
-            _row("probe_lag0", probe["sample_id"], u, u, probe["response_tokens"], sigmas, seed + 9)
-        )
+        rows.append(_row("probe_lag0", probe["sample_id"], u, u, probe["response_tokens"], sigmas, seed + 9))  # fmt: skip
         seed += 100
         if share_at_zero_lag(rows) <= 0.2 if kind == "lag" else share_at_zero_lag(rows) >= 0.75:
             return rows
 
 
 def _nucleus(logits: list[float], temperature: float, top_p: float):
-    """(softmax(z/T), маска ядра top-p, наименьший зазор до порога 1 − p) — для генератора и разбора.
-
-    Правило то же, что в policy.sampling_logprobs: по возрастанию вероятности отбрасываем токены с
-    накопленной вероятностью ≤ 1 − p, самый вероятный остаётся всегда.
-    """
-    z = np.array(logits) / temperature
-    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
-    order = np.argsort(p, kind="stable")
-    cum = np.cumsum(p[order])
-    drop = cum <= 1 - top_p
-    drop[-1] = False
-    keep = np.ones(len(p), dtype=bool)
-    keep[order[drop]] = False
-    return p, keep, float(np.abs(cum[:-1] - (1 - top_p)).min())
+    """(softmax(z/T), маска ядра top-p, наименьший зазор до порога 1 − p) — через offpolicy."""
+    z, ids = np.tile(logits, (len(logits), 1)), np.arange(len(logits))
+    probs = np.exp(offpolicy.raw_logprob(z, ids, temperature).astype(float))
+    keep = np.isfinite(offpolicy.behavior_logprob(z, ids, temperature, top_p))
+    return probs, keep, float(np.abs(np.cumsum(np.sort(probs))[:-1] - (1 - top_p)).min())
 
 
 def _logprobs(task: dict) -> dict:
     """log μ (верно), log softmax(z/T) без top-p и log μ без температуры — через offpolicy."""
-    z, tok, T, p = np.array(task["logits"]), task["token_index"], task["temperature"], task["top_p"]
-    return {"behavior": float(offpolicy.behavior_logprob(z, tok, T, p)),
-            "raw": float(offpolicy.raw_logprob(z, tok, T)),
-            "no_temp": float(offpolicy.behavior_logprob(z, tok, 1.0, p)),
-            "no_temp_raw": float(offpolicy.raw_logprob(z, tok, 1.0))}  # fmt: skip
+    z, y, T, p = np.array(task["logits"]), task["token_index"], task["temperature"], task["top_p"]
+    mu, raw = offpolicy.behavior_logprob, offpolicy.raw_logprob
+    return {"behavior": float(mu(z, y, T, p)), "raw": float(raw(z, y, T)),
+            "no_temp": float(mu(z, y, 1.0, p)), "no_temp_raw": float(raw(z, y, 1.0))}  # fmt: skip
 
 
 def _diagnosis(task: dict) -> dict:
@@ -99,24 +81,23 @@ def make_task(variant: int) -> dict:
     vocab = rng.sample(_VOCAB, 6)
     while True:
         logits = [round(rng.uniform(-1.5, 3.0), 2) for _ in vocab]
-        if len(set(logits)) < len(logits):
-            continue
-        _, keep_t, gap_t = _nucleus(logits, temperature, top_p)
-        _, keep_1, gap_1 = _nucleus(logits, 1.0, top_p)
+        (_, keep_t, gap_t), (_, keep_1, gap_1) = (
+            _nucleus(logits, t, top_p) for t in (temperature, 1.0)
+        )
         both = [i for i in range(len(vocab)) if keep_t[i] and keep_1[i]]
-        if min(gap_t, gap_1) < 0.01 or keep_t.all() or len(both) < 2:
+        if (
+            len(set(logits)) < len(logits)
+            or min(gap_t, gap_1) < 0.01
+            or keep_t.all()
+            or len(both) < 2
+        ):
             continue
         token = rng.choice(both)
         lp = _logprobs({"logits": logits, "token_index": token, "temperature": temperature, "top_p": top_p})  # fmt: skip
         if distinct([lp["behavior"], lp["raw"], lp["no_temp"], lp["no_temp_raw"]]):
             break
-    tables = []
-    for name, rows in logs.items():
-        body = "\n".join("| " + " | ".join(str(r[c]) for c in _COLS) + " |" for r in rows)
-        tables.append(
-            f"Журнал **{name}**:\n\n| {' | '.join(_COLS)} |\n|{'---|' * len(_COLS)}\n{body}"
-        )
-    logit_row = " | ".join(f"{z:.2f}" for z in logits)
+    tables = [f"Журнал **{name}**:\n\n" + md_table(_COLS, [[r[c] for c in _COLS] for r in rows])
+              for name, rows in logs.items()]  # fmt: skip
     statement = (
         "**Задержка политики или TIM; log-вероятность поведения при температуре и top-p.**\n\n"
         "**Часть 1.** Три фрагмента журналов асинхронного обучения. Строка `train` — роллаут, "
@@ -135,8 +116,10 @@ def make_task(variant: int) -> dict:
         f"**Часть 2.** Движок семплирует с температурой T = {temperature} и top-p p = {top_p} "
         "(ядро — наименьшее множество самых вероятных токенов с суммарной вероятностью ≥ p; "
         "вероятности внутри ядра перенормируются). Логиты крошечного словаря на одном шаге:\n\n"
-        f"| токен | {' | '.join(f'`{v}`' for v in vocab)} |\n|---|{'---|' * len(vocab)}\n"
-        f"| логит z | {logit_row} |\n\n"
+        + md_table(
+            ["токен", *(f"`{v}`" for v in vocab)], [["логит z", *(f"{z:.2f}" for z in logits)]]
+        )
+        + "\n\n"
         f"Выбран токен `{vocab[token]}` (номер {token}, с нуля). Найдите `behavior_logprob` — "
         "$\\log\\mu(y)$, логарифм вероятности этого токена под распределением, из которого "
         "движок действительно семплировал, в натах.\n\n"
@@ -168,11 +151,9 @@ def solution(task: dict, ref: dict) -> str:
     T, p, tok = task["temperature"], task["top_p"], task["token_index"]
     probs, keep, _ = _nucleus(task["logits"], T, p)
     mass = float(probs[keep].sum())
-    rows = "\n".join(
-        f"| `{v}` | {z:.2f} | {z / T:.4f} | {q:.4f} | {'да' if k else 'нет'} | "
-        f"{(q / mass if k else 0.0):.4f} |"
-        for v, z, q, k in zip(task["vocab"], task["logits"], probs, keep)
-    )
+    rows = md_table(["токен", "z", "z/T", "softmax(z/T)", "в ядре", "μ после перенормировки"],
+                    [[f"`{v}`", f"{z:.2f}", f"{z / T:.4f}", f"{q:.4f}", "да" if k else "нет", f"{(q / mass if k else 0.0):.4f}"]
+                     for v, z, q, k in zip(task["vocab"], task["logits"], probs, keep)])  # fmt: skip
     return (
         "**Часть 1.** Версии диагноза не ставят: v < u во всех строках обучения, а расхождение "
         "складывается из задержки и TIM. Разделяет их проба на нулевой задержке: та же версия "
@@ -180,9 +161,7 @@ def solution(task: dict, ref: dict) -> str:
         "|log w| на токен (сумма `seq_log_w` зависит от длины).\n\n" + "\n".join(parts) + "\n\n"
         f"**Часть 2.** $z/T$ при T = {T}, softmax, затем ядро top-p (p = {p}): отбрасываем "
         "наименее вероятные токены, пока их суммарная вероятность ≤ 1 − p, и перенормируем "
-        "оставшиеся.\n\n"
-        "| токен | z | z/T | softmax(z/T) | в ядре | μ после перенормировки |\n"
-        f"|---|---|---|---|---|---|\n{rows}\n\n"
+        f"оставшиеся.\n\n{rows}\n\n"
         f"Масса ядра — {mass:.4f}; для выбранного токена y = `{task['vocab'][tok]}`:\n\n"
         f"$$\\log\\mu(y) = \\log\\mathrm{{softmax}}(z/T)_y - \\log(\\text{{масса ядра}}) = "
         f"{lp['raw']:.4f} - ({math.log(mass):.4f}) = {lp['behavior']:.4f}\\ \\text{{нат}}.$$\n\n"
@@ -194,12 +173,8 @@ def solution(task: dict, ref: dict) -> str:
     )
 
 
-ANSWER = Fields(
-    {
-        "diagnosis": Keyed(keys=lambda t: t["logs"], value=Choice(("lag", "tim")), noun="журналов"),
-        "behavior_logprob": Approx(high=0, unit="нат", bound="Логарифм вероятности ≤ 0"),
-    }
-)
+ANSWER = Fields({"diagnosis": Keyed(keys=lambda t: t["logs"], value=Choice(("lag", "tim")), noun="журналов"),
+                 "behavior_logprob": Approx(high=0, unit="нат", bound="Логарифм вероятности ≤ 0")})  # fmt: skip
 _NO_TEMP = {"behavior_logprob": lambda v: v["no_temp"]}
 _NO_TEMP_RAW = {"behavior_logprob": lambda v: v["no_temp_raw"]}
 
@@ -222,8 +197,7 @@ STEP = Step(
              "Вы забыли температуру: движок делит логиты на T до softmax и до отбора ядра "
              "top-p (от T зависит и само ядро). Считайте softmax(z/T), затем ядро и "
              "перенормировку.",
-             override=over(_logprobs, _NO_TEMP),
-             matches=lambda t, g: any(any_key(ANSWER, _logprobs, m)(t, g) for m in (_NO_TEMP, _NO_TEMP_RAW))),
+             override=over(_logprobs, _NO_TEMP), matches=any_key(ANSWER, _logprobs, _NO_TEMP, _NO_TEMP_RAW)),
         Trap("staleness_everywhere",
              "Вы поставили диагноз по версиям: v < u во всех строках обучения, но это не говорит, "
              "откуда расхождение. Посмотрите на пробу на нулевой задержке (v = u): если |log w| "

@@ -1,9 +1,10 @@
 """12.4.9 — аудит журнала синхронизации весов: какие правила протокола нарушены.
 
-Журнал строится по сценарию (``_plan``) с внедрёнными нарушениями; верный ответ считает
-``weight_sync.audit_log`` (импорт torch — лениво, только когда шаг нужен).
+Журнал строится по сценарию (``plan``) с внедрёнными нарушениями; верный ответ считает
+``weight_sync.audit_log`` (он импортирует torch — лениво, только когда шаг нужен).
 """
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,10 @@ INJECTIONS = {
     "serve_from_staging": ("serve_before_barrier", "serve_uncommitted"),  # до любого commit
     "early_commit": ("commit_before_barrier", "serve_before_barrier", "replicas_diverged"),
     "barrier_not_ready": ("barrier_not_ready",),
-    "verify_ok_mismatch": ("checksum_mismatch",),
-    "commit_mismatch": ("checksum_mismatch",),
-    "skip_verify": ("commit_without_verify",),
-    "stale_request": ("version_backwards", "replicas_diverged"),
-    "inplace": ("inplace_update",),
-    "missed_commit": ("replicas_diverged",),
-}
+    "verify_ok_mismatch": ("checksum_mismatch",), "commit_mismatch": ("checksum_mismatch",),
+    "skip_verify": ("commit_without_verify",), "stale_request": ("version_backwards", "replicas_diverged"),
+    "inplace": ("inplace_update",), "missed_commit": ("replicas_diverged",),
+}  # fmt: skip
 _BARRIER_KINDS = ("commit_no_wait", "serve_from_staging", "early_commit", "barrier_not_ready")
 _CHECKSUM_KINDS = ("verify_ok_mismatch", "commit_mismatch")
 BARRIER_CODES = {"serve_before_barrier", "commit_before_barrier", "barrier_not_ready"}
@@ -38,8 +36,7 @@ def _weight_sync():
 
 
 def plan(variant: int) -> dict:
-    """Сценарий варианта: реплики, версии, внедрённые нарушения (по публикациям), отменённая
-    публикация-ловушка. В условие не попадает; тесты сверяют коды с audit_log.
+    """Сценарий варианта (в условие не попадает): реплики, нарушения по публикациям, отмена-ловушка.
 
     В каждом варианте — нарушение барьера и нарушение контрольной суммы (на них держатся ловушки
     commit_is_enough и checksum_ignored), иногда ещё одно нарушение другого вида.
@@ -48,13 +45,13 @@ def plan(variant: int) -> dict:
     replicas = [f"replica-{i}" for i in range(rng.choice([2, 3]))]
     n_pub = rng.choice([1, 2])
     kinds = [rng.choice(_BARRIER_KINDS), rng.choice(_CHECKSUM_KINDS)]
-    other = sorted(set(INJECTIONS) - set(_BARRIER_KINDS) - set(_CHECKSUM_KINDS))
     if n_pub * len(replicas) > 2 and rng.random() < 0.6:
-        kinds.append(rng.choice(other))
+        kinds.append(rng.choice(sorted(set(INJECTIONS) - {*_BARRIER_KINDS, *_CHECKSUM_KINDS})))
     pubs: list[dict[str, str]] = [{} for _ in range(n_pub)]
     for kind in kinds:
-        free = [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
-        i, r = rng.choice(free)
+        i, r = rng.choice(
+            [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
+        )
         pubs[i][kind] = r
     abort_at = rng.randrange(n_pub) if rng.random() < 0.4 else None
     return {"replicas": replicas, "v0": rng.randint(10, 60), "publications": pubs,
@@ -66,142 +63,93 @@ def expected_codes(p: dict) -> set[str]:
     return {code for pub in p["publications"] for kind in pub for code in INJECTIONS[kind]}
 
 
-class _Journal:
-    """Журнал событий схемы weight_sync.EVENT_FIELDS: seq по порядку, t растёт."""
-
-    def __init__(self, rng: random.Random):
-        self.rng, self.events, self.t, self.requests = rng, [], 0.0, 0
-        self.current: dict[str, tuple[int, str]] = {}  # реплика → (версия, сумма) активного буфера
-
-    def checksum(self) -> str:
-        return f"{self.rng.getrandbits(32):08x}"
-
-    def add(self, event: str, replica: str, version: int, **fields: Any) -> None:
-        self.t += self.rng.uniform(0.003, 0.05)
-        row = {"seq": len(self.events), "t": round(self.t, 3), "replica": replica,
-               "event": event, "version": version, "checksum": None, "expected_checksum": None,
-               "request_id": None, "buffer": None, "detail": ""}  # fmt: skip
-        self.events.append({**row, **fields})
-
-    def serve(self, replica: str, version: int | None = None, checksum: str | None = None) -> None:
-        v, c = self.current[replica] if version is None else (version, checksum)
-        self.requests += 1
-        self.add("serve", replica, v, checksum=c, request_id=f"req-{self.requests:03d}")
-
-    def commit(self, replica: str, version: int, checksum: str, buffer: str) -> None:
-        self.add("commit", replica, version, checksum=checksum, buffer=buffer)
-        self.current[replica] = (version, checksum)
-
-    def serve_all(self, replicas: list[str]) -> None:
-        for r in self.rng.sample(replicas, len(replicas)):
-            self.serve(r)
-
-
-def _aborted(j: _Journal, replicas: list[str], v: int, failed: str) -> None:
-    """Ловушка: проверка одной реплики не прошла → abort, никто не переключился. Это норма."""
-    ck, bad = j.checksum(), j.checksum()
-    for r in replicas:
-        j.add("stage_start", r, v, buffer="staging")
-    j.serve(j.rng.choice(replicas))
-    for r in replicas:
-        j.add("stage_done", r, v, checksum=bad if r == failed else ck, buffer="staging")
-    for r in replicas:
-        if r == failed:
-            j.add("verify_fail", r, v, checksum=bad, expected_checksum=ck, detail="сумма буфера ≠ ожидаемой")  # fmt: skip
-        else:
-            j.add("verify_ok", r, v, checksum=ck, expected_checksum=ck)
-            j.add("ready", r, v)
-    j.add("abort", _PUBLISHER, v, detail=f"не прошли проверку: {failed}")
-    j.serve_all(replicas)
-
-
-def _published(j: _Journal, replicas: list[str], v: int, inj: dict[str, str]) -> None:
-    """Публикация версии v по протоколу шага 12.4.5 с внедрёнными нарушениями ``inj``."""
-    ck, bad, prev = j.checksum(), j.checksum(), dict(j.current)
-    staged = {r: bad if r == inj.get("verify_ok_mismatch") else ck for r in replicas}
-    switched = {r: bad if r in (inj.get("verify_ok_mismatch"), inj.get("commit_mismatch")) else ck
-                for r in replicas}  # fmt: skip
-    buf = {r: "active" if r == inj.get("inplace") else "staging" for r in replicas}
-
-    def verify_ready(r: str) -> None:
-        if r != inj.get("skip_verify"):
-            j.add("verify_ok", r, v, checksum=staged[r], expected_checksum=ck)
-        j.add("ready", r, v)
-
-    def commit(r: str) -> None:
-        if r != inj.get("missed_commit"):
-            j.commit(r, v, switched[r], buf[r])
-
-    for r in replicas:
-        j.add("stage_start", r, v, buffer=buf[r])
-    j.serve(j.rng.choice(replicas))  # старая версия, пока пишется второй буфер — это норма
-    for r in replicas:
-        j.add("stage_done", r, v, checksum=staged[r], buffer=buf[r])
-    if "serve_from_staging" in inj:
-        r = inj["serve_from_staging"]
-        j.serve(r, v, staged[r])
-    others = [
-        r for r in replicas if r not in (inj.get("early_commit"), inj.get("barrier_not_ready"))
-    ]
-    if "commit_no_wait" in inj:  # каждая реплика переключается сама, барьер записан потом
-        for r in replicas:
-            verify_ready(r)
-            commit(r)
-        j.serve_all(replicas)
-        j.add("barrier", _PUBLISHER, v)
-    elif "early_commit" in inj:
-        r = inj["early_commit"]
-        verify_ready(r)
-        commit(r)
-        j.serve(r)
-        for x in others:
-            verify_ready(x)
-        j.add("barrier", _PUBLISHER, v)
-        for x in others:
-            commit(x)
-    elif "barrier_not_ready" in inj:
-        for x in others:
-            verify_ready(x)
-        j.add("barrier", _PUBLISHER, v)
-        verify_ready(inj["barrier_not_ready"])
-        for x in replicas:
-            commit(x)
-    else:
-        for x in replicas:
-            verify_ready(x)
-        j.add("barrier", _PUBLISHER, v)
-        for x in replicas:
-            commit(x)
-    j.serve_all(replicas)
-    if "stale_request" in inj:
-        r = inj["stale_request"]
-        j.serve(r, *prev[r])
-
-
 def _events(p: dict) -> list[dict]:
-    j = _Journal(random.Random(p["seed"]))
-    replicas, v = p["replicas"], p["v0"]
-    ck0 = j.checksum()
+    """Журнал weight_sync.EventLog: начальная версия, затем публикации по протоколу шага 12.4.5."""
+    rng, replicas, cur, requests = random.Random(p["seed"]), p["replicas"], {}, itertools.count(1)
+    times = itertools.accumulate(rng.uniform(0.003, 0.05) for _ in itertools.count())
+    log = _weight_sync().EventLog(clock=lambda: round(next(times), 3), t0=0.0)
+    add, checksum = log.add, lambda: f"{rng.getrandbits(32):08x}"
+
+    def serve(r: str, version: int | None = None, ck: str | None = None) -> None:
+        version, ck = cur[r] if version is None else (version, ck)
+        add("serve", r, version, checksum=ck, request_id=f"req-{next(requests):03d}")
+
+    def serve_all() -> None:
+        for r in rng.sample(replicas, len(replicas)):
+            serve(r)
+
+    def publish(v: int, inj: dict[str, str], failed: str | None = None) -> None:
+        """Версия v с нарушениями ``inj``; ``failed`` — проверка этой реплики не прошла → abort."""
+        ck, bad, prev = checksum(), checksum(), dict(cur)
+        staged = {r: bad if r in (inj.get("verify_ok_mismatch"), failed) else ck for r in replicas}
+        switched = {r: bad if r in (inj.get("verify_ok_mismatch"), inj.get("commit_mismatch")) else ck for r in replicas}  # fmt: skip
+        buf = {r: "active" if r == inj.get("inplace") else "staging" for r in replicas}
+        early, late = inj.get("early_commit"), inj.get("barrier_not_ready")
+
+        def ready(r: str) -> None:
+            if r == failed:
+                return add("verify_fail", r, v, checksum=bad, expected_checksum=ck, detail="сумма буфера ≠ ожидаемой")  # fmt: skip
+            if r != inj.get("skip_verify"):
+                add("verify_ok", r, v, checksum=staged[r], expected_checksum=ck)
+            add("ready", r, v)
+
+        def commit(r: str) -> None:
+            if r != inj.get("missed_commit"):
+                add("commit", r, v, checksum=switched[r], buffer=buf[r])
+                cur[r] = (v, switched[r])
+
+        for r in replicas:
+            add("stage_start", r, v, buffer=buf[r])
+        serve(rng.choice(replicas))  # старая версия, пока пишется второй буфер — это норма
+        for r in replicas:
+            add("stage_done", r, v, checksum=staged[r], buffer=buf[r])
+        if "serve_from_staging" in inj:
+            serve(inj["serve_from_staging"], v, staged[inj["serve_from_staging"]])
+        if failed:  # ловушка: проверка одной реплики не прошла, никто не переключился — это норма
+            for r in replicas:
+                ready(r)
+            add("abort", _PUBLISHER, v, detail=f"не прошли проверку: {failed}")
+            return serve_all()
+        if "commit_no_wait" in inj:  # каждая реплика переключается сама, барьер записан потом
+            for r in replicas:
+                ready(r)
+                commit(r)
+            serve_all()
+        if early:
+            ready(early)
+            commit(early)
+            serve(early)
+        for r in replicas:
+            if r not in (early, late) and "commit_no_wait" not in inj:
+                ready(r)
+        add("barrier", _PUBLISHER, v)
+        if late:
+            ready(late)
+        for r in replicas:
+            if r != early and "commit_no_wait" not in inj:
+                commit(r)
+        serve_all()
+        if "stale_request" in inj:
+            serve(inj["stale_request"], *prev[inj["stale_request"]])
+
+    v, ck0 = p["v0"], checksum()
     for r in replicas:
-        j.add("init", r, v, checksum=ck0, buffer="active")
-        j.current[r] = (v, ck0)
-    j.serve_all(replicas)
+        add("init", r, v, checksum=ck0, buffer="active")
+        cur[r] = (v, ck0)
+    serve_all()
     for i, inj in enumerate(p["publications"]):
         if p["abort_before"] == i:
             v += 1
-            _aborted(j, replicas, v, p["abort_replica"])
+            publish(v, {}, failed=p["abort_replica"])
         v += 1
-        _published(j, replicas, v, inj)
-    return j.events
+        publish(v, inj)
+    return log.to_list()
 
 
 def make_task(variant: int) -> dict:
     ws, p = _weight_sync(), plan(variant)
-    events = _events(p)
-    cols = ("seq", "t", "replica", "event", "version", "checksum", "expected_checksum",
-            "request_id", "buffer", "detail")  # fmt: skip
-    body = "\n".join("| " + " | ".join("—" if e[c] in (None, "") else str(e[c]) for c in cols) + " |"
-                     for e in events)  # fmt: skip
+    events, cols = _events(p), tuple(ws.EVENT_FIELDS)
+    body = "\n".join("| " + " | ".join("—" if e[c] in (None, "") else str(e[c]) for c in cols) + " |" for e in events)  # fmt: skip
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
     rules = "\n".join(f"- `{k}` — {text}" for k, text in ws.AUDIT_RULES.items())
     statement = (
@@ -230,22 +178,20 @@ def solve(task: dict) -> list[str]:
 
 def solution(task: dict, ref: list[str]) -> str:
     messages, events = _weight_sync().audit_log(task["events"]), task["events"]
-    lines = "\n".join(f"- {m}" for m in messages)
     aborted = sorted({e["version"] for e in events if e["event"] == "abort"})
-    notes = ["запрос `serve` старой версии, пока новая пишется во второй буфер, — не нарушение: "
-             "ради этого и нужен двойной буфер"]  # fmt: skip
+    notes = "запрос `serve` старой версии, пока новая пишется во второй буфер, — не нарушение: ради этого и нужен двойной буфер"  # fmt: skip
     if aborted:
-        notes.append(f"`verify_fail` и `abort` версии {', '.join(map(str, aborted))} — протокол "
-                     "сработал: проверка поймала порчу, и ни одна реплика не переключилась")  # fmt: skip
-    found = (f"`audit_log` находит нарушения (сообщений: {len(messages)}):\n\n{lines}" if messages
-             else "`audit_log` нарушений не находит: журнал чистый.")  # fmt: skip
+        notes += (f"; `verify_fail` и `abort` версии {', '.join(map(str, aborted))} — протокол "
+                  "сработал: проверка поймала порчу, и ни одна реплика не переключилась")  # fmt: skip
     replicas = sorted({e["replica"] for e in events if e["replica"] != _PUBLISHER})
     return (
         f"Идём по журналу по времени и для каждой реплики ({', '.join(replicas)}) и версии "
         "проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (когда ready "
         "прислали все) → commit → serve; после переключения все реплики должны обслуживать "
         "одну версию, и версия реплики не убывает.\n\n"
-        f"{found}\n\n**Ответ:** `{ref}`.\n\nНе нарушения: " + "; ".join(notes) + ".\n\n"
+        f"`audit_log` находит нарушения (сообщений: {len(messages)}):\n\n"
+        + "\n".join(f"- {m}" for m in messages)
+        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: {notes}.\n\n"
         "Барьер нужен не для красоты: реплика, переключившаяся или начавшая обслуживать новую "
         "версию до барьера, может оказаться единственной с этой версией (остальные ещё не "
         "готовы или провалят проверку) — и в пакет попадут роллауты разных политик."
@@ -262,41 +208,24 @@ class _Codes(IdSet):
 
     def problem(self, given: Any, task: dict) -> str | None:
         g = _plain(given)
-        if not isinstance(g, (list, tuple, set, frozenset)) or not all(
-            isinstance(x, str) for x in g
-        ):
+        if not isinstance(g, (list, tuple, set, frozenset)) or not all(isinstance(x, str) for x in g):  # fmt: skip
             return ('Ожидается список кодов нарушений (строк), например ["inplace_update"], или [] '
                     f"для чистого журнала; получено: {type(given).__name__}.")  # fmt: skip
         unknown = sorted(_codes(g) - set(task["rules"]))
-        if unknown:
-            return (f"Неизвестные коды: {', '.join(unknown)}. Допустимы ключи AUDIT_RULES: "
-                    f"{', '.join(task['rules'])}.")  # fmt: skip
-        return None
+        return f"Неизвестные коды: {', '.join(unknown)}. Допустимы ключи AUDIT_RULES: {', '.join(task['rules'])}." if unknown else None  # fmt: skip
 
     def same(self, expected: Any, given: Any) -> bool:
         return _codes(given) == set(expected)
 
     def mismatch(self, expected: Any, given: Any) -> str:
         g, ref = _codes(given), set(expected)
-        if not ref:
-            return f"В ответе {len(g)} кодов, а журнал стоит перепроверить: нарушено ли что-то на самом деле?"
         return (f"Нарушенных правил в журнале: {len(ref)}. Вы верно назвали {len(ref & g)}, лишних "
                 f"(не нарушенных) кодов в ответе: {len(g - ref)}.")  # fmt: skip
 
 
-def _everything(task: dict, given: Any) -> bool:
-    g = _codes(given)
-    return g != set(solve(task)) and len(g) >= len(task["rules"]) - 1
-
-
-def _commit_enough(task: dict, given: Any) -> bool:
-    ref, g = set(solve(task)), _codes(given)
-    return g < ref and (ref - g) <= ref & BARRIER_CODES
-
-
-def _checksum_ignored(task: dict, given: Any) -> bool:
-    ref = set(solve(task))
-    return "checksum_mismatch" in ref and _codes(given) == ref - {"checksum_mismatch"}
+def _missed(codes: set[str]):
+    """Правило Trap.matches: ответ — верный без части нарушений из ``codes`` (и без других)."""
+    return lambda t, g: _codes(g) < set(solve(t)) and set(solve(t)) - _codes(g) <= codes
 
 
 STEP = Step(
@@ -313,17 +242,19 @@ STEP = Step(
              "Вы перечислили (почти) все правила. Аудит — это поиск конкретных нарушений: "
              "найдите событие, которое нарушает каждое названное правило; остальные коды "
              "уберите.",
-             wrong=lambda t, ref: list(t["rules"]), matches=_everything),
+             wrong=lambda t, ref: list(t["rules"]),
+             matches=lambda t, g: _codes(g) != set(solve(t)) and len(_codes(g)) >= len(t["rules"]) - 1),
         Trap("commit_is_enough",
              "Вы пропустили нарушения барьера готовности. Переключение (commit) и проверка "
              "одной реплики не делают версию доступной: обслуживать и включать её можно "
              "только после barrier, когда ready прислали все реплики (и barrier не должен "
              "опережать их ready).",
-             wrong=lambda t, ref: [c for c in ref if c not in BARRIER_CODES], matches=_commit_enough),
+             wrong=lambda t, ref: [c for c in ref if c not in BARRIER_CODES], matches=_missed(BARRIER_CODES)),
         Trap("checksum_ignored",
              "Вы не сверили контрольные суммы. verify_ok ещё не значит, что checksum равна "
              "expected_checksum, а commit и serve должны нести сумму той же версии — иначе "
              "реплика обслуживает не те веса.",
-             wrong=lambda t, ref: [c for c in ref if c != "checksum_mismatch"], matches=_checksum_ignored),
+             wrong=lambda t, ref: [c for c in ref if c != "checksum_mismatch"],
+             matches=_missed({"checksum_mismatch"})),
     ),
 )  # fmt: skip

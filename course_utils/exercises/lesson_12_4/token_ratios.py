@@ -1,8 +1,8 @@
 """12.4.6 — отношения токенов политики и маскированный log w_seq.
 
 Здесь же общие для шагов 12.4.6–12.4.8 помощники: число с допуском «1 % или 0.002, что больше»
-(``Approx``), список таких чисел (``Approxes``), значение ответа по ключу (``field``), ошибка как
-замена величин (``over``) и правило «видна по любому из ключей» (``any_key``), различимость (``distinct``).
+(``Approx``), список таких чисел (``Approxes``), ошибка как замена величин (``over``), правило
+«ошибка видна по любому из ключей» (``any_key``) и различимость величин (``distinct``).
 """
 
 import math
@@ -59,14 +59,7 @@ class Approxes(AnswerType):
 
     def mismatch(self, expected: Any, given: Any) -> str:
         n, m = len(_plain(expected)), len(_plain(given))
-        if n != m:
-            return f"Нужно {n} чисел — по одному {self.noun}, а получено {m}."
-        return "Числа не совпали с верными: проверьте формулу и знак."
-
-
-def field(given: dict, key: str) -> Any:
-    """Значение ответа-словаря по ключу без учёта регистра."""
-    return {norm(k): v for k, v in given.items()}[norm(key)]
+        return f"Нужно {n} чисел — по одному {self.noun}, а получено {m}." if n != m else "Числа не совпали с верными: проверьте формулу и знак."  # fmt: skip
 
 
 def distinct(values: list[float]) -> bool:
@@ -81,7 +74,7 @@ def over(values, make: dict) -> dict:
 
 def any_key(answer: Fields, values, *makes: dict):
     """Правило Trap.matches: ошибка видна хотя бы по одному ключу одного из ``makes``."""
-    return lambda task, given: any(answer.fields[k].same(f(values(task)), field(given, k))
+    return lambda task, given: any(answer.fields[k].same(f(values(task)), {norm(x): y for x, y in given.items()}[norm(k)])
                                    for make in makes for k, f in make.items())  # fmt: skip
 
 
