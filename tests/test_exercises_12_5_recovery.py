@@ -87,6 +87,8 @@ def test_12_5_6_wrong_answers_built_by_hand_named_in_every_variant(variant):
         assert key([c for c in needed if c != lost]) == "rng_not_needed"
     assert key([c for c in needed if c != "queue"]) == "queue_irrelevant"
     assert key(absent) == key([*needed, na[0]]) == "not_applicable_listed"
+    have = sorted({e["component"] for e in task["manifest"]})
+    assert key([*needed, have[variant % len(have)]]) == "present_listed"
 
 
 def test_12_5_6_right_list_with_wrong_verdict_has_its_own_feedback():
@@ -111,13 +113,17 @@ def test_12_5_6_answer_forms_and_mismatch_feedback():
     result = grading.evaluate("12.5.6", {"missing": ref["missing"], "can_resume": "нет"})
     assert result.status == "malformed" and "can_resume" in result.message
     result = grading.evaluate("12.5.6", {**ref, "missing": [*ref["missing"], "policy"]})
-    assert result.status == "wrong" and "В манифесте есть policy" in result.message
+    assert result.misconception == "present_listed" and "policy" not in result.message
     rng = [c for c in ("rng", "data_cursor") if c in ref["missing"]]
     partial = [rng[0], "queue"] if len(ref["missing"]) > 2 else ["queue"]  # не одна из ловушек
     result = grading.evaluate("12.5.6", {**ref, "missing": partial})
-    assert result.status == "wrong", result
-    assert f"Нужных отсутствующих компонентов: {len(ref['missing'])}" in result.message
+    assert result.status == "wrong" and "missing" in result.message, result
+    assert (
+        f"Не хватает компонентов: {len(ref['missing']) - len(partial)}, лишних: 0" in result.message
+    )
     assert not any(c in result.message for c in set(ref["missing"]) - set(partial))
+    both = grading.evaluate("12.5.6", {"missing": partial, "can_resume": True})
+    assert both.misconception == "weights_only_resume"
 
 
 @pytest.mark.parametrize("variant", ALL)

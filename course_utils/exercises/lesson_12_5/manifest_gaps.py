@@ -14,7 +14,7 @@ from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
 
 FEATURE = {"queue": "asynchronous", "curriculum": "curriculum", "normalizer": "running_reward_norm"}
-RNG_CURSOR = ("rng", "data_cursor")
+RNG_CURSOR, BIG = ("rng", "data_cursor"), ("policy", "optimizer")
 _WHY_NA = {"curriculum": "учебной программы нет", "normalizer": "нормировка только внутри группы"}
 _MODELS = ("SmolLM2-360M", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
 _TAIL = {"policy": (20_000, 90_000), "optimizer": (2_000, 9_000), "scheduler": (900, 2_400), "counters": (120, 380),
@@ -33,24 +33,6 @@ def applies(component: str, run: dict) -> bool:
     return component not in FEATURE or bool(run[FEATURE[component]])
 
 
-def _describe(run: dict) -> str:
-    world = "одном GPU" if run["world_size"] == 1 else f"{run['world_size']} GPU"
-    return (
-        f"Запуск GRPO: {run['model']} (параметров: {num(run['num_params'])}, веса bf16), AdamW, косинусный "
-        f"планировщик скорости обучения с прогревом, обучение на {world}. Сэмплирование ответов и перемешивание "
-        "мини-пакетов используют генераторы случайных чисел; запросы читаются по порядку из перемешанного набора "
-        f"задач; награду выставляет верификатор с версией. Асинхронный: сборщики роллаутов (их {run['collectors']}) "
-        f"пишут в очередь, тренер берёт из неё пакеты с задержкой политики до {run['max_lag']} версий; в момент "
-        f"записи в очереди лежали готовые роллауты прошлых версий (штук: {run['queued']}). "
-        + (f"Учебная программа: уровень сложности задач растёт, когда скользящая доля верных ответов выше 0.8 "
-           f"(сейчас уровень {run['level']} из 6). " if run["curriculum"]
-           else "Учебной программы нет: сложность задач не меняется. ")
-        + ("Награды нормируются скользящими средним и дисперсией по всему запуску (алгоритм Уэлфорда), затем "
-           "считаются преимущества." if run["running_reward_norm"] else "Преимущества нормируются только внутри "
-           "группы (среднее и СКО наград одной группы); скользящей статистики нет.")
-    )  # fmt: skip
-
-
 def make_task(variant: int) -> dict:
     rng = random.Random(12_5_6_000 + 7919 * variant)
     model = _MODELS[(variant + rng.randrange(5)) % 5]
@@ -60,42 +42,38 @@ def make_task(variant: int) -> dict:
            "curriculum": cur, "running_reward_norm": norm_, "collectors": rng.choice([2, 4, 8]),
            "max_lag": rng.choice([1, 2, 3]), "queued": rng.randint(12, 64), "level": rng.randint(2, 5)}  # fmt: skip
     lost = rng.choice([["rng"], ["data_cursor"], list(RNG_CURSOR)])  # генераторы и/или курсор
-    rest = [
-        c
-        for c in COMPONENTS
-        if applies(c, run) and c not in ("policy", "optimizer", "queue", *RNG_CURSOR)
-    ]
-    missing = ["queue", *lost, *rng.sample(rest, rng.choice([0, 1, 1, 2]))]
-    n = run["num_params"]  # веса bf16 — 2 Б на параметр, AdamW (m, v, мастер-копия fp32) — 12 Б
-    base = {
-        "policy": 2 * n,
-        "optimizer": 12 * n,
-        "rng": 6_000 * run["world_size"],
-        "queue": 20_000 * run["queued"],
-    }
-    manifest = [{"component": c, "file": f"{c}.{'safetensors' if c in ('policy', 'optimizer') else 'json'}",
+    rest = [c for c in COMPONENTS if applies(c, run) and c not in (*BIG, "queue", *RNG_CURSOR)]
+    missing, n = ["queue", *lost, *rng.sample(rest, rng.choice([0, 1, 1, 2]))], run["num_params"]
+    base = {"policy": 2 * n, "optimizer": 12 * n,  # веса bf16 — 2 Б на параметр, AdamW (m, v, fp32-копия) — 12 Б
+            "rng": 6_000 * run["world_size"], "queue": 20_000 * run["queued"]}  # fmt: skip
+    manifest = [{"component": c, "file": f"{c}.{'safetensors' if c in BIG else 'json'}",
                  "bytes": base.get(c, 0) + rng.randint(*_TAIL[c])}
                 for c in COMPONENTS if applies(c, run) and c not in missing]  # fmt: skip
     rng.shuffle(manifest)
     total = sum(e["bytes"] for e in manifest)
-    rows = [
-        [f"`{e['file']}`", f"`{e['component']}`", num(e["bytes"]), size(e["bytes"])]
-        for e in manifest
-    ]
+    rows = [[f"`{e['file']}`", f"`{e['component']}`", num(e["bytes"]), size(e["bytes"])] for e in manifest]  # fmt: skip
+    world = "одном GPU" if run["world_size"] == 1 else f"{run['world_size']} GPU"
     statement = (
-        f"**Манифест контрольной точки.** {_describe(run)}\n\nПоследняя контрольная точка "
-        f"`step-{run['step']:06d}` записана атомарно, её `manifest.json` перечисляет файлы (они же — "
-        "`task_12_5_6['manifest']`; размеры в байтах и в двоичных единицах, 1 КиБ = 2¹⁰ Б, 1 ГиБ = 2³⁰ Б):\n\n"
+        f"**Манифест контрольной точки.** Запуск GRPO: {model} (параметров: {num(n)}, веса bf16), AdamW, "
+        f"косинусный планировщик скорости обучения с прогревом, обучение на {world}. Генераторы случайных чисел "
+        "задают сэмплы и порядок мини-пакетов; запросы читаются по порядку из перемешанного набора задач; "
+        f"награду выставляет верификатор с версией. Запуск асинхронный: сборщики роллаутов (их {run['collectors']}) "
+        f"пишут в очередь, тренер берёт пакеты с задержкой политики до {run['max_lag']} версий; в момент записи "
+        f"в очереди лежали готовые роллауты прошлых версий (штук: {run['queued']}). "
+        + (f"Учебная программа повышает уровень сложности, когда скользящая доля верных ответов выше 0.8 (сейчас "
+           f"уровень {run['level']} из 6). " if cur else "Учебной программы нет: сложность задач не меняется. ")
+        + ("Награды нормируются скользящими средним и дисперсией по всему запуску (алгоритм Уэлфорда)."
+           if norm_ else "Преимущества нормируются только внутри группы; скользящей статистики нет.")
+        + f"\n\nПоследняя контрольная точка `step-{run['step']:06d}` записана атомарно; её `manifest.json` "
+        "перечисляет файлы (они же — `task_12_5_6['manifest']`; 1 КиБ = 2¹⁰ Б, 1 ГиБ = 2³⁰ Б):\n\n"
         + md_table(["файл", "компонент", "байт", "размер"], [*rows, ["**итого**", "", num(total), size(total)]])
-        + "\n\nПолный список компонентов контрольной точки RL-запуска и что ломается без каждого (шаг 12.5.1, "
-        "`checkpoint.COMPONENTS`, таблицей — `checkpoint.components_frame()`; имена — "
-        "`task_12_5_6['components']`):\n\n" + ";\n".join(f"- `{c}` — {b}" for c, (_, b) in COMPONENTS.items())
-        + ".\n\nКомпонент **нужен**, если без него продолжение — уже не тот же эксперимент. Компонент, состояния "
-        "которого у этого запуска просто нет, сохранять не нужно.\n\nНайдите:\n1. `missing` — список "
-        "компонентов, которых нет в манифесте и без которых честное возобновление невозможно (имена из списка "
-        "выше, порядок не важен; `[]`, если таких нет);\n2. `can_resume` — `True`, если с этой контрольной "
-        "точкой запуск можно честно продолжить, иначе `False`.\n\nОтвет — словарь "
-        '`{"missing": [...], "can_resume": …}`, например `{"missing": ["scheduler"], "can_resume": False}`.'
+        + "\n\nВсе компоненты контрольной точки RL-запуска и что ломается без каждого (шаг 12.5.1, "
+        "`checkpoint.COMPONENTS`; имена — `task_12_5_6['components']`):\n\n"
+        + ";\n".join(f"- `{c}` — {b}" for c, (_, b) in COMPONENTS.items())
+        + ".\n\nКомпонент **нужен**, если без него продолжение — уже не тот же эксперимент; состояние, которого "
+        "у запуска нет, сохранять не нужно. Найдите `missing` — список нужных компонентов, которых нет в "
+        "манифесте (имена из списка, порядок не важен; `[]`, если таких нет), и `can_resume` — можно ли с этой "
+        'точкой честно продолжить запуск. Ответ — словарь `{"missing": [...], "can_resume": True/False}`.'
     )  # fmt: skip
     return {
         "statement": statement,
@@ -110,14 +88,9 @@ def absent(task: dict) -> list[str]:
     return [c for c in COMPONENTS if c not in {e["component"] for e in task["manifest"]}]
 
 
-class _Ref(dict):
-    """Верный ответ; ``present`` — что есть в манифесте (для отзыва; в сравнении не участвует)."""
-
-
 def solve(task: dict) -> dict:
-    ref = _Ref(missing=[c for c in absent(task) if applies(c, task["run"])])
-    ref["can_resume"], ref.present = not ref["missing"], {e["component"] for e in task["manifest"]}
-    return ref
+    missing = [c for c in absent(task) if applies(c, task["run"])]
+    return {"missing": missing, "can_resume": not missing}
 
 
 def clean(given: Any) -> Any:
@@ -150,18 +123,6 @@ def names(given: dict, key: str = "missing") -> set:
     return {norm(x) for x in clean(value(given, key))}
 
 
-class _Answer(Fields):
-    def mismatch(self, expected: Any, given: Any) -> str:
-        got, need, have = names(given), set(expected["missing"]), getattr(expected, "present", set())  # fmt: skip
-        notes = [f"В манифесте есть {', '.join(sorted(got & have))}: это не отсутствующие компоненты."] * bool(got & have)  # fmt: skip
-        if got - need - have or need - got:
-            notes.append(f"Нужных отсутствующих компонентов: {len(need)}; вы верно назвали {len(need & got)}, "
-                         f"лишних (не нужных этому запуску) в ответе: {len(got - need - have)}.")  # fmt: skip
-        if _plain(value(given, "can_resume")) is not expected["can_resume"]:
-            notes.append("Значение can_resume не согласуется с тем, чего не хватает.")
-        return " ".join(notes) or "Ответ не совпал с верным."
-
-
 def _without(dropped: tuple[str, ...]) -> dict:
     """Ловушка «не включил dropped»: верный список без них (узнаётся и без одного из них)."""
 
@@ -179,46 +140,49 @@ def solution(task: dict, ref: dict) -> str:
             else [f"`{c}`", "нет", f"нет: {_WHY_NA[c]}", "не нужен"] for c, (_, breaks) in COMPONENTS.items()]  # fmt: skip
     na = ", ".join(f"`{c}`" for c in absent(task) if not applies(c, run))
     return (
-        "Идём по полному списку `checkpoint.COMPONENTS` и для каждого компонента спрашиваем: есть ли он в "
-        "манифесте и есть ли у этого запуска такое состояние.\n\n"
-        + md_table(["компонент", "в манифесте", "у этого запуска", "вывод"], rows) + f"\n\n**Ответ:** `{dict(ref)}`."
-        f"\n\nВеса и оптимизатор — {size(have['policy'] + have['optimizer'])} из {size(sum(have.values()))} "
-        "манифеста, почти весь объём. Но восстановить только их — значит перезапустить обучение с тёплыми весами, "
-        "а не продолжить тот же эксперимент: маленькие файлы (шаг, генераторы случайных чисел, курсор данных, "
-        "версии) весят килобайты, а без них ветвь после перезапуска расходится с непрерывной сразу (шаг 12.5.3). "
-        f"Очередь асинхронного запуска (роллаутов прошлых версий: {run['queued']}) нужно либо сохранить вместе с "
-        "версиями поведения, либо явно отбросить — и записать это правило в контрольную точку: иначе после "
-        f"перезапуска данные обновления другие. А {na} в манифесте нет по делу: такого состояния у запуска нет, "
-        "сохранять нечего."
+        "Для каждого компонента `checkpoint.COMPONENTS` два вопроса: есть ли он в манифесте и есть ли у запуска "
+        "такое состояние.\n\n" + md_table(["компонент", "в манифесте", "у этого запуска", "вывод"], rows)
+        + f"\n\n**Ответ:** `{ref}`.\n\nВеса и оптимизатор — почти весь объём ({size(have['policy'] + have['optimizer'])}; "
+        f"остальные файлы вместе — {size(sum(have.values()) - have['policy'] - have['optimizer'])}), но восстановить только их — перезапуск с тёплыми весами, а "
+        "не тот же эксперимент: без файлов в килобайты (шаг, генераторы, курсор, версии) ветвь расходится с "
+        f"непрерывной сразу (шаг 12.5.3). Очередь ({run['queued']} роллаутов прошлых версий) сохраняют с версиями "
+        "поведения или явно отбрасывают по правилу, записанному в контрольную точку. А "
+        f"{na} в манифесте нет по делу: такого состояния у запуска нет."
     )  # fmt: skip
+
+
+def _can(given: dict) -> bool:
+    return _plain(value(given, "can_resume")) is True
 
 
 STEP = Step(
     id="12.5.6", make_task=make_task, solve=solve, solution=solution,
-    answer=_Answer({"missing": Names(lambda t: COMPONENTS, "компонентов"), "can_resume": Bool()}),
-    hint="Сравните манифест с полным списком task_12_5_6['components']. Для каждого отсутствующего компонента "
-    "спросите: есть ли у этого запуска такое состояние (очередь — только у асинхронного, учебная программа и "
-    "скользящая нормировка — только если они описаны)? Размер файла не важен: генераторы случайных чисел и "
-    "курсор данных весят килобайты.",
+    answer=Fields({"missing": Names(lambda t: COMPONENTS, "компонентов"), "can_resume": Bool()}),
+    hint="Сравните манифест с task_12_5_6['components']. Для каждого отсутствующего компонента спросите, есть ли "
+    "у этого запуска такое состояние (учебная программа и скользящая нормировка — только если описаны). Размер "
+    "файла не важен: генераторы случайных чисел и курсор данных весят килобайты.",
     traps=(
-        Trap("list_right_verdict_wrong", "Список недостающих компонентов верный, а вывод ему противоречит: раз для "
-             "честного возобновления чего-то не хватает, продолжить тот же эксперимент с этой контрольной точкой "
-             "нельзя. Исправьте can_resume.", override={"can_resume": lambda t: True},
-             matches=lambda t, g: names(g) == set(solve(t)["missing"]) and _plain(value(g, "can_resume")) is True),
-        Trap("weights_only_resume", "Вы считаете, что раз веса модели и оптимизатор на месте, запуск можно "
-             "продолжить. Это восстановление «только весов», выданное за продолжение: без шага и версии, генераторов "
-             "случайных чисел, курсора данных, версий компонентов (и очереди у асинхронного запуска) ветвь после "
-             "перезапуска расходится с непрерывной сразу.", override={"missing": lambda t: [], "can_resume": lambda t: True},
-             matches=lambda t, g: not names(g) or _plain(value(g, "can_resume")) is True),
-        Trap("rng_not_needed", "Вы не включили состояния генераторов случайных чисел и/или курсор данных. Они весят "
-             "килобайты, но без них после перезапуска другие сэмплы, другой порядок мини-пакетов и повторённые или "
-             "пропущенные запросы: это уже другой эксперимент.", **_without(RNG_CURSOR)),
-        Trap("queue_irrelevant", "Вы пропустили политику очереди. У асинхронного запуска в момент записи в очереди "
-             "лежат роллауты прошлых версий: их нужно сохранить вместе с версиями поведения или явно отбросить по "
+        Trap("list_right_verdict_wrong", "Список недостающих компонентов верный, а вывод ему противоречит: раз "
+             "для честного возобновления чего-то не хватает, продолжить тот же эксперимент с этой контрольной "
+             "точкой нельзя. Исправьте can_resume.", override={"can_resume": lambda t: True},
+             matches=lambda t, g: names(g) == set(solve(t)["missing"]) and _can(g)),
+        Trap("weights_only_resume", "Вы считаете, что раз веса и оптимизатор на месте, запуск можно продолжить. "
+             "Это восстановление «только весов», выданное за продолжение: без шага и версии, генераторов, курсора "
+             "данных, версий компонентов и очереди ветвь после перезапуска расходится с непрерывной сразу.",
+             override={"missing": lambda t: [], "can_resume": lambda t: True}, matches=lambda t, g: not names(g) or _can(g)),  # fmt: skip
+        Trap("rng_not_needed", "Вы не включили состояния генераторов случайных чисел и/или курсор данных. Они "
+             "весят килобайты, но без них после перезапуска другие сэмплы, другой порядок мини-пакетов и "
+             "повторённые или пропущенные запросы: это уже другой эксперимент.", **_without(RNG_CURSOR)),
+        Trap("queue_irrelevant", "Вы пропустили очередь. У асинхронного запуска в момент записи в ней лежат "
+             "роллауты прошлых версий: их сохраняют вместе с версиями поведения или явно отбрасывают по "
              "объявленному правилу — иначе пакеты после перезапуска молча другие.", **_without(("queue",))),
         Trap("not_applicable_listed", "Вы перечислили всё, чего нет в манифесте, включая компоненты, состояния "
              "которых у этого запуска нет (учебная программа или скользящая нормировка наград). Сохранять нужно "
              "состояние, которое есть, а не весь список.", wrong=lambda t, ref: {"missing": absent(t), "can_resume": False},
-             matches=lambda t, g: bool(names(g) & set(absent(t)) - set(solve(t)["missing"])) and set(solve(t)["missing"]) <= names(g)),
+             matches=lambda t, g: bool(names(g) & set(absent(t)) - set(solve(t)["missing"])) and set(solve(t)["missing"]) <= names(g)),  # fmt: skip
+        Trap("present_listed", "В вашем списке есть компонент, который в манифесте уже есть. missing — только "
+             "то, чего в манифесте нет и без чего продолжение — не тот же эксперимент.",
+             wrong=lambda t, ref: {**ref, "missing": [*ref["missing"], "policy"]},
+             matches=lambda t, g: bool(names(g) - set(absent(t)))),
     ),
 )  # fmt: skip
