@@ -2,6 +2,7 @@
 
 import math
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -95,15 +96,15 @@ def test_12_1_6_feedback_counts_without_revealing_records():
     )
     result = grading.evaluate("12.1.6", {k: v for k, v in ref.items() if k != dropped})
     assert result.status == "wrong" and dropped not in result.message
-    assert f"записей в пакете: {n}. Вы верно отметили {n - 1} из них" in result.message
+    assert f"В верном ответе {n}\u00a0ключа; из них вы назвали {n - 1}" in result.message
     extra = next(r["sample_id"] for r in task["records"]
                  if r["sample_id"] not in ref and r["sample_id"] not in multiturn + per_token)  # fmt: skip
     result = grading.evaluate("12.1.6", {**ref, extra: "decoding"})
     assert result.status == "wrong" and extra not in result.message
-    assert "записей в ответе: 1" in result.message
+    assert "лишних в ответе: 1" in result.message
     wrong_rule = {**ref, dropped: "reward" if ref[dropped] != "reward" else "decoding"}
     result = grading.evaluate("12.1.6", wrong_rule)
-    assert result.status == "wrong" and "у 1 правило названо неверно" in result.message
+    assert result.status == "wrong" and "у 1 значение неверно" in result.message
     assert grading.evaluate("12.1.6", {}).status == "wrong"
 
 
@@ -113,7 +114,11 @@ def test_12_1_6_lenient_spelling_and_strict_vocabulary():
     assert grading.evaluate("12.1.6", loose)
     bad_rule = {**ref, next(iter(ref)): "маска"}
     result = grading.evaluate("12.1.6", bad_rule)
-    assert result.status == "malformed" and "mask_prompt" in result.message and "'маска'" in result.message
+    assert (
+        result.status == "malformed"
+        and "mask_prompt" in result.message
+        and "'маска'" in result.message
+    )
     result = grading.evaluate("12.1.6", {**ref, "run00-p999-g00": "decoding"})
     assert result.status == "malformed" and "записей нет в условии" in result.message
 
@@ -174,9 +179,8 @@ def test_12_1_7_dominant_varies_between_variants():
 def test_12_1_7_setup_pool_is_large_and_covers_all_cells():
     from course_utils.exercises.lesson_12_1 import loop_profile
 
-    pool = loop_profile.SETUPS
-    assert len(pool) >= 8 and len({text for text, _, _ in pool}) == len(pool)
-    assert {cls for _, cls, _ in pool} == set(loop_profile.SETUP_CLASSES)
+    pool = loop_profile.SETUPS  # {текст схемы: клетка}
+    assert len(pool) >= 8 and set(pool.values()) == set(loop_profile.SETUP_CLASSES)
 
 
 def test_12_1_7_tolerance_and_malformed():
@@ -213,3 +217,87 @@ def test_12_1_7_misconceptions_recognised_in_other_forms(variant):
     all_async = {k: "disaggregated/async" for k in ref["setups"]}  # и совместные тоже
     result = grading.evaluate("12.1.7", {**ref, "setups": all_async}, variant)
     assert result.misconception == "separate_server_async"
+
+
+# ---------------------------------------------------------------- ошибки, собранные вручную, 0–49
+TRAP_VARIANTS = range(50)
+
+
+def _hand_traps_12_1_6(task):
+    """Записи-ловушки, найденные по сырым данным условия (без решателя и без ловушек шага)."""
+    found = {}
+    for r in task["records"]:
+        n, mask, tpv = len(r["prompt_tokens"]), r["policy_mask"], r.get("token_policy_versions")
+        whole = len(mask) == n + len(r["response_tokens"])
+        if 1 in mask[:n]:
+            found["mask_prompt"] = r["sample_id"]
+        elif whole and 0 in mask[n:] and mask[n:].count(1) == len(r["behavior_logprobs"]):
+            found["multiturn"] = r["sample_id"]
+        elif tpv and len(set(tpv)) > 1:
+            found["per_token" if r["policy_version"] is None else "mixed"] = r["sample_id"]
+    assert set(found) == {"mask_prompt", "multiturn", "per_token", "mixed"}, found
+    return found
+
+
+def _without(ref, *sids):
+    return {k: r for k, r in ref.items() if k not in sids}
+
+
+def _misnamed(exercise_id, cases):
+    """(вариант, ожидаемая ошибка, ответ) → список случаев, где отзыв назвал не ту ошибку."""
+    bad = []
+    for variant, key, answer in cases:
+        got = grading.evaluate(exercise_id, answer, variant)
+        if (got.status, got.misconception) != ("misconception", key):
+            bad.append((variant, key, got.status, got.misconception))
+    return bad
+
+
+def test_12_1_6_hand_built_wrong_answers_named_in_variants_0_49():
+    cases = []
+    for v in TRAP_VARIANTS:
+        task, ref = grading.task("12.1.6", v), grading._reference("12.1.6", v)
+        hand = _hand_traps_12_1_6(task)
+        without = partial(_without, ref)
+        cases.append((v, "prompt_in_mask", without(hand["mask_prompt"])))
+        for rule in ("logprob_count", "mask_length", "mask_values"):  # «нули маски — ошибка»
+            cases.append((v, "env_tokens_flagged", {**ref, hand["multiturn"]: rule}))
+        cases += [(v, "single_version_ok", without(hand["mixed"])),  # одна метка «годится»
+                  (v, "single_version_ok", {**ref, hand["per_token"]: "policy_version"}),
+                  (v, "single_version_ok",
+                   {**without(hand["mixed"]), hand["per_token"]: "mixed_versions"})]  # fmt: skip
+    bad = _misnamed("12.1.6", cases)
+    assert not bad, f"{len(bad)} из {len(cases)}: {bad[:10]}"
+
+
+def test_12_1_6_other_errors_are_not_named_as_traps():
+    for v in TRAP_VARIANTS:
+        ref = grading._reference("12.1.6", v)
+        other = next(k for k, r in ref.items() if r not in ("mask_prompt", "mixed_versions"))
+        got = grading.evaluate("12.1.6", {k: r for k, r in ref.items() if k != other}, v)
+        assert got.status == "wrong", (v, got)
+        got = grading.evaluate("12.1.6", {**ref, other: "reward"}, v)
+        assert got.status == "wrong", (v, got)
+
+
+def test_12_1_7_hand_built_answers_in_variants_0_49():
+    cases = []
+    for v in TRAP_VARIANTS:
+        task, ref = grading.task("12.1.7", v), grading._reference("12.1.7", v)
+        times = task["stage_times"]
+        total, t_acc = sum(times.values()), times[task["accelerate"]]
+        right = {"T_seq": round(total, 2), "dominant": max(times, key=times.get),
+                 "speedup_bound": round(total / (total - t_acc), 3), "setups": ref["setups"]}  # fmt: skip
+        assert grading.evaluate("12.1.7", right, v).status == "correct", v
+        cases.append((v, "amdahl_ratio", {**right, "speedup_bound": round(total / t_acc, 2)}))
+        cases.append((v, "mean_not_sum", {**right, "T_seq": round(total / len(times), 2)}))
+        split = {k: "disaggregated/async" if c.startswith("disaggregated") else c
+                 for k, c in ref["setups"].items()}  # fmt: skip
+        cases.append((v, "separate_server_async", {**right, "setups": split}))
+        everything = dict.fromkeys(ref["setups"], "disaggregated/async")
+        cases.append((v, "separate_server_async", {**right, "setups": everything}))
+        other = next(s for s in times if s != right["dominant"])
+        got = grading.evaluate("12.1.7", {**right, "dominant": other}, v)
+        assert got.status == "wrong", (v, got)  # другая ошибка — не типичная
+    bad = _misnamed("12.1.7", cases)
+    assert not bad, f"{len(bad)} из {len(cases)}: {bad[:10]}"

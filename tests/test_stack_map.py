@@ -120,8 +120,8 @@ def test_vocabulary_shared_with_exercise_12_1_7():
     from course_utils.exercises.lesson_12_1 import loop_profile as ex
 
     assert ex.SETUP_CLASSES == tuple(f"{p}/{s}" for p in sm.PLACEMENTS for s in sm.SYNCHRONY)
-    assert {cls for _, cls, _ in ex.SETUPS} == set(ex.SETUP_CLASSES)
-    one_step = [cls for text, cls, _ in ex.SETUPS if "k + 1" in text]
+    assert set(ex.SETUPS.values()) == set(ex.SETUP_CLASSES)
+    one_step = [cls for text, cls in ex.SETUPS.items() if "k + 1" in text]
     assert one_step == ["disaggregated/async"]  # «на шаг позади» — асинхронно
     task = ex.make_task(0)
     answer = {**ex.solve(task)}
