@@ -14,20 +14,16 @@ from .pipeline_split import SECONDS, TOLERANCE, s, shape, value
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
 _TRAIN_STAGES = ("logprob_recompute", "forward_backward", "optimizer_step", "weight_sync")
-# (описание, диапазоны стадий тренера, диапазон decode) — в десятых долях секунды
-_SCENARIOS = (
+_SCENARIOS = (  # описание; диапазоны logprob_recompute, forward_backward, optimizer_step,
+    # weight_sync, checkpoint и decode — в десятых долях секунды
     ("обучение упирается в forward/backward большой модели",
-     {"logprob_recompute": (15, 25), "forward_backward": (70, 100), "optimizer_step": (5, 10),
-      "weight_sync": (10, 20), "checkpoint": (20, 40)}, (50, 80)),
+     (15, 25), (70, 100), (5, 10), (10, 20), (20, 40), (50, 80)),
     ("новые веса идут в движок генерации по медленной сети",
-     {"logprob_recompute": (10, 20), "forward_backward": (30, 45), "optimizer_step": (5, 10),
-      "weight_sync": (50, 80), "checkpoint": (20, 40)}, (40, 70)),
+     (10, 20), (30, 45), (5, 10), (50, 80), (20, 40), (40, 70)),
     ("пересчёт log-prob тренером на длинных последовательностях",
-     {"logprob_recompute": (50, 80), "forward_backward": (30, 45), "optimizer_step": (5, 10),
-      "weight_sync": (10, 20), "checkpoint": (20, 40)}, (40, 70)),
+     (50, 80), (30, 45), (5, 10), (10, 20), (20, 40), (40, 70)),
     ("синхронная запись контрольной точки на медленный диск",
-     {"logprob_recompute": (10, 20), "forward_backward": (25, 35), "optimizer_step": (5, 10),
-      "weight_sync": (10, 20), "checkpoint": (120, 180)}, (35, 55)),
+     (10, 20), (25, 35), (5, 10), (10, 20), (120, 180), (35, 55)),
 )  # fmt: skip
 
 
@@ -94,10 +90,8 @@ def _analyse(trace_json: str, pools_json: str) -> dict:
          "gains": {st: length - pipeline.critical_path(h, deps)[0] for st, h in halved.items()},
          "work": work, "biggest": max(work, key=work.get)}  # fmt: skip
     n_workers = sum(map(len, pools.values()))  # одна загрузка на всех и среднее по пулам
-    a["flat"] = [
-        a["sum_of_work"] / (n_workers * a["horizon"]),
-        sum(a["utilization"].values()) / len(pools),
-    ]
+    u = a["utilization"].values()
+    a["flat"] = [a["sum_of_work"] / (n_workers * a["horizon"]), sum(u) / len(pools)]
     return a
 
 
@@ -113,16 +107,14 @@ ANSWER = Fields({"sum_of_work": SECONDS, "critical_path": SECONDS,
 
 def make_task(variant: int) -> dict:
     rng = random.Random(12_3_9_000 + 7919 * variant)
-    scenario, train, decode = _SCENARIOS[variant % len(_SCENARIOS)]
+    scenario, *ranges, decode = _SCENARIOS[variant % len(_SCENARIOS)]
+    train = dict(zip((*_TRAIN_STAGES, "checkpoint"), ranges))
     n_gen = rng.choice([2, 3])
     pools = {"generation": [f"gen-{i}" for i in range(n_gen)], "verifier": ["verifier-0"],
              "training": ["trainer-0"]}  # fmt: skip
     while True:  # генерация — самая большая работа, но перекрыта обучением и не лежит на пути
-        task = {
-            "scenario": scenario,
-            "trace": _build_trace(rng, n_gen, train, decode),
-            "pools": pools,
-        }
+        trace = _build_trace(rng, n_gen, train, decode)
+        task = {"scenario": scenario, "trace": trace, "pools": pools}
         a = _analysis(task)
         best, second = sorted(a["gains"].values(), reverse=True)[:2]
         if a["biggest"] == "decode" and any(r["stage"] == "backpressure" for r in task["trace"]):
@@ -138,12 +130,12 @@ def make_task(variant: int) -> dict:
         f"**Трасса этапов и критический путь.** Окно из трёх шагов перекрытого конвейера "
         f"(генерация отстаёт на одну версию весов); запуск: {scenario}. Пакет 0 к началу окна "
         "уже сгенерирован; пакет b ≥ 2 генерируется весами, которые опубликовал `weight_sync` "
-        "шага b − 2. Интервалы этапов (они же в `task['trace']`):\n\n"
+        "шага b − 2. Интервалы этапов (они же в `task_12_3_9['trace']`):\n\n"
         "| строка | исполнитель | этап | начало, с | конец, с | зависит от строк |\n"
         f"|---|---|---|---|---|---|\n{rows}\n\n"
         "Правила: `queue_wait` и `backpressure` — ожидание, а не работа. Интервал работы "
         "зависит от предыдущего интервала работы своего исполнителя и от строк в последнем "
-        f"столбце. Пулы (`task['pools']`): {pool_lines}.\n\n"
+        f"столбце. Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\n"
         "Найдите:\n1. `sum_of_work` — сумму работы (всех интервалов, кроме ожиданий), с;\n"
         "2. `critical_path` — длину критического пути: самой длинной по сумме длительностей "
         "цепочки зависимых интервалов работы, с;\n"
@@ -167,11 +159,11 @@ def solve(task: dict) -> dict:
 
 def solution(task: dict, ref: dict) -> str:
     a = _analysis(task)
-    work, gains, on_path, biggest = (
+    work, gains, biggest, on_path = (
         a["work"],
         a["gains"],
-        {st for _, st in a["chain"]},
         a["biggest"],
+        {st for _, st in a["chain"]},
     )
     W, L, H = (s(a[k], 2) for k in ("sum_of_work", "critical_path", "horizon"))
     stage_rows = md_table(("этап", "работа, с", "на пути", "путь короче на, с"),

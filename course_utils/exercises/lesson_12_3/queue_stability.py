@@ -11,14 +11,13 @@ from .pipeline_split import TOLERANCE, s, shape, value
 
 _CONFIGS = ("A", "B", "C")
 _GROWTH = Number(rtol=1e-2, unit="токенов/с")
-_THRESHOLD = Number(rtol=1e-2, unit="токенов", integer=True)
 ANSWER = Fields({"stable": Fields(dict.fromkeys(_CONFIGS, Bool())),
                  "growth_tokens_per_s": Fields(dict.fromkeys(_CONFIGS, _GROWTH)),
-                 "threshold_tokens": _THRESHOLD})  # fmt: skip
+                 "threshold_tokens": Number(rtol=1e-2, unit="токенов", integer=True)})  # fmt: skip
 
 
 def _tex(n: float) -> str:
-    """Целое для формулы LaTeX: разряды через тонкий пробел ``\\,`` (32768 → "32\\,768")."""
+    """Целое для формулы LaTeX: разряды через тонкий пробел ``\\,`` (32768 → 32\\,768)."""
     return num(int(n)).replace(NBSP, "\\,")
 
 
@@ -36,7 +35,7 @@ def make_task(variant: int) -> dict:
     rng.shuffle(counts)
     collectors = dict(zip(_CONFIGS, counts))
     big = max(collectors, key=collectors.get)
-    while True:
+    while True:  # порог в худшем случае положителен и не меньше B/4
         lag = rng.choice([1, 2, 3, 4])
         max_tokens = rng.choice([m for m in (1024, 2048, 4096, 8192) if m >= 2 * mean_len])
         if lag * batch - collectors[big] * max_tokens >= batch // 4:
@@ -48,12 +47,10 @@ def make_task(variant: int) -> dict:
         f"t = {float(step):g} с, после шага публикуется новая версия весов. Каждый сборщик "
         f"выдаёт в среднем ρ = {rho} роллаута/с; средняя длина роллаута в токенах "
         f"ℓ̄ = {mean_len}, но длины сильно разнятся: от десятков токенов до предела "
-        f"max_tokens = {max_tokens}. "
-        "Рассматриваются три конфигурации пула генерации (они же в `task['collectors']`):\n\n"
-        f"| конфигурация | сборщиков |\n|---|---|\n{lines}\n\n"
+        f"max_tokens = {max_tokens}. Рассматриваются три конфигурации пула генерации (они же в "
+        f"`task_12_3_8['collectors']`):\n\n| конфигурация | сборщиков |\n|---|---|\n{lines}\n\n"
         'Найдите:\n1. `stable` — словарь `{"A": …, "B": …, "C": …}` из True/False: устойчива ли '
-        "очередь без обратного давления (глубина остаётся ограниченной, а не растёт со "
-        "временем);\n"
+        "очередь без обратного давления (глубина остаётся ограниченной, а не растёт со временем);\n"
         "2. `growth_tokens_per_s` — словарь по конфигурациям: средняя скорость роста очереди, "
         "токенов/с (0, если в среднем очередь не растёт);\n"
         f"3. `threshold_tokens` — порог обратного давления для конфигурации {big}. Сборщик "
@@ -77,10 +74,15 @@ def _rates(task: dict) -> tuple[dict[str, Fraction], Fraction]:
     return lam, task["batch_tokens"] / Fraction(str(task["step_s"]))
 
 
+def _growth(task: dict) -> dict[str, Fraction]:
+    """λ − μ по конфигурациям (со знаком), токенов/с."""
+    lam, mu = _rates(task)
+    return {c: x - mu for c, x in lam.items()}
+
+
 def _config(task: dict, sign: int) -> str:
     """Конфигурация, где знак λ − μ равен ``sign`` (−1, 0, +1); в каждом варианте по одной."""
-    lam, mu = _rates(task)
-    return next(c for c in lam if (lam[c] > mu) - (lam[c] < mu) == sign)
+    return next(c for c, x in _growth(task).items() if (x > 0) - (x < 0) == sign)
 
 
 def _threshold(task: dict, in_flight: int) -> int:
@@ -90,23 +92,21 @@ def _threshold(task: dict, in_flight: int) -> int:
 
 
 def solve(task: dict) -> dict:
-    lam, mu = _rates(task)
-    return {"stable": {c: lam[c] < mu for c in lam},
-            "growth_tokens_per_s": {c: float(max(lam[c] - mu, 0)) for c in lam},
+    growth = _growth(task)
+    return {"stable": {c: x < 0 for c, x in growth.items()},
+            "growth_tokens_per_s": {c: float(max(x, 0)) for c, x in growth.items()},
             "threshold_tokens": _threshold(task, task["max_tokens"])}  # fmt: skip
 
 
 def solution(task: dict, ref: dict) -> str:
-    lam, mu = _rates(task)
-    rho, ell = task["rollouts_per_s_per_collector"], task["mean_tokens"]
-    B, L, m = task["batch_tokens"], task["max_lag_steps"], task["max_tokens"]
-    big = task["backpressure_config"]
-    rows = "\n".join(
-        f"| {c} | {n} | {n} · {rho} · {ell} = {num(int(lam[c]))} | "
-        f"{'<' if lam[c] < mu else '=' if lam[c] == mu else '>'} | "
-        f"{'да' if ref['stable'][c] else 'нет'} | {s(ref['growth_tokens_per_s'][c])} |"
-        for c, n in task["collectors"].items()
+    (lam, mu), rho, ell = _rates(task), task["rollouts_per_s_per_collector"], task["mean_tokens"]
+    B, L, m, big = (
+        task[k] for k in ("batch_tokens", "max_lag_steps", "max_tokens", "backpressure_config")
     )
+    rows = "\n".join(f"| {c} | {n} | {n} · {rho} · {ell} = {num(int(lam[c]))} | "
+                     f"{'<' if lam[c] < mu else '=' if lam[c] == mu else '>'} | "
+                     f"{'да' if ref['stable'][c] else 'нет'} | {s(ref['growth_tokens_per_s'][c])} |"
+                     for c, n in task["collectors"].items())  # fmt: skip
     return (
         "**Скорости в одних единицах — токенах в секунду.** Тренер потребляет "
         f"$\\mu = B / t = {_tex(B)} / {task['step_s']:g} = {_tex(mu)}$ токенов/с. Сборщики "
@@ -133,11 +133,6 @@ def solution(task: dict, ref: dict) -> str:
     )
 
 
-def _negative(task: dict) -> float:
-    lam, mu = _rates(task)  # λ − μ < 0 у конфигурации, где очередь устойчива
-    return float(lam[_config(task, -1)] - mu)
-
-
 STEP = Step(
     id="12.3.8", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
     hint="Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, "
@@ -153,10 +148,9 @@ STEP = Step(
         Trap("negative_growth", "Скорость роста получилась отрицательной. При λ < μ очередь не "
              "уходит ниже нуля: она остаётся ограниченной, а тренер часть времени голодает. "
              "Рост — max(λ − μ, 0).",
-             override={"growth_tokens_per_s": lambda t: {**solve(t)["growth_tokens_per_s"],
-                                                         _config(t, -1): _negative(t)}},
-             matches=lambda t, g: _GROWTH.same(
-                 _negative(t), value(value(g, "growth_tokens_per_s"), _config(t, -1)))),
+             override={"growth_tokens_per_s": lambda t: {c: float(x) for c, x in _growth(t).items()}},
+             matches=lambda t, g: _GROWTH.same(_growth(t)[_config(t, -1)],
+                                               value(value(g, "growth_tokens_per_s"), _config(t, -1)))),
         Trap("ignore_inflight", "Порог равен L·B — вы забыли работы в полёте. Порог останавливает "
              "только запуск новых роллаутов; уже начатые (по одному на сборщика, до max_tokens "
              "каждый) всё равно придут в очередь, поэтому θ = L·B − C·max_tokens.",

@@ -12,8 +12,6 @@ _SHARE = Share(rtol=1e-2)
 ANSWER = Fields({"T_group": SECONDS, "U": _SHARE, "U_timeout": _SHARE,
                  "truncated": IdSet(lambda t: range(len(t["rollouts"])), "номеров роллаутов i"),
                  "hard_share_truncated": _SHARE, "easy_share_truncated": _SHARE})  # fmt: skip
-_DIFFICULTY_RU = {"easy": "лёгкая", "hard": "сложная"}
-_ANSWERS_PER_TASK = 4
 
 
 def make_task(variant: int) -> dict:
@@ -22,28 +20,22 @@ def make_task(variant: int) -> dict:
     kinds = ["hard"] * rng.choice([2, 3])
     kinds += ["easy"] * (4 - len(kinds))
     rng.shuffle(kinds)
-    rows = []
-    for t, kind in enumerate(kinds):
-        for _ in range(_ANSWERS_PER_TASK):
-            low, high = (6.0, 13.0) if kind == "hard" else (2.5, 7.5)
-            rows.append({"i": len(rows), "task": f"q{t + 1}", "difficulty": kind,
-                         "duration_s": round(rng.uniform(low, high), 1)})  # fmt: skip
-    hard = [r for r in rows if r["difficulty"] == "hard"]
-    easy = [r for r in rows if r["difficulty"] == "easy"]
+    rows = [{"i": 4 * t + j, "task": f"q{t + 1}", "difficulty": kind,
+             "duration_s": round(rng.uniform(*((6.0, 13.0) if kind == "hard" else (2.5, 7.5))), 1)}
+            for t, kind in enumerate(kinds) for j in range(4)]  # fmt: skip
     # тяжёлый хвост: длинные рассуждения и повторы вызовов инструмента у сложных задач,
     # иногда — тайм-аут среды у лёгкой (обрезанных сложных в доле всё равно больше)
-    for r in rng.sample(hard, rng.randint(2, 4)):
+    for r in rng.sample([r for r in rows if r["difficulty"] == "hard"], rng.randint(2, 4)):
         r["duration_s"] = round(rng.uniform(timeout + 3, 2.6 * timeout), 1)
-    if len(easy) == 8 and rng.random() < 0.5:
+    if len(easy := [r for r in rows if r["difficulty"] == "easy"]) == 8 and rng.random() < 0.5:
         rng.choice(easy)["duration_s"] = round(rng.uniform(timeout + 1, timeout + 8), 1)
-    table = "\n".join(
-        f"| {r['i']} | {r['task']} | {_DIFFICULTY_RU[r['difficulty']]} | {r['duration_s']:.1f} |"
-        for r in rows
-    )
+    ru = {"easy": "лёгкая", "hard": "сложная"}
+    table = "\n".join(f"| {r['i']} | {r['task']} | {ru[r['difficulty']]} | {r['duration_s']:.1f} |"
+                      for r in rows)  # fmt: skip
     statement = (
         f"**Медленные хвосты и тайм-аут.** Синхронный шаг ждёт все {len(rows)} роллаутов: 4 задачи "
-        f"по {_ANSWERS_PER_TASK} ответа, каждый роллаут на своём слоте генерации, все стартуют "
-        "одновременно. Времена роллаутов и сложность задач (они же в `task['rollouts']`):\n\n"
+        "по 4 ответа, каждый роллаут на своём слоте генерации, все стартуют одновременно. Времена "
+        "роллаутов и сложность задач (они же в `task_12_3_7['rollouts']`):\n\n"
         f"| i | задача | сложность | время, с |\n|---|---|---|---|\n{table}\n\n"
         "Загрузка слотов за шаг — доля занятого времени в прямоугольнике «слоты × длительность "
         "шага».\n\nНайдите:\n1. `T_group` — длительность шага без тайм-аута, с;\n"
@@ -62,25 +54,20 @@ def _durations(task: dict) -> list[float]:
     return [r["duration_s"] for r in task["rollouts"]]
 
 
-def _capped(task: dict) -> list[float]:
-    return pipeline.truncate_durations(_durations(task), task["timeout_s"])[0]
-
-
 def solve(task: dict) -> dict:
     d = _durations(task)
     capped, mask = pipeline.truncate_durations(d, task["timeout_s"])
-    out = {"T_group": max(d), "U": pipeline.group_utilization(d),  # шаг ждёт самого медленного
-           "U_timeout": pipeline.group_utilization(capped),
-           "truncated": [i for i, m in enumerate(mask) if m]}  # fmt: skip
-    for kind in ("hard", "easy"):
-        flags = [bool(m) for m, r in zip(mask, task["rollouts"]) if r["difficulty"] == kind]
-        out[f"{kind}_share_truncated"] = sum(flags) / len(flags)
-    return out
+    cut = {k: [bool(m) for m, r in zip(mask, task["rollouts"]) if r["difficulty"] == k]
+           for k in ("hard", "easy")}  # fmt: skip
+    return {"T_group": max(d), "U": pipeline.group_utilization(d),  # шаг ждёт самого медленного
+            "U_timeout": pipeline.group_utilization(capped),
+            "truncated": [i for i, m in enumerate(mask) if m],
+            **{f"{k}_share_truncated": sum(f) / len(f) for k, f in cut.items()}}  # fmt: skip
 
 
 def solution(task: dict, ref: dict) -> str:
     d, tau = _durations(task), task["timeout_s"]
-    n, total, total_c = len(d), sum(d), float(sum(_capped(task)))
+    n, total, total_c = len(d), sum(d), float(sum(pipeline.truncate_durations(d, tau)[0]))
     n_hard = sum(r["difficulty"] == "hard" for r in task["rollouts"])
     picked = [task["rollouts"][i] for i in ref["truncated"]]
     k_hard = sum(r["difficulty"] == "hard" for r in picked)
@@ -108,10 +95,6 @@ def solution(task: dict, ref: dict) -> str:
     )
 
 
-def _mean(task: dict) -> float:
-    return sum(_durations(task)) / len(task["rollouts"])
-
-
 def _hard_among_cut(task: dict) -> float:
     """P(сложная | обрезан) — доля сложных среди обрезанных (перевёрнутое условие)."""
     cut = [r for r in task["rollouts"] if r["duration_s"] > task["timeout_s"]]
@@ -119,8 +102,9 @@ def _hard_among_cut(task: dict) -> float:
 
 
 def _old_max(task: dict) -> float:
-    """U_timeout со знаменателем n · max T_i (прежний максимум вместо τ)."""
-    return float(sum(_capped(task)) / (len(task["rollouts"]) * max(_durations(task))))
+    """U_timeout со знаменателем n · max T_i (прежний максимум) вместо n · τ."""
+    d = _durations(task)
+    return float(sum(pipeline.truncate_durations(d, task["timeout_s"])[0]) / (len(d) * max(d)))
 
 
 STEP = Step(
@@ -133,7 +117,8 @@ STEP = Step(
         either("mean_not_max", "Вы взяли среднее время вместо максимума. Роллауты идут параллельно, "
                "и шаг ждёт самого медленного: T_group = max T_i, а U = Σ T_i / (n · max T_i). Со "
                "средним в знаменателе U всегда равна 1 и ничего не говорит о простое слотов.", ANSWER,
-               {"T_group": _mean, "U": lambda t: 1.0, "U_timeout": lambda t: 1.0}),
+               {"T_group": lambda t: sum(_durations(t)) / len(t["rollouts"]), "U": lambda t: 1.0,
+                "U_timeout": lambda t: 1.0}),
         Trap("truncation_free", "Тайм-аут поднял загрузку не бесплатно: он оборвал роллауты, "
              "которые длились дольше τ. Эти роллауты (и доли обрезанных по сложности) нужно "
              "назвать — без них рост U выглядит как чистый выигрыш, а данные тем временем "
@@ -146,7 +131,8 @@ STEP = Step(
                "сложные задачи. Нужно обратное: какая доля роллаутов сложных задач обрезана (и "
                "отдельно — лёгких). Именно сравнение этих двух долей показывает смещение.", ANSWER,
                {"hard_share_truncated": _hard_among_cut,
-                "easy_share_truncated": lambda t: 1 - _hard_among_cut(t)}, by=("hard_share_truncated",)),
+                "easy_share_truncated": lambda t: 1 - _hard_among_cut(t)},
+               by=("hard_share_truncated",)),
         Trap("old_max_denominator", "В U_timeout вы оставили прежний максимум в знаменателе. С "
              "тайм-аутом шаг заканчивается в момент τ, поэтому U_timeout = Σ min(T_i, τ) / (n · τ).",
              override={"U_timeout": _old_max}),
