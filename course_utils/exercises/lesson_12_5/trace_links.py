@@ -98,31 +98,22 @@ def _values(key: str) -> dict:
     task = json.loads(key)
     tables = trace_tables(task)
     orphans, mism = tracing.find_orphans(tables), tracing.verifier_mismatches(tables)
-    order = [r["rollout_id"] for r in task["rollouts"]]
     trainer = {b["training_batch_id"]: b["trainer_policy_version"] for b in task["batches"]}
-    last = max(task["steps"], key=lambda s: s["optimizer_step"])["expected_verifier_version"]
-    used = [r for r in task["rollouts"] if r["training_batch_id"] is not None]
-    stale = {r["rollout_id"] for r in used if r["behavior_policy_version"] != trainer[r["training_batch_id"]]}  # fmt: skip
-    mismatches = set(mism["rollout_id"])
-    latest_used = {r["rollout_id"] for r in used if r["verifier_version"] != last}
-    latest_all = {r["rollout_id"] for r in task["rollouts"] if r["verifier_version"] != last}
-    latest_scored = {r["rollout_id"] for r in task["rollouts"]
-                     if r["verifier_version"] is not None and r["verifier_version"] != last}  # fmt: skip
+    last, bad = task["steps"][-1]["expected_verifier_version"], set(mism["rollout_id"])
+    reasons = dict(zip(orphans["rollout_id"], orphans["reason"]))
 
-    def ordered(ids: Iterable[str]) -> list[str]:
-        return [x for x in order if x in set(ids)]
+    def ids(keep) -> list[str]:  # в порядке таблицы rollouts
+        return [r["rollout_id"] for r in task["rollouts"] if keep(r)]
 
-    return {
-        "orphans": ordered(orphans["rollout_id"]),
-        "reasons": dict(zip(orphans["rollout_id"], orphans["reason"])),
-        "dropped": ordered(orphans.loc[orphans["reason"] == "dropped", "rollout_id"]),
-        "verifier_mismatches": ordered(mismatches),
-        "mismatch_rows": mism[["rollout_id", "optimizer_step", "verifier_version",
-                               "expected_verifier_version"]].to_dict("records"),
-        "stale": ordered(stale), "stale_or_verifier": ordered(stale | mismatches),
-        "latest": ordered(latest_used), "latest_variants": [latest_used, latest_all, latest_scored],
-        "last_expected": last,
-    }  # fmt: skip
+    stale = set(ids(lambda r: r["training_batch_id"] and r["behavior_policy_version"] != trainer[r["training_batch_id"]]))  # fmt: skip
+    return {"orphans": ids(lambda r: r["rollout_id"] in reasons), "reasons": reasons, "last_expected": last,
+            "dropped": ids(lambda r: reasons.get(r["rollout_id"]) == "dropped"),
+            "verifier_mismatches": ids(lambda r: r["rollout_id"] in bad),
+            "mismatch_rows": mism[["rollout_id", "optimizer_step", "verifier_version", "expected_verifier_version"]].to_dict("records"),
+            "stale": ids(lambda r: r["rollout_id"] in stale), "stale_or_verifier": ids(lambda r: r["rollout_id"] in stale | bad),
+            "latest_variants": [ids(lambda r: r["training_batch_id"] and r["verifier_version"] != last),  # только из пакетов,
+                                ids(lambda r: r["verifier_version"] != last),  # все роллауты,
+                                ids(lambda r: r["verifier_version"] not in (None, last))]}  # все оценённые  # fmt: skip
 
 
 def _cell(x: Any) -> str:
@@ -141,12 +132,10 @@ def make_task(variant: int) -> dict:
     while True:
         data = _build(rng, variant)
         v = values(data)
-        ref_vm = set(v["verifier_mismatches"])
-        wrong_vm = [set(v["stale"]), set(v["stale_or_verifier"]), *v["latest_variants"]]
-        if (v["dropped"] and set(v["orphans"]) - set(v["dropped"]) and v["stale"]
-                and all(w != ref_vm for w in wrong_vm)
-                and set(v["stale_or_verifier"]) not in v["latest_variants"]
-                and set(v["stale"]) not in v["latest_variants"] and (ref_vm or variant >= 4)):  # fmt: skip
+        ref_vm, latest = set(v["verifier_mismatches"]), [set(x) for x in v["latest_variants"]]
+        if (v["dropped"] and set(v["orphans"]) - set(v["dropped"]) and v["stale"] and (ref_vm or variant >= 4)
+                and all(w != ref_vm for w in [set(v["stale"]), set(v["stale_or_verifier"]), *latest])
+                and set(v["stale_or_verifier"]) not in latest and set(v["stale"]) not in latest):  # fmt: skip
             break
     statement = (
         "**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер "
@@ -233,7 +222,7 @@ STEP = Step(
              matches=lambda t, g: _one_of(g, [values(t)["stale_or_verifier"], values(t)["stale"]])),
         Trap("latest_verifier_everywhere", "Вы сравнили все роллауты с последней версией верификатора. Каждый "
              "роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг, а не "
-             "берите одну версию на весь прогон.", override={"verifier_mismatches": lambda t: values(t)["latest"]},
+             "берите одну версию на весь прогон.", override={"verifier_mismatches": lambda t: values(t)["latest_variants"][0]},
              matches=lambda t, g: _one_of(g, values(t)["latest_variants"])),
     ),
 )  # fmt: skip

@@ -91,38 +91,32 @@ def make_task(variant: int) -> dict:
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
-def _values(task: dict) -> dict:
-    """Верные величины (с, доли) и величины типичных ошибок."""
-    c, m_h, i_s = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
-    m_s = m_h * 3600
-    star, no_two = young_interval(c, m_s), math.sqrt(c * m_s)
-    mixed = math.sqrt(2 * c * m_h)  # M в часах подставлено как секунды (young_interval: C ≥ M)
-    return {"m_s": m_s, "i_s": i_s, "star_s": star, "H_current": overhead(i_s, c, m_s), "H_star": overhead(star, c, m_s),
-            "no_two_s": no_two, "H_no_two": overhead(no_two, c, m_s), "mixed_s": mixed,
-            "H_mixed_current": overhead(i_s, c, m_h), "H_mixed_star": overhead(mixed, c, m_h),
-            "one_current": c / i_s, "one_star": c / star}  # fmt: skip
+def _answers(task: dict) -> dict:
+    """Верный ответ (ref) и ответы типичных ошибок (ключ — ошибка); в формулах всё в секундах."""
+    c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
+    m, star = m_h * 3600, young_interval(c, m_h * 3600)
+
+    def answer(s: float, mtbf: float) -> dict:
+        return {"I_star_min": s / 60, "H_current": overhead(i, c, mtbf), "H_star": overhead(s, c, mtbf), "recommend": _recommend(i, s)}  # fmt: skip
+
+    return {"ref": answer(star, m), "sqrt_cm_no_two": answer(math.sqrt(c * m), m),
+            "units_mixed": answer(math.sqrt(2 * c * m_h), m_h),  # M в часах как секунды (young_interval: C ≥ M)
+            "overhead_one_term": {**answer(star, m), "H_current": c / i, "H_star": c / star}}  # fmt: skip
 
 
 def solve(task: dict) -> dict:
-    v = _values(task)
-    return {"I_star_min": v["star_s"] / 60, "H_current": v["H_current"], "H_star": v["H_star"],
-            "recommend": _recommend(v["i_s"], v["star_s"])}  # fmt: skip
+    return _answers(task)["ref"]
 
 
-def _units_mixed(task: dict, given: dict) -> bool:
-    # √(2·C·M_ч) «в секундах» численно равно верному I* в минутах (√3600 = 60), поэтому узнаём
-    # только M-в-часах с переводом в минуты и I* в секундах, выданное за минуты.
-    v = _values(task)
-    return (any(near(x, given, "I_star_min") for x in (v["mixed_s"] / 60, v["star_s"]))
-            or near(v["H_mixed_current"], given, "H_current") or near(v["H_mixed_star"], given, "H_star"))  # fmt: skip
+def _hit(trap: str, *keys: str):
+    """Правило ловушки: хотя бы одно из значений ``keys`` совпало с ответом этой ошибки."""
+    return lambda t, g: any(near(_answers(t)[trap][k], g, k) for k in keys)
 
 
 def solution(task: dict, ref: dict) -> str:
-    (c, m_h, i_min), v = (task[k] for k in ("write_s", "mtbf_h", "interval_min")), _values(task)
-    ratio, lost = (
-        v["i_s"] / v["star_s"],
-        (ref["H_current"] - ref["H_star"]) * 24 * 60,
-    )  # мин в сутки
+    c, m_h, i_min = task["write_s"], task["mtbf_h"], task["interval_min"]
+    m, i, star = m_h * 3600, i_min * 60, ref["I_star_min"] * 60
+    ratio, lost = i / star, (ref["H_current"] - ref["H_star"]) * 24 * 60  # мин в сутки
     verdict = {
         "чаще": f"текущий интервал в {ratio:.2f} раза длиннее оптимального: после отказа теряется слишком много "
         "работы — сохранять **чаще**",
@@ -134,18 +128,17 @@ def solution(task: dict, ref: dict) -> str:
     saving = f"Переход на I* сберёг бы около {lost:.0f} мин в сутки." if lost >= 1 else "Выигрыш от перехода на I* — меньше минуты в сутки."  # fmt: skip
     answer = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in ref.items()}
     return (
-        f"Сначала всё в секунды: C = {c} с, M = {m_h} ч · 3600 = {num(v['m_s'])} с, I = {i_min} мин · 60 = "
-        f"{num(v['i_s'])} с.\n\n$$I^* = \\sqrt{{2CM}} = \\sqrt{{2 \\cdot {c} \\cdot {v['m_s']}}} = "
-        f"{v['star_s']:.1f}\\ \\text{{с}} = {ref['I_star_min']:.2f}\\ \\text{{мин}}.$$\n\n$$H(I) = \\frac{{C}}{{I}} "
-        f"+ \\frac{{I}}{{2M}} = \\frac{{{c}}}{{{v['i_s']}}} + \\frac{{{v['i_s']}}}{{2 \\cdot {v['m_s']}}} = "
-        f"{v['one_current']:.4f} + {ref['H_current'] - v['one_current']:.4f} = {ref['H_current']:.4f}.$$\n\n"
-        f"В оптимуме оба слагаемых равны, поэтому $H(I^*) = \\sqrt{{2C/M}} = \\sqrt{{2 \\cdot {c}/{v['m_s']}}} = "
-        f"{ref['H_star']:.4f}$ ({ref['H_star'] * 100:.2f} % времени против {ref['H_current'] * 100:.2f} % сейчас)."
-        f"\n\nВывод: {verdict}. {saving}\n\n**Ответ:** `{answer}`.\n\nТипичные ловушки: M в часах нельзя "
-        "подставлять рядом с C в секундах; без двойки под корнем интервал занижен в √2 раза; одно слагаемое C/I "
-        "забывает работу, потерянную при отказе. Формула Янга — ориентир: поправка Дейли "
-        f"(`checkpoint.daly_interval`) даёт {daly_interval(c, v['m_s']) / 60:.2f} мин, а асинхронная запись, "
-        "время перезапуска и коррелированные отказы меняют модель."
+        f"Сначала всё в секунды: C = {c} с, M = {m_h} ч · 3600 = {num(m)} с, I = {i_min} мин · 60 = {num(i)} с."
+        f"\n\n$$I^* = \\sqrt{{2CM}} = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = "
+        f"{ref['I_star_min']:.2f}\\ \\text{{мин}}.$$\n\n$$H(I) = \\frac{{C}}{{I}} + \\frac{{I}}{{2M}} = "
+        f"\\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = "
+        f"{ref['H_current']:.4f}.$$\n\nВ оптимуме оба слагаемых равны, поэтому $H(I^*) = \\sqrt{{2C/M}} = "
+        f"\\sqrt{{2 \\cdot {c}/{m}}} = {ref['H_star']:.4f}$ ({ref['H_star'] * 100:.2f} % времени против "
+        f"{ref['H_current'] * 100:.2f} % сейчас).\n\nВывод: {verdict}. {saving}\n\n**Ответ:** `{answer}`.\n\n"
+        "Типичные ловушки: M в часах нельзя подставлять рядом с C в секундах; без двойки под корнем интервал "
+        "занижен в √2 раза; одно слагаемое C/I забывает работу, потерянную при отказе. Формула Янга — ориентир: "
+        f"поправка Дейли (`checkpoint.daly_interval`) даёт {daly_interval(c, m) / 60:.2f} мин, а асинхронная "
+        "запись, время перезапуска и коррелированные отказы меняют модель."
     )  # fmt: skip
 
 
@@ -157,19 +150,19 @@ STEP = Step(
     "— оба слагаемых, доля (не проценты); H(I*) = √(2C/M). Если I больше I* более чем на 10 % — «чаще», "
     "меньше — «реже», иначе «так же».",
     traps=(
+        # √(2·C·M_ч) «в секундах» численно равно верному I* в минутах (√3600 = 60), поэтому узнаём M в часах
+        # с переводом в минуты, H с M в часах и I* в секундах, выданное за минуты.
         Trap("units_mixed", "Смешаны единицы: M дано в часах, C — в секундах, I — в минутах. Переведите всё в "
              "секунды (M·3600, I·60), посчитайте I* и H, и только I* для ответа переведите в минуты.",
-             wrong=lambda t, ref: (v := _values(t)) and {"I_star_min": v["mixed_s"] / 60, "H_current": v["H_mixed_current"],
-                                                         "H_star": v["H_mixed_star"], "recommend": _recommend(v["i_s"], v["mixed_s"])},
-             matches=_units_mixed),
+             wrong=lambda t, ref: _answers(t)["units_mixed"],
+             matches=lambda t, g: _hit("units_mixed", "I_star_min", "H_current", "H_star")(t, g)
+             or near(60 * solve(t)["I_star_min"], g, "I_star_min")),
         Trap("sqrt_cm_no_two", "Вы взяли I* = √(C·M). Минимум H(I) = C/I + I/(2M) находится из −C/I² + 1/(2M) = 0, "
              "то есть I* = √(2CM): без двойки интервал занижен в √2 раза.",
-             wrong=lambda t, ref: (v := _values(t)) and {**ref, "I_star_min": v["no_two_s"] / 60, "H_star": v["H_no_two"],
-                                                         "recommend": _recommend(v["i_s"], v["no_two_s"])},
-             matches=lambda t, g: near(_values(t)["no_two_s"] / 60, g, "I_star_min")),
+             wrong=lambda t, ref: _answers(t)["sqrt_cm_no_two"], matches=_hit("sqrt_cm_no_two", "I_star_min")),
         Trap("overhead_one_term", "Вы учли только запись, H = C/I. Отказ отнимает в среднем половину интервала "
              "работы, которую придётся пересчитать: H(I) = C/I + I/(2M). С одним слагаемым выгоднее всего никогда "
-             "не сохраняться.", override={"H_current": lambda t: _values(t)["one_current"], "H_star": lambda t: _values(t)["one_star"]},
-             matches=lambda t, g: near(_values(t)["one_current"], g, "H_current") or near(_values(t)["one_star"], g, "H_star")),
+             "не сохраняться.", wrong=lambda t, ref: _answers(t)["overhead_one_term"],
+             matches=_hit("overhead_one_term", "H_current", "H_star")),
     ),
 )  # fmt: skip
