@@ -139,15 +139,15 @@ def solve(task: dict) -> dict:
 def solution(task: dict, ref: dict) -> str:
     lp, parts = _logprobs(task), []
     for name, rows in task["logs"].items():
-        train = [r for r in rows if r["kind"] == "train"]
-        lag = {r["trainer_version"] - r["behavior_version"] for r in train}
-        share, label = share_at_zero_lag(rows), ref["diagnosis"][name]
-        why = ("без задержки расхождение почти то же — его даёт TIM" if label == "tim"
-               else "без задержки расхождение почти исчезает — его даёт задержка")  # fmt: skip
-        parts.append(f"- Журнал **{name}**: задержка {', '.join(map(str, sorted(lag)))} в строках "
-                     f"train, средний |log w| = {np.mean([r['mean_abs_log_w'] for r in train]):.4f} "
-                     f"нат на токен; на пробе v = u — {rows[-1]['mean_abs_log_w']:.4f}, то есть "
-                     f"{fmt.num(round(share * 100))}{fmt.NBSP}% расхождения остаётся; {why}. **Диагноз: `{label}`.**")  # fmt: skip
+        train, share, label = rows[:-1], share_at_zero_lag(rows), ref["diagnosis"][name]
+        lag = fmt.count(
+            train[0]["trainer_version"] - train[0]["behavior_version"], "версия", "версии", "версий"
+        )
+        why = "без задержки расхождение почти то же — его даёт TIM" if label == "tim" else "без задержки расхождение почти исчезает — его даёт задержка"  # fmt: skip
+        parts.append(f"- Журнал **{name}**: в строках train задержка {lag}, средний |log w| = "
+                     f"{np.mean([r['mean_abs_log_w'] for r in train]):.4f} нат на токен; на пробе v = u — "
+                     f"{rows[-1]['mean_abs_log_w']:.4f} нат ({fmt.num(round(share * 100))}{fmt.NBSP}% от строк "
+                     f"train): {why}. **Диагноз: `{label}`.**")  # fmt: skip
     T, p, tok = task["temperature"], task["top_p"], task["token_index"]
     probs, keep, _ = _nucleus(task["logits"], T, p)
     mass = float(probs[keep].sum())
