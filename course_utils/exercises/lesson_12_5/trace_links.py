@@ -186,6 +186,8 @@ def solution(task: dict, ref: dict) -> str:
         "```"
     )
     stale_only = [x for x in v["stale"] if x not in set(v["verifier_mismatches"])]
+    up, old = next((s["optimizer_step"], p["expected_verifier_version"]) for p, s in zip(task["steps"], task["steps"][1:])
+                   if s["expected_verifier_version"] != p["expected_verifier_version"])  # шаг обновления верификатора  # fmt: skip
     return (
         "Цепочка шага 12.5.2: роллаут → `training_batch_id` → пакет → `optimizer_step` → шаг (и его "
         f"`expected_verifier_version`). Левое соединение сохраняет роллауты без пакета:\n\n{code}\n\n"
@@ -194,7 +196,7 @@ def solution(task: dict, ref: dict) -> str:
         + "\n\nОтброшенные как несвежие — тоже сироты: генерация и проверка потрачены, а ни до одного "
         "обновления работа не дошла. Отбрасывание — законное правило очереди, но его нужно считать (лекция: "
         "«число потерянных роллаутов»).\n\n**Несовпадения версии верификатора** — сверяем с версией, которую "
-        f"ждал *шаг этого пакета* (последний шаг ждёт `{v['last_expected']}`, ранние — другую):\n\n{mm_table}"
+        f"ждал *шаг этого пакета* (шаги до {up} ждут `{old}`, с шага {up} — `{v['last_expected']}`):\n\n{mm_table}"
         f"\n\n**Ответ:** `{ref}`.\n\nНе ошибки верификатора: несвежие по политике роллауты ({len(stale_only)} "
         f"шт., например {', '.join(f'`{x}`' for x in stale_only[:3]) or '—'}) — задержка политики в пределах "
         "допуска, это другая ось версий; роллауты без пакета в обновление не попали, их версии верификатора ни "
