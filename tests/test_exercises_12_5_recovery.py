@@ -307,3 +307,4 @@ def test_12_5_9_forms_and_wrong_answers_built_by_hand(variant):
     assert _key("12.5.9", both, variant) == "all_correct_not_degenerate"
     result = grading.evaluate("12.5.9", {**ref, "p99": ref["p99"] * 1.2}, variant)
     assert result.status == "wrong" and "p99" in result.message and "p95" not in result.message
+    assert "на 20 %" in result.message and "ГиБ" not in result.message  # единицы шага, не байты

@@ -28,7 +28,10 @@ class Amount(Number):
     def mismatch(self, expected: Any, given: Any) -> str:
         e, g = float(_plain(expected)), float(_plain(given))
         hit = [f for f in _RATIOS if e and g and min(abs(g / e / f - 1), abs(e / g / f - 1)) < 2e-3]
-        return f"Ответ отличается от верного ровно в {num(hit[0])} раз: {_RATIOS[hit[0]]}." if hit else super().mismatch(e, g)  # fmt: skip
+        if hit:
+            return f"Ответ отличается от верного ровно в {num(hit[0])} раз: {_RATIOS[hit[0]]}."
+        pct = abs(g / e - 1) * 100 if e else math.inf
+        return super().mismatch(e, g) if pct < 1 or g * e < 0 else f"Ответ отличается от верного на {pct:.0f} %: проверьте формулу и единицы."  # fmt: skip
 
 
 def near(x: float, given: dict, key: str) -> bool:
