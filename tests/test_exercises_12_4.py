@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from course_utils import grading, weight_sync
+from course_utils import fmt, grading, weight_sync
 from course_utils.exercises.lesson_12_4 import lag_or_mismatch, sync_audit
 
 VARIANTS = range(50)
@@ -69,7 +69,10 @@ def test_12_4_6_feedback():
     task, ref = grading.task("12.4.6"), ref_of("12.4.6")
     n = sum(task["mask"])
     result = grading.evaluate("12.4.6", {**ref, "ratios": ref["ratios"][:-1]})
-    assert result.status == "wrong" and f"Нужно {n} чисел" in result.message
+    assert (
+        result.status == "wrong"
+        and f"Нужно {fmt.count(n, 'число', 'числа', 'чисел')}" in result.message
+    )
     result = grading.evaluate("12.4.6", {"ratios": ref["ratios"]})
     assert result.status == "malformed" and "seq_log_ratio" in result.message
     result = grading.evaluate("12.4.6", {**ref, "ratios": [1.0, "x"]})

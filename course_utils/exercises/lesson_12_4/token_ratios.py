@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils import offpolicy
+from course_utils import fmt, offpolicy
 from course_utils.exercises.answers import AnswerType, Fields, Number, norm
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
@@ -59,7 +59,9 @@ class Approxes(AnswerType):
 
     def mismatch(self, expected: Any, given: Any) -> str:
         n, m = len(_plain(expected)), len(_plain(given))
-        return f"Нужно {n} чисел — по одному {self.noun}, а получено {m}." if n != m else "Числа не совпали с верными: проверьте формулу и знак."  # fmt: skip
+        if n != m:
+            return f"Нужно {fmt.count(n, 'число', 'числа', 'чисел')} — по одному {self.noun}, а получено {m}."
+        return "Числа не совпали с верными: проверьте формулу и знак."
 
 
 def distinct(values: list[float]) -> bool:
