@@ -62,7 +62,7 @@ def _speeds(task: dict) -> tuple[float, float]:
     return task["gen_tokens_per_s_per_device"], task["train_tokens_per_s_per_device"]
 
 
-def _rates(K: int, r_g: float, r_t: float) -> dict[int, float]:
+def _split_rates(K: int, r_g: float, r_t: float) -> dict[int, float]:
     """Скорость конвейера min(k·r_g, (K − k)·r_t), токенов/с, при k_gen = k = 1…K−1."""
     return {k: min(k * r_g, (K - k) * r_t) for k in range(1, K)}
 
@@ -82,7 +82,7 @@ def make_task(variant: int) -> dict:
     while True:  # лучшее разбиение единственно; «поровну» и «пропорционально» различимы и неверны
         K = rng.choice([8, 12, 16, 24, 32])
         r_g, r_t = (rng.randrange(lo, hi + 1, 50) for lo, hi in (rg_range, rt_range))
-        rates, wrong = _rates(K, r_g, r_t), {K // 2, _proportional(K, r_g, r_t)}
+        rates, wrong = _split_rates(K, r_g, r_t), {K // 2, _proportional(K, r_g, r_t)}
         top = sorted(rates.values())
         if top[-2] < top[-1] * 0.995 and len(wrong) == 2 and max(rates, key=rates.get) not in wrong:
             break
@@ -116,7 +116,7 @@ def solve(task: dict) -> dict:
 
 def solution(task: dict, ref: dict) -> str:
     (G, T, n, K), (r_g, r_t) = (task[k] for k in ("G_s", "T_s", "n_batches", "K")), _speeds(task)
-    C, P, k, rates = s(ref["C_seq"]), s(ref["C_pipe"]), ref["k_gen"], _rates(K, r_g, r_t)
+    C, P, k, rates = s(ref["C_seq"]), s(ref["C_pipe"]), ref["k_gen"], _split_rates(K, r_g, r_t)
     head = ("k_gen", "k_train", *(f"{x}, токенов/с" for x in ("генерация", "обучение", "конвейер")))
     table = md_table(head,
                      [(kg, K - kg, num(int(kg * r_g)), num(int((K - kg) * r_t)),

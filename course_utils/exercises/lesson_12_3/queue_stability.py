@@ -65,7 +65,7 @@ def make_task(variant: int) -> dict:
             "step_s": float(step), "max_lag_steps": lag, "backpressure_config": big}  # fmt: skip
 
 
-def _rates(task: dict) -> tuple[dict[str, Fraction], Fraction]:
+def _lam_mu(task: dict) -> tuple[dict[str, Fraction], Fraction]:
     """λ по конфигурациям и μ, токенов/с — точными дробями (равенство λ = μ без округлений)."""
     per_collector = Fraction(str(task["rollouts_per_s_per_collector"])) * task["mean_tokens"]
     lam = {c: n * per_collector for c, n in task["collectors"].items()}
@@ -74,7 +74,7 @@ def _rates(task: dict) -> tuple[dict[str, Fraction], Fraction]:
 
 def _growth(task: dict) -> dict[str, Fraction]:
     """λ − μ по конфигурациям (со знаком), токенов/с."""
-    lam, mu = _rates(task)
+    lam, mu = _lam_mu(task)
     return {c: x - mu for c, x in lam.items()}
 
 
@@ -97,7 +97,7 @@ def solve(task: dict) -> dict:
 
 
 def solution(task: dict, ref: dict) -> str:
-    (lam, mu), rho, ell = _rates(task), task["rollouts_per_s_per_collector"], task["mean_tokens"]
+    (lam, mu), rho, ell = _lam_mu(task), task["rollouts_per_s_per_collector"], task["mean_tokens"]
     B, L, m = task["batch_tokens"], task["max_lag_steps"], task["max_tokens"]
     big = task["backpressure_config"]
     C = task["collectors"][big]
