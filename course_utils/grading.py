@@ -330,10 +330,12 @@ def _kind(x: Any) -> str:
 _UNITS = "проверьте множители и единицы (байты и биты, ГБ = 10⁹ Б и ГиБ = 2³⁰ Б, мс и с)."
 _FACTORS = {2: "2", 4: "4", 8: "8", 1000: "1000", 1024: "1024", 10**6: "10⁶", 2**20: "2²⁰",
             10**9: "10⁹", 2**30: "2³⁰", 2**30 / 10**9: "2³⁰/10⁹ (ГиБ против ГБ)"}  # fmt: skip
+_OTHER_FACTORS = {60: "60 (секунды и минуты?)", 3600: "3600 (секунды и часы?)",
+                  100: "100 (доля и проценты?)"}  # fmt: skip
 
 
-def _describe_mismatch(e: Any, g: Any, rtol: float) -> str:
-    """Что не так с ответом, не раскрывая верного значения."""
+def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> str:
+    """Что не так с ответом, не раскрывая верного значения; ``hint`` — совет вместо байтового."""
     e, g = _plain(e), _plain(g)
     if _kind(e) != _kind(g) and not (isinstance(e, (set, frozenset)) and _kind(g) == "список"):
         return f"Ожидается {_kind(e)}, а получено: {_kind(g)}."
@@ -343,14 +345,14 @@ def _describe_mismatch(e: Any, g: Any, rtol: float) -> str:
         ratio = g / e
         if ratio < 0 and abs(ratio + 1) <= rtol:
             return "Модуль верный, а знак — нет."
-        for factor, label in _FACTORS.items():
+        for factor, label in (_FACTORS if hint is None else {**_OTHER_FACTORS, 2: "2"}).items():
             for r, side in ((factor, "больше"), (1 / factor, "меньше")):
                 if abs(ratio / r - 1) <= 1e-3:
-                    return f"Ваш ответ {side} верного, отношение ровно {label}: {_UNITS}"
+                    return f"Ваш ответ {side} верного, отношение ровно {label}: {hint or _UNITS}"
         pct = abs(ratio - 1) * 100
         if pct < 1:
             return f"Ответ отличается от верного на {pct:.2g} %: не округляйте промежуточные шаги."
-        return f"Ваш ответ отличается от верного на {pct:.0f} %: {_UNITS}"
+        return f"Ваш ответ отличается от верного на {pct:.0f} %: {hint or _UNITS}"
     if isinstance(e, dict):
         ne, ng = ({_norm_key(k): k for k in d} for d in (e, g))
         missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "нет"

@@ -18,7 +18,7 @@ from course_utils.exercises.answers import (
     Share,
     call_with_deadline,
     md_table,
-    num,
+    sig,
 )  # fmt: skip
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import AnswerError
@@ -115,7 +115,7 @@ def test_fields_idset_keyed_forms_and_feedback():
 
 
 def test_formatting():
-    assert num(131072) == "131\u00a0072" and num(0.123456) == "0.1235" and num(-2.5) == "−2.5"
+    assert sig(131072) == "131\u00a0072" and sig(0.123456) == "0.1235" and sig(-2.5) == "−2.5"
     assert md_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 

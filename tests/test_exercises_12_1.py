@@ -96,7 +96,7 @@ def test_12_1_6_feedback_counts_without_revealing_records():
     )
     result = grading.evaluate("12.1.6", {k: v for k, v in ref.items() if k != dropped})
     assert result.status == "wrong" and dropped not in result.message
-    assert f"В верном ответе {n}\u00a0ключа; из них вы назвали {n - 1}" in result.message
+    assert f"В верном ответе записей: {n}; из них вы назвали {n - 1}" in result.message
     extra = next(r["sample_id"] for r in task["records"]
                  if r["sample_id"] not in ref and r["sample_id"] not in multiturn + per_token)  # fmt: skip
     result = grading.evaluate("12.1.6", {**ref, extra: "decoding"})

@@ -1,49 +1,53 @@
 """Типы ответов проверочных шагов: форма ответа, сравнение с верным и отзыв — из одной схемы.
 
-Тип ответа знает три вещи: ``problem(given, task)`` — русское сообщение о неверной форме (или
-None), ``same(expected, given)`` — совпал ли ответ с верным, ``mismatch(expected, given)`` — чем
-ответ отличается, не раскрывая верного значения. ``skeleton()`` — заготовка ячейки ответа с ``____``.
-Строки сравниваются без регистра и лишних пробелов, «ё» = «е»; numpy, torch и pandas сводятся к
-числам и спискам Python. Здесь же — форматирование чисел и таблиц для разборов и запуск функции
-студента с ограничением времени.
+Тип ответа знает: ``problem(given, task)`` — русское сообщение о неверной форме (или None),
+``same(expected, given)`` — совпал ли ответ с верным, ``mismatch(expected, given)`` — чем ответ
+отличается, не раскрывая верного значения, ``skeleton()`` — заготовка ячейки ответа с ``____``.
+Строки сравниваются после ``norm``; numpy, torch и pandas сводятся к числам и спискам Python.
+Здесь же — числа и таблицы для разборов и запуск функции студента с ограничением времени.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils import fmt
-from course_utils.grading import AnswerError, _describe_mismatch, _plain
+from course_utils.grading import AnswerError, _describe_mismatch, _is_number, _kind, _plain
 
 __all__ = [
-    "AnswerType", "Bool", "Choice", "Fields", "Function", "IdSet", "Keyed", "Number", "Share",
-    "call_with_deadline", "md_table", "norm", "num",
+    "AnswerType", "Bool", "Choice", "Fields", "Function", "IdSet", "Keyed", "Number", "Numbers",
+    "Share", "call_with_deadline", "far_apart", "get", "md_table", "norm", "sig", "tex_num",
 ]  # fmt: skip
+
+_BYTE_UNITS = ("", "Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "КБ", "МБ", "ГБ", "ТБ", "байт")
 
 
 def norm(x: Any) -> Any:
-    """Строка без лишних пробелов, без регистра, «ё» → «е»; не строка — как есть (после _plain)."""
+    """Строка без лишних пробелов и регистра, «ё» → «е», без кавычек, скобок и точки по краям."""
     x = _plain(x)
-    return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
+    if not isinstance(x, str):
+        return x
+    return " ".join(x.split()).casefold().replace("ё", "е").strip("`'\"«»[]. ")
 
 
-def _kind(x: Any) -> str:
-    x = _plain(x)
-    kinds = [(bool, "True/False"), ((int, float), "число"), (str, "строка"), (Mapping, "словарь"),
-             ((list, tuple), "список"), ((set, frozenset), "множество"), (type(None), "None")]  # fmt: skip
-    if callable(x) and not isinstance(x, type):
-        return "функция"
-    return next((name for t, name in kinds if isinstance(x, t)), f"объект {type(x).__name__}")
+def get(given: Mapping, key: str) -> Any:
+    """Значение ответа-словаря по ключу без учёта регистра; None, если ключа нет."""
+    return {norm(k): v for k, v in given.items()}.get(norm(key))
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _short(x: Any) -> str:
+    try:
+        text = repr(_plain(x))
+    except Exception:
+        text = type(x).__name__
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 class AnswerType:
@@ -64,12 +68,15 @@ class AnswerType:
 
 @dataclass(frozen=True)
 class Number(AnswerType):
-    """Число: |given − expected| ≤ rtol·|expected| + atol; ``unit`` — в сообщениях о форме."""
+    """Число: |given − expected| ≤ max(rtol·|expected|, atol); границы low/high — с сообщением bound."""
 
     rtol: float = 1e-3
     unit: str = ""
     integer: bool = False
     atol: float = 1e-9
+    low: float | None = None
+    high: float | None = None
+    bound: str = ""
 
     def problem(self, given: Any, task: dict) -> str | None:
         g, what = _plain(given), f"число{f' ({self.unit})' if self.unit else ''}"
@@ -79,27 +86,62 @@ class Number(AnswerType):
             return "Ответ — NaN или бесконечность: проверьте деление на ноль и log(0)."
         if self.integer and g != int(g):
             return f"Ожидается целое {what}: {g} — не целое (округлите по условию)."
+        if (self.low is not None and g < self.low) or (self.high is not None and g > self.high):
+            limits = f"от {self.low}" if self.high is None else f"от {self.low} до {self.high}"
+            return f"{self.bound or f'Допустимо {limits}'}, а получено {g}."
         return None
 
     def same(self, expected: Any, given: Any) -> bool:
         e, g = float(_plain(expected)), float(_plain(given))
-        return e == g or abs(g - e) <= self.rtol * abs(e) + self.atol
+        return e == g or abs(g - e) <= max(self.rtol * abs(e), self.atol)  # в единицах ответа
 
     def mismatch(self, expected: Any, given: Any) -> str:
-        return _describe_mismatch(float(_plain(expected)), float(_plain(given)), self.rtol)
+        hint = None if self.unit in _BYTE_UNITS else "проверьте формулу и единицы."
+        return _describe_mismatch(float(_plain(expected)), float(_plain(given)), self.rtol, hint)
 
 
 @dataclass(frozen=True)
 class Share(Number):
     """Доля от 0 до 1 (не проценты)."""
 
+    low: float | None = 0.0
+    high: float | None = 1.0
+
     def problem(self, given: Any, task: dict) -> str | None:
-        bad = super().problem(given, task)
-        g = _plain(given)
-        if bad is None and not 0 <= g <= 1:
-            pct = " — похоже на проценты, а нужна доля" if 1 < g <= 100 else ""
-            return f"Доля — число от 0 до 1, а получено {g}{pct}."
+        bad, g = super().problem(given, task), _plain(given)
+        if bad and _is_number(g) and 1 < g <= 100:
+            return f"Доля — число от 0 до 1, а получено {g}: похоже на проценты, а нужна доля."
         return bad
+
+
+@dataclass(frozen=True)
+class Numbers(AnswerType):
+    """Непустой список чисел той же длины, что верный; элементы сравнивает ``item``."""
+
+    item: Number = field(default_factory=Number)
+    noun: str = "элементу"
+
+    def problem(self, given: Any, task: dict) -> str | None:
+        g = _plain(given)
+        if not isinstance(g, (list, tuple)) or not g:
+            return f"Нужен непустой список чисел, а получено: {_kind(g)}."
+        bad = next((x for x in g if self.item.problem(x, task)), None)
+        return None if bad is None else f"Все элементы — конечные числа, а есть {_short(bad)}."
+
+    def same(self, expected: Any, given: Any) -> bool:
+        e, g = _plain(expected), _plain(given)
+        return len(e) == len(g) and all(self.item.same(a, b) for a, b in zip(e, g))
+
+    def mismatch(self, expected: Any, given: Any) -> str:
+        n, m = len(_plain(expected)), len(_plain(given))
+        if n != m:
+            return f"Нужно {fmt.count(n, 'число', 'числа', 'чисел')}, по одному {self.noun}, а получено {m}."
+        wrong = [str(i) for i, (a, b) in enumerate(zip(_plain(expected), _plain(given)))
+                 if not self.item.same(a, b)]  # fmt: skip
+        return f"Неверны элементы с номерами (с нуля): {', '.join(wrong[:8])}."
+
+    def skeleton(self) -> str:
+        return "[____]"
 
 
 @dataclass(frozen=True)
@@ -117,54 +159,54 @@ class Bool(AnswerType):
         return "Значение True/False не то: перечитайте условие."
 
 
-def _options(options: Iterable | Callable[[dict], Iterable], task: dict) -> list:
-    return list(options(task) if callable(options) else options)
-
-
 @dataclass(frozen=True)
 class Choice(AnswerType):
-    """Одна строка из ``options`` (кортеж или функция task → варианты)."""
+    """Одна строка из ``options`` (кортеж или функция task → варианты); ``aliases`` — синонимы."""
 
     options: Any
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def canon(self, x: Any) -> Any:
+        return norm(self.aliases.get(norm(x), x)) if isinstance(_plain(x), str) else x
 
     def problem(self, given: Any, task: dict) -> str | None:
-        allowed = _options(self.options, task)
-        if norm(given) in {norm(o) for o in allowed} and isinstance(_plain(given), str):
+        allowed = list(self.options(task) if callable(self.options) else self.options)
+        if isinstance(_plain(given), str) and self.canon(given) in {norm(o) for o in allowed}:
             return None
         shown = ", ".join(f"«{o}»" for o in allowed)
         return f"Ожидается одна строка из: {shown}; получено: {_short(given)}."
 
     def same(self, expected: Any, given: Any) -> bool:
-        return norm(expected) == norm(given)
+        return self.canon(expected) == self.canon(given)
 
     def mismatch(self, expected: Any, given: Any) -> str:
         return "Выбран не тот вариант: перечитайте условие и сверьте расчёт."
 
 
-def _short(x: Any) -> str:
-    try:
-        text = repr(_plain(x))
-    except Exception:
-        text = type(x).__name__
-    return text if len(text) <= 60 else text[:59] + "…"
-
-
 @dataclass(frozen=True)
 class IdSet(AnswerType):
-    """Набор идентификаторов из ``universe(task)``: список, кортеж или множество; порядок не важен."""
+    """Набор идентификаторов из ``universe(task)`` (список, кортеж или множество; порядок не важен).
+
+    ``repeats=True`` — повтор не ошибка формы. Неизвестное имя: отзыв перечисляет допустимые, если
+    их не больше 12.
+    """
 
     universe: Callable[[dict], Iterable]
     noun: str = "идентификаторов"
+    repeats: bool = False
 
     def problem(self, given: Any, task: dict) -> str | None:
         g = _plain(given)
         if not isinstance(g, (list, tuple, set, frozenset)):
             return f"Ожидается список {self.noun}, а получено: {_kind(g)}."
-        known = {norm(u) for u in self.universe(task)}
-        unknown = [x for x in g if isinstance(x, bool) or norm(x) not in known]
+        known = list(self.universe(task))
+        unknown = [x for x in g if isinstance(x, bool) or norm(x) not in {norm(u) for u in known}]
         if unknown:
-            return f"Таких {self.noun} нет в условии: {', '.join(_short(x) for x in unknown[:5])}."
-        if len({norm(x) for x in g}) != len(g):
+            allowed = f" Допустимы: {', '.join(map(str, known))}." if len(known) <= 12 else ""
+            return (
+                f"Таких {self.noun} нет в условии: {', '.join(map(_short, unknown[:5]))}.{allowed}"
+            )
+        if not self.repeats and len({norm(x) for x in g}) != len(g):
             return f"В списке есть повторы: каждый из {self.noun} — один раз."
         return None
 
@@ -188,6 +230,10 @@ class Fields(AnswerType):
     """Словарь с ровно такими ключами; значение каждого ключа — своего типа."""
 
     fields: Mapping[str, AnswerType]
+
+    def shape(self) -> str:
+        """Вид ответа для условия: словарь `{"a": …, "b": …}`."""
+        return "словарь `{" + ", ".join(f'"{k}": …' for k in self.fields) + "}`"
 
     def problem(self, given: Any, task: dict) -> str | None:
         keys = ", ".join(self.fields)
@@ -215,47 +261,50 @@ class Fields(AnswerType):
         return [k for k, kind in self.fields.items() if not kind.same(e[norm(k)], g[norm(k)])]
 
     def mismatch(self, expected: Any, given: Any) -> str:
+        """Называет неверные ключи и объясняет первый из них."""
         wrong = self.wrong_keys(expected, given)
+        first = wrong[0]
+        why = self.fields[first].mismatch(get(expected, first), get(given, first))
         if len(wrong) == 1:
-            key = wrong[0]
-            detail = self.fields[key].mismatch(
-                _by_norm(expected)[norm(key)], _by_norm(given)[norm(key)]
-            )
-            return f"Неверно значение {key}. {detail}"
-        return f"Неверны значения по ключам: {', '.join(wrong)}."
+            return f"Неверно значение {first}. {why}"
+        return f"Неверны значения: {', '.join(wrong)}. {first}: {why[0].lower()}{why[1:]}"
 
-    def skeleton(self) -> str:
-        return (
-            "{\n" + "".join(f'    "{k}": {t.skeleton()},\n' for k, t in self.fields.items()) + "}"
+    def skeleton(self, depth: int = 0) -> str:
+        if depth:
+            return "{" + ", ".join(f'"{k}": {t.skeleton()}' for k, t in self.fields.items()) + "}"
+        inner = "".join(
+            f'    "{k}": {t.skeleton(1) if isinstance(t, Fields) else t.skeleton()},\n'
+            for k, t in self.fields.items()
         )
+        return "{\n" + inner + "}"
 
 
 @dataclass(frozen=True)
 class Keyed(AnswerType):
     """Словарь «идентификатор из ``keys(task)`` → значение типа ``value``».
 
-    ``complete=True`` — нужны все ключи условия; иначе ответ называет только часть из них (например,
-    только непригодные записи), и лишний или пропущенный ключ — ошибка по существу, а не по форме.
+    ``complete=True`` — нужны все ключи условия; иначе ответ называет только часть (например, только
+    непригодные записи), и лишний или пропущенный ключ — ошибка по существу, а не по форме.
+    ``form`` — вид ответа в сообщении о форме, ``noun`` — чем являются ключи (род. п., мн. ч.).
     """
 
     keys: Callable[[dict], Iterable]
     value: AnswerType
     complete: bool = True
     noun: str = "ключей"
+    form: str = "{ключ: значение}"
 
     def problem(self, given: Any, task: dict) -> str | None:
         allowed = list(self.keys(task))
         if not isinstance(given, Mapping):
-            return f"Ожидается словарь {{ключ: значение}}; получено: {_kind(given)}."
+            return f"Ожидается словарь {self.form}; получено: {_kind(given)}."
         known = {norm(k) for k in allowed}
         unknown = [k for k in given if not isinstance(k, str) or norm(k) not in known]
         if unknown:
-            return f"Таких {self.noun} нет в условии: {', '.join(_short(k) for k in unknown[:5])}."
+            return f"Таких {self.noun} нет в условии: {', '.join(map(_short, unknown[:5]))}."
         if self.complete and len(_by_norm(given)) != len(known):
-            missing = [k for k in allowed if norm(k) not in _by_norm(given)]
-            return (
-                f"Нужны значения для всех {self.noun}; не хватает: {', '.join(map(str, missing))}."
-            )
+            missing = [str(k) for k in allowed if norm(k) not in _by_norm(given)]
+            return f"Нужны значения для всех {self.noun}; не хватает: {', '.join(missing)}."
         for key, value in given.items():
             bad = self.value.problem(value, task)
             if bad:
@@ -271,12 +320,10 @@ class Keyed(AnswerType):
         both = e.keys() & g.keys()
         wrong = sum(not self.value.same(e[k], g[k]) for k in both)
         if self.complete:
-            return (
-                f"Неверны значения у {fmt.count(wrong, 'ключа', 'ключей', 'ключей')} из {len(e)}."
-            )
+            return f"Неверны значения у {wrong} из {len(e)} {self.noun}."
         return (
-            f"В верном ответе {fmt.count(len(e), 'ключ', 'ключа', 'ключей')}; из них вы назвали "
-            f"{len(both)}, у {wrong} значение неверно; лишних в ответе: {len(g.keys() - e.keys())}."
+            f"В верном ответе {self.noun}: {len(e)}; из них вы назвали {len(both)}, у {wrong} "
+            f"значение неверно; лишних в ответе: {len(g.keys() - e.keys())}."
         )
 
 
@@ -285,9 +332,8 @@ class Keyed(AnswerType):
 class Function(AnswerType):
     """Ответ — функция; ``run(fn, task)`` вызывает её на скрытых случаях и возвращает итог.
 
-    Итоги верного ответа, ответа студента и типичных ошибок сравниваются как ``result`` (тип итога).
-    Функция студента выполняется с ограничением ``deadline_s`` секунд (call_with_deadline);
-    исключение, зависание и Ctrl+C становятся русским отзывом, а не падением ячейки.
+    Итоги верного ответа, ответа студента и типичных ошибок сравнивает тип ``result``. Функция
+    студента выполняется не дольше ``deadline_s`` секунд (call_with_deadline).
     """
 
     run: Callable[[Callable, dict], Any]
@@ -297,15 +343,15 @@ class Function(AnswerType):
     deadline_s: float = 20.0
 
     def problem(self, given: Any, task: dict) -> str | None:
-        import inspect
-
         if isinstance(given, type) or not callable(given):
-            return f"Ответ — сама функция {self.signature} (без скобок); получено: {_kind(given)}."
+            what = "None" if given is None else _kind(given).split(" (")[0]
+            return f"Ответ — сама функция {self.signature} (без скобок); получено: {what}."
         with contextlib.suppress(ValueError):  # сигнатуру встроенной функции не узнать
             try:
                 inspect.signature(given).bind(*([None] * self.arity))
             except TypeError:
-                return f"Функция должна принимать {fmt.count(self.arity, 'аргумент', 'аргумента', 'аргументов')}: {self.signature}."
+                n = fmt.count(self.arity, "аргумент", "аргумента", "аргументов")
+                return f"Функция должна принимать {n}: {self.signature}."
         return None
 
     def outcome(self, fn: Callable, task: dict) -> Any:
@@ -326,9 +372,9 @@ class _Deadline(BaseException):
 def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
     """fn(*args), но не дольше ``seconds`` с; иначе AnswerError с русским сообщением.
 
-    В главном потоке POSIX — таймер SIGALRM прерывает и бесконечный цикл на Python; в других потоках
-    — ожидание в отдельном потоке (зависший поток остаётся жить, но ячейка освобождается).
-    Исключение функции, SystemExit и KeyboardInterrupt внутри неё тоже становятся AnswerError.
+    В главном потоке POSIX таймер SIGALRM прерывает и бесконечный цикл на Python; в других потоках
+    функция ждёт в отдельном потоке (зависший поток остаётся, но ячейка свободна). Исключение,
+    SystemExit и KeyboardInterrupt внутри функции тоже становятся AnswerError.
     """
     box: dict[str, Any] = {}
 
@@ -338,10 +384,8 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
         except BaseException as exc:  # noqa: BLE001 — любое исключение — отзыв студенту
             box["error"] = exc
 
-    use_alarm = (
-        hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-    )
-    if use_alarm:
+    main = threading.current_thread() is threading.main_thread()
+    if main and hasattr(signal, "setitimer"):
 
         def on_alarm(signum: int, frame: Any) -> None:
             raise _Deadline
@@ -365,24 +409,20 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
     if error is None:
         return box.get("value")
     if isinstance(error, _Deadline):
-        raise AnswerError("wrong", f"Проверка остановлена: `{name}` не завершилась за {num(seconds)} с. "
-                          "Нет ли в ней бесконечного цикла или ожидания?")  # fmt: skip
+        raise AnswerError("wrong", f"Проверка остановлена: `{name}` не завершилась за "
+                          f"{sig(seconds)} с. Нет ли в ней бесконечного цикла или ожидания?")  # fmt: skip
     if isinstance(error, KeyboardInterrupt):
-        raise AnswerError("not_attempted", f"Проверка прервана (Ctrl+C или «Стоп») во время вызова "
-                          f"`{name}`; попытка не записана.")  # fmt: skip
-    raise AnswerError("wrong", f"`{name}` упала: {_exc_text(error)}.")
-
-
-def _exc_text(exc: BaseException) -> str:
+        raise AnswerError("not_attempted", "Проверка прервана (Ctrl+C или «Стоп») во время "
+                          f"вызова `{name}`; попытка не записана.")  # fmt: skip
     try:
-        text = f"{type(exc).__name__}: {exc}"
+        text = f"{type(error).__name__}: {error}"
     except Exception:
-        text = type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "…"
+        text = type(error).__name__
+    raise AnswerError("wrong", f"`{name}` упала: {text if len(text) <= 300 else text[:297] + '…'}.")
 
 
-# ---------------------------------------------------------------- форматирование разборов
-def num(x: float, digits: int = 4) -> str:
+# ---------------------------------------------------------------- числа и таблицы разборов
+def sig(x: float, digits: int = 4) -> str:
     """Число для разбора: целое — с неразрывными пробелами между разрядами, иначе ``digits`` значащих."""
     x = _plain(x)
     if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
@@ -390,9 +430,24 @@ def num(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}".replace("-", "−")
 
 
+def tex_num(n: float) -> str:
+    """Целое для формулы LaTeX: разряды через тонкий пробел ``\\,`` (131\\,072)."""
+    return fmt.num(int(n)).replace(fmt.NBSP, "\\,").replace("−", "-")
+
+
 def md_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     """Таблица Markdown: заголовок и строки (ячейки — через str)."""
     head = list(header)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def far_apart(values: Iterable[float], rtol: float = 0.05, atol: float = 0.01) -> bool:
+    """Генератору варианта: все значения попарно различаются больше чем на rtol·max + atol.
+
+    Так ответ каждой типичной ошибки не совпадает с верным в пределах допуска проверки.
+    """
+    v = [float(x) for x in values]
+    return all(
+        abs(a - b) > rtol * max(abs(a), abs(b)) + atol for i, a in enumerate(v) for b in v[i + 1 :]
+    )

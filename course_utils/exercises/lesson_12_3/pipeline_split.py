@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 from course_utils import pipeline
-from course_utils.exercises.answers import Fields, Number, md_table, norm, num
+from course_utils.exercises.answers import Fields, Number, md_table, norm, sig
 from course_utils.exercises.step import Step, Trap
 
 TOLERANCE = "относительный допуск 1 % (rtol = 1e-2)"
@@ -119,8 +119,8 @@ def solution(task: dict, ref: dict) -> str:
     C, P, k, rates = s(ref["C_seq"]), s(ref["C_pipe"]), ref["k_gen"], _split_rates(K, r_g, r_t)
     head = ("k_gen", "k_train", *(f"{x}, токенов/с" for x in ("генерация", "обучение", "конвейер")))
     table = md_table(head,
-                     [(kg, K - kg, num(int(kg * r_g)), num(int((K - kg) * r_t)),
-                       f"**{num(int(rates[kg]))}**" if kg == k else num(int(rates[kg])))
+                     [(kg, K - kg, sig(int(kg * r_g)), sig(int((K - kg) * r_t)),
+                       f"**{sig(int(rates[kg]))}**" if kg == k else sig(int(rates[kg])))
                       for kg in sorted({*range(max(1, k - 2), min(K - 1, k + 2) + 1), K // 2})])  # fmt: skip
     return (
         "**1–2.** Последовательно этапы идут друг за другом, в заполненном конвейере — "
@@ -137,7 +137,7 @@ def solution(task: dict, ref: dict) -> str:
         "k_{train} r_t)$; лучше всего, когда этапы уравновешены: $k_{gen} \\approx K r_t / "
         f"(r_g + r_t) = {K} \\cdot {r_t} / ({r_g} + {r_t}) \\approx {K * r_t / (r_g + r_t):.2f}$. "
         f"Целые соседи и деление поровну:\n\n{table}\n\nЛучше всего k_gen = {k}, k_train = "
-        f"{K - k}: {num(int(rates[k]))} токенов/с против {num(int(rates[K // 2]))} поровну. "
+        f"{K - k}: {sig(int(rates[k]))} токенов/с против {sig(int(rates[K // 2]))} поровну. "
         "Линейный рост — приближение: сеть, проверяющая система или память могут стать новым "
         f"узким местом.\n\n**Ответ:** `{ {**ref, 'speedup': round(ref['speedup'], 3)} }`."
     )

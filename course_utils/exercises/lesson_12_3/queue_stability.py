@@ -3,7 +3,7 @@
 import random
 from fractions import Fraction
 
-from course_utils.exercises.answers import Bool, Fields, Number, num
+from course_utils.exercises.answers import Bool, Fields, Number, sig
 from course_utils.exercises.step import Step, Trap
 from course_utils.fmt import NBSP
 
@@ -18,7 +18,7 @@ ANSWER = Fields({"stable": Fields(dict.fromkeys(_CONFIGS, Bool())),
 
 def _tex(n: float) -> str:
     """Целое для формулы LaTeX: разряды через тонкий пробел ``\\,`` (32768 → 32\\,768)."""
-    return num(int(n)).replace(NBSP, "\\,")
+    return sig(int(n)).replace(NBSP, "\\,")
 
 
 def make_task(variant: int) -> dict:
@@ -43,7 +43,7 @@ def make_task(variant: int) -> dict:
     lines = "\n".join(f"| {c} | {n} |" for c, n in collectors.items())
     statement = (
         "**Очередь роллаутов и обратное давление.** Сборщики кладут роллауты в очередь FIFO; "
-        f"тренер забирает пакеты по B = {num(batch)} токенов, шаг на пакете — t = {float(step):g} "
+        f"тренер забирает пакеты по B = {sig(batch)} токенов, шаг на пакете — t = {float(step):g} "
         f"с, после шага публикуется новая версия весов. Сборщик выдаёт в среднем ρ = {rho} "
         f"роллаута/с, средняя длина роллаута ℓ̄ = {mean_len} токенов, но длины сильно разнятся: "
         f"от десятков токенов до max_tokens = {max_tokens}. Три конфигурации пула генерации (они "
@@ -101,7 +101,7 @@ def solution(task: dict, ref: dict) -> str:
     B, L, m = task["batch_tokens"], task["max_lag_steps"], task["max_tokens"]
     big = task["backpressure_config"]
     C = task["collectors"][big]
-    rows = "\n".join(f"| {c} | {n} | {n} · {rho} · {ell} = {num(int(lam[c]))} | "
+    rows = "\n".join(f"| {c} | {n} | {n} · {rho} · {ell} = {sig(int(lam[c]))} | "
                      f"{'<' if lam[c] < mu else '=' if lam[c] == mu else '>'} | "
                      f"{'да' if ref['stable'][c] else 'нет'} | {s(ref['growth_tokens_per_s'][c])} |"
                      for c, n in task["collectors"].items())  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 from course_utils import memory
 from course_utils.checkpoint import COMPONENTS
-from course_utils.exercises.answers import Bool, Fields, IdSet, md_table, norm, num
+from course_utils.exercises.answers import Bool, Fields, IdSet, md_table, norm, sig
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
 
@@ -51,10 +51,10 @@ def make_task(variant: int) -> dict:
                 for c in COMPONENTS if applies(c, run) and c not in missing]  # fmt: skip
     rng.shuffle(manifest)
     total = sum(e["bytes"] for e in manifest)
-    rows = [[f"`{e['file']}`", f"`{e['component']}`", num(e["bytes"]), size(e["bytes"])] for e in manifest]  # fmt: skip
+    rows = [[f"`{e['file']}`", f"`{e['component']}`", sig(e["bytes"]), size(e["bytes"])] for e in manifest]  # fmt: skip
     world = "одном GPU" if run["world_size"] == 1 else f"{run['world_size']} GPU"
     statement = (
-        f"**Манифест контрольной точки.** Запуск GRPO: {model} (параметров: {num(n)}, веса bf16), AdamW, "
+        f"**Манифест контрольной точки.** Запуск GRPO: {model} (параметров: {sig(n)}, веса bf16), AdamW, "
         f"косинусный планировщик скорости обучения с прогревом, обучение на {world}. Генераторы случайных чисел "
         "задают сэмплы и порядок мини-пакетов; запросы читаются по порядку из перемешанного набора задач; "
         f"награду выставляет верификатор с версией. Запуск асинхронный: сборщики роллаутов (их {run['collectors']}) "
@@ -66,7 +66,7 @@ def make_task(variant: int) -> dict:
            if norm_ else "Преимущества нормируются только внутри группы; скользящей статистики нет.")
         + f"\n\nПоследняя контрольная точка `step-{run['step']:06d}` записана атомарно; её `manifest.json` "
         "перечисляет файлы (они же — `task_12_5_6['manifest']`; 1 КиБ = 2¹⁰ Б, 1 ГиБ = 2³⁰ Б):\n\n"
-        + md_table(["файл", "компонент", "байт", "размер"], [*rows, ["**итого**", "", num(total), size(total)]])
+        + md_table(["файл", "компонент", "байт", "размер"], [*rows, ["**итого**", "", sig(total), size(total)]])
         + "\n\nВсе компоненты контрольной точки RL-запуска и что ломается без каждого (шаг 12.5.1, "
         "`checkpoint.COMPONENTS`; имена — `task_12_5_6['components']`):\n\n"
         + ";\n".join(f"- `{c}` — {b}" for c, (_, b) in COMPONENTS.items())

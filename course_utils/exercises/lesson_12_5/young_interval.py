@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from course_utils.checkpoint import checkpoint_overhead as overhead, daly_interval, young_interval
-from course_utils.exercises.answers import Choice, Fields, Number, norm, num
+from course_utils.exercises.answers import Choice, Fields, Number, norm, sig
 from course_utils.exercises.lesson_12_5.manifest_gaps import value
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
@@ -29,7 +29,7 @@ class Amount(Number):
         e, g = float(_plain(expected)), float(_plain(given))
         hit = [f for f in _RATIOS if e and g and min(abs(g / e / f - 1), abs(e / g / f - 1)) < 2e-3]
         if hit:
-            return f"Ответ отличается от верного ровно в {num(hit[0])} раз: {_RATIOS[hit[0]]}."
+            return f"Ответ отличается от верного ровно в {sig(hit[0])} раз: {_RATIOS[hit[0]]}."
         pct = abs(g / e - 1) * 100 if e else math.inf
         return super().mismatch(e, g) if pct < 1 or g * e < 0 else f"Ответ отличается от верного на {pct:.0f} %: проверьте формулу и единицы."  # fmt: skip
 
@@ -131,7 +131,7 @@ def solution(task: dict, ref: dict) -> str:
     saving = f"Переход на I* сберёг бы около {lost:.0f} мин в сутки." if lost >= 1 else "Выигрыш от перехода на I* — меньше минуты в сутки."  # fmt: skip
     answer = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in ref.items()}
     return (
-        f"Сначала всё в секунды: C = {c} с, M = {m_h} ч · 3600 = {num(m)} с, I = {i_min} мин · 60 = {num(i)} с."
+        f"Сначала всё в секунды: C = {c} с, M = {m_h} ч · 3600 = {sig(m)} с, I = {i_min} мин · 60 = {sig(i)} с."
         f"\n\n$$I^* = \\sqrt{{2CM}} = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = "
         f"{ref['I_star_min']:.2f}\\ \\text{{мин}}.$$\n\n$$H(I) = \\frac{{C}}{{I}} + \\frac{{I}}{{2M}} = "
         f"\\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = "
