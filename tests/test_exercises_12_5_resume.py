@@ -63,16 +63,39 @@ def test_lesson_12_5_final_steps_registered():
     assert {"12.5.10", "12.5.11", "12.5.12", "12.5.13"} <= set(IDS)
 
 
+ALL = range(50)
+
+
 @pytest.mark.parametrize("variant", range(8))
 def test_12_5_10_task_is_json_and_small(variant):
     task = grading.task("12.5.10", variant)
     assert json.loads(json.dumps(task, ensure_ascii=False)) == task
     p = task["crash_test"]
     every, crash, total = p["checkpoint_every"], p["crash_at"], p["total_steps"]
-    assert every <= crash < total <= 16
+    assert every <= crash < total <= 20
     assert task["restored_step"] == crash // every * every < crash  # часть работы потеряна
     for text in (f"crash_at={crash}", f"total_steps={total}", f"step-{task['restored_step']:06d}"):
         assert text in task["statement"]
+
+
+def test_12_5_10_checkpoint_after_verifier_upgrade_and_promotion():
+    """Контрольная точка каждого варианта — уже с verifier-2 и уровнем программы ≥ 1 (иначе забытые
+    versions или curriculum совпали бы с новым запуском). Считаем прямо по ToyRLRun."""
+    from course_utils import checkpoint
+
+    for variant in ALL:
+        p = grading.task("12.5.10", variant)["crash_test"]
+        kw = {
+            k: v
+            for k, v in p.items()
+            if k not in ("total_steps", "crash_at", "checkpoint_every", "seed")
+        }
+        run, fresh = checkpoint.ToyRLRun(p["seed"], **kw), checkpoint.ToyRLRun(p["seed"], **kw)
+        for _ in range(p["crash_at"] // p["checkpoint_every"] * p["checkpoint_every"]):
+            run.step()
+        assert run.verifier_version == "verifier-2" and run.curriculum["level"] >= 1, variant
+        state, new = run.state_dict(), fresh.state_dict()
+        assert all(repr(state[c]) != repr(new[c]) for c in checkpoint.COMPONENTS), variant
 
 
 def _resume_from_solution(task):
@@ -95,43 +118,93 @@ def test_12_5_10_reference_solution_code_and_timing():
     start = time.perf_counter()
     result = grading.evaluate("12.5.10", resume)
     assert result.status == "correct", result
-    assert time.perf_counter() - start < 2.0  # одна проверка аварией (torch уже загружен)
+    assert time.perf_counter() - start < 3.0  # одна проверка аварией (torch уже загружен)
 
 
-def _student_resumes():
-    """Неверные resume, написанные «как студент», — не те объекты, что в модуле упражнений."""
+def _without(component):
+    """resume «как у студента»: всё, кроме одного компонента (он — из свежего запуска)."""
     from course_utils import checkpoint
+
+    def resume(run_factory, checkpoint_path):
+        run = run_factory()
+        state = checkpoint.load_checkpoint(checkpoint_path)
+        state[component] = run_factory().state_dict()[component]
+        run.load_state_dict(state)
+        return run
+
+    return resume
+
+
+COMPONENT_KEYS = {"policy": "forgot_policy", "optimizer": "forgot_optimizer",
+                  "scheduler": "forgot_scheduler", "counters": "forgot_counters", "rng": "forgot_rng",
+                  "data_cursor": "forgot_cursor", "curriculum": "forgot_curriculum",
+                  "normalizer": "forgot_normalizer", "versions": "forgot_versions",
+                  "queue": "forgot_queue"}  # fmt: skip
+
+
+def test_12_5_10_one_trap_per_component():
+    from course_utils import checkpoint
+
+    assert set(COMPONENT_KEYS) == set(checkpoint.COMPONENTS)
+    keys = {m.key for m in grading.misconceptions("12.5.10")}
+    assert set(COMPONENT_KEYS.values()) | {"weights_only", "ignores_checkpoint"} == keys
+
+
+@pytest.mark.parametrize("component", list(COMPONENT_KEYS))
+def test_12_5_10_incomplete_resume_named_in_every_variant(component):
+    fn, key = _without(component), COMPONENT_KEYS[component]
+    for variant in ALL:
+        result = grading.evaluate("12.5.10", fn, variant)
+        assert (result.status, result.misconception) == ("misconception", key), (variant, result)
+        assert f"`{component}`" in result.message
+
+
+def test_12_5_10_ignoring_checkpoint_and_weights_only_named_in_every_variant():
+    from course_utils import checkpoint
+
+    def ignores(run_factory, checkpoint_path):
+        checkpoint.load_checkpoint(checkpoint_path)  # прочитала — и не загрузила
+        return run_factory()
 
     def weights(run_factory, checkpoint_path):
         run = run_factory()
         run.load_weights_only(checkpoint.load_checkpoint(checkpoint_path))
         return run
 
-    def fresh(component):
-        def resume(run_factory, checkpoint_path):
-            run = run_factory()
-            state = checkpoint.load_checkpoint(checkpoint_path)
-            state[component] = run_factory().state_dict()[component]
-            run.load_state_dict(state)
-            return run
-
-        return resume
-
     def drop(run_factory, checkpoint_path):
         run = run_factory()
         run.load_state_dict(checkpoint.load_checkpoint(checkpoint_path), queue="drop")
         return run
 
-    return [(weights, "weights_only"), (checkpoint.resume_weights_only, "weights_only"),
-            (fresh("rng"), "forgot_rng"), (fresh("data_cursor"), "forgot_cursor"),
-            (fresh("queue"), "forgot_queue"), (drop, "forgot_queue")]  # fmt: skip
+    cases = [(ignores, "ignores_checkpoint"), (weights, "weights_only"),
+             (checkpoint.resume_weights_only, "weights_only"), (drop, "forgot_queue")]  # fmt: skip
+    for variant in ALL:
+        for fn, key in cases:
+            result = grading.evaluate("12.5.10", fn, variant)
+            assert result.misconception == key, (variant, key, result)
 
 
-@pytest.mark.parametrize("variant", [0, 3, 5])
-def test_12_5_10_hand_written_mistakes_recognised(variant):
-    for fn, key in _student_resumes():
-        result = grading.evaluate("12.5.10", fn, variant)
-        assert result.status == "misconception" and result.misconception == key, (key, result)
+def test_12_5_10_endless_loop_stopped_and_ctrl_c_reported():
+    import time
+
+    def endless(run_factory, checkpoint_path):
+        while True:
+            pass
+
+    def ctrl_c(run_factory, checkpoint_path):
+        raise KeyboardInterrupt
+
+    deadline = _ex("12.5.10").outcome.__self__.deadline_s
+    start = time.perf_counter()
+    result = grading.evaluate("12.5.10", endless)
+    assert time.perf_counter() - start < deadline + 3
+    assert (
+        result.status == "wrong"
+        and "не завершилась" in result.message
+        and CYRILLIC.search(result.message)
+    )
+    result = grading.check("12.5.10", ctrl_c)  # не пробрасывается в ячейку
+    assert result.status == "not_attempted" and "прервана" in result.message
 
 
 def test_12_5_10_broken_functions_get_feedback():
@@ -144,11 +217,11 @@ def test_12_5_10_broken_functions_get_feedback():
         run = run_factory()
         run.load_state_dict(checkpoint.load_checkpoint(checkpoint_path))
 
-    def cold_optimizer(run_factory, checkpoint_path):
+    def two_missing(run_factory, checkpoint_path):
         run = run_factory()
         state = checkpoint.load_checkpoint(checkpoint_path)
-        state["optimizer"] = run.state_dict()["optimizer"]
-        run.load_state_dict(state)
+        fresh = run.state_dict()
+        run.load_state_dict({**state, "optimizer": fresh["optimizer"], "rng": fresh["rng"]})
         return run
 
     def broken_run(run_factory, checkpoint_path):
@@ -165,11 +238,9 @@ def test_12_5_10_broken_functions_get_feedback():
     result = grading.evaluate("12.5.10", checkpoint.ToyRLRun(0))
     assert result.status == "malformed" and "без скобок" in result.message
     assert grading.evaluate("12.5.10", checkpoint.ToyRLRun).status == "malformed"
-    result = grading.evaluate("12.5.10", cold_optimizer)
-    assert result.status == "wrong" and "optimizer" in result.message
-    assert "расходится на шаге" in result.message
-    result = grading.evaluate("12.5.10", lambda run_factory, checkpoint_path: run_factory())
-    assert result.status == "wrong" and "policy" in result.message
+    result = grading.evaluate("12.5.10", two_missing)
+    assert result.status == "wrong" and "расходится на шаге" in result.message
+    assert "optimizer —" in result.message and "rng —" in result.message
     result = grading.evaluate("12.5.10", broken_run)
     assert result.status == "wrong" and "после восстановления" in result.message
 
@@ -177,64 +248,104 @@ def test_12_5_10_broken_functions_get_feedback():
 def test_12_5_10_solution_shows_every_mistake():
     task = grading.task("12.5.10", 2)
     text = _ex("12.5.10").solution(task)
-    assert "совпадает на всех" in text and text.count("| расходится на шаге") == 4
-    for label in ("`rng`", "`data_cursor`", 'queue="drop"', "load_weights_only"):
+    assert "совпадает на всех" in text and text.count("| расходится на шаге") == 12
+    for label in (
+        "`rng`",
+        "`data_cursor`",
+        "`versions`",
+        "`curriculum`",
+        'queue="drop"',
+        "load_weights_only",
+    ):
         assert label in text
 
 
-def _accept_by_hand(batch, current):
-    ids = [r["rollout_id"] for r in batch["rollouts"]]
+def _accept_by_hand(batch, expected, current):
+    ids = [r["rollout_id"] for r in batch]
+    return (sorted(ids) == sorted(expected) and len(set(ids)) == len(ids)
+            and all(isinstance(r["reward"], float) for r in batch)
+            and {r["verifier_version"] for r in batch} == {current})  # fmt: skip
+
+
+def _no_dup_check(batch, expected, current):
+    return (set(r["rollout_id"] for r in batch) == set(expected)
+            and all(isinstance(r["reward"], float) for r in batch)
+            and {r["verifier_version"] for r in batch} == {current})  # fmt: skip
+
+
+def _scored_part(batch, expected, current):
+    """Берёт «оценённую часть»: пропавшие роллауты и роллауты без награды не мешают."""
+    ids = [r["rollout_id"] for r in batch]
+    scored = [r for r in batch if r["reward"] is not None]
+    return (set(ids) <= set(expected) and len(set(ids)) == len(ids)
+            and all(r["verifier_version"] == current for r in scored))  # fmt: skip
+
+
+def _one_version(batch, expected, current):
+    """Проверяет, что версия верификатора одна на пакет, но не что она текущая."""
+    ids = [r["rollout_id"] for r in batch]
+    return (sorted(ids) == sorted(expected) and len(set(ids)) == len(ids)
+            and all(isinstance(r["reward"], float) for r in batch)
+            and len({r["verifier_version"] for r in batch}) == 1)  # fmt: skip
+
+
+def _no_version_check(batch, expected, current):
+    ids = [r["rollout_id"] for r in batch]
+    return sorted(ids) == sorted(expected) and all(isinstance(r["reward"], float) for r in batch)
+
+
+def _one_policy(batch, expected, current):
     return (
-        sorted(ids) == sorted(batch["expected_ids"])
-        and len(set(ids)) == len(ids)
-        and all(isinstance(r["reward"], float) for r in batch["rollouts"])
-        and {r["verifier_version"] for r in batch["rollouts"]} == {current}
+        _accept_by_hand(batch, expected, current) and len({r["policy_version"] for r in batch}) == 1
     )
 
 
-@pytest.mark.parametrize("variant", range(10))
-def test_12_5_11_reference_by_hand(variant):
-    from course_utils.exercises.lesson_12_5 import atomic_batches
+def test_12_5_11_hidden_batches_cover_every_kind():
+    from course_utils.exercises.lesson_12_5 import atomic_batches as ab
 
-    task, ref = grading.task("12.5.11", variant), grading.reference("12.5.11", variant)
-    current = task["verifier_version"]
-    assert list(ref) == [b["batch_id"] for b in task["batches"]]
-    for b in task["batches"]:
-        assert ref[b["batch_id"]] == ("accept" if _accept_by_hand(b, current) else "reject")
-        assert b["batch_id"] in task["statement"]
-    assert "accept" in ref.values() and "reject" in ref.values()
-    kinds = {atomic_batches._kind_of(b, current) for b in task["batches"]}
-    if variant < 4:
-        assert {"complete", "policy_mixed", "missing_rollouts", "missing_reward",
-                "duplicate"} <= kinds  # fmt: skip
+    for variant in ALL:
+        task = grading.task("12.5.11", variant)
+        hidden = ab._hidden(task)
+        assert {ab._kind_of(b, task["verifier_version"]) for b in hidden} == set(ab.KINDS)
+        assert not any(b["batch_id"] in task["statement"] for b in hidden)  # скрытые
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_12_5_11_forms_and_misconceptions(variant):
-    from course_utils.exercises.lesson_12_5 import atomic_batches
+def test_12_5_11_hand_written_functions_in_every_variant():
+    cases = [(_accept_by_hand, None), (_no_dup_check, "accept_duplicates"),
+             (_scored_part, "accept_partial"), (_one_version, "accept_old_verifier"),
+             (_no_version_check, "accept_old_verifier"), (_one_policy, "reject_all_on_version_change")]  # fmt: skip
+    code = (
+        _ex("12.5.11")
+        .solution(grading.task("12.5.11", 0))
+        .split("```python\n", 1)[1]
+        .split("```")[0]
+    )
+    scope = {}
+    exec(code, scope)
+    cases.append((scope["accept"], None))
+    for variant in ALL:
+        for fn, key in cases:
+            result = grading.evaluate("12.5.11", fn, variant)
+            expected = ("correct", None) if key is None else ("misconception", key)
+            assert (result.status, result.misconception) == expected, (variant, fn.__name__, result)
 
-    task, ref = grading.task("12.5.11", variant), grading.reference("12.5.11", variant)
-    current = task["verifier_version"]
-    kind = {b["batch_id"]: atomic_batches._kind_of(b, current) for b in task["batches"]}
-    russian = {k.upper(): ("Принять" if v == "accept" else "отклонить") for k, v in ref.items()}
-    assert grading.evaluate("12.5.11", russian, variant)
-    result = grading.evaluate("12.5.11", {**ref, next(iter(ref)): "maybe"}, variant)
-    assert result.status == "malformed" and "accept" in result.message
-    result = grading.evaluate("12.5.11", dict(list(ref.items())[1:]), variant)
-    assert result.status == "malformed"
-    one_partial = next(k for k, v in kind.items() if v == "missing_reward")
-    result = grading.evaluate("12.5.11", {**ref, one_partial: "accept"}, variant)
-    assert result.misconception == "accept_partial"
-    dup = next(k for k, v in kind.items() if v == "duplicate")
-    result = grading.evaluate("12.5.11", {**ref, dup: "accept"}, variant)
-    assert result.misconception == "accept_duplicates"
-    mixed = next(k for k, v in kind.items() if v == "policy_mixed")
-    result = grading.evaluate("12.5.11", {**ref, mixed: "reject"}, variant)
-    assert result.misconception == "reject_all_on_version_change"
-    everything = dict.fromkeys(ref, "accept")
-    result = grading.evaluate("12.5.11", everything, variant)
-    assert result.status == "wrong" and "Неверны значения" in result.message
-    assert not any(k in result.message for k in ref)
+
+def test_12_5_11_forms_and_feedback():
+    from course_utils import checkpoint
+
+    task = grading.task("12.5.11", 1)
+    assert grading.evaluate("12.5.11", checkpoint.accept_batch, 1)
+    ex = task["example"]
+    assert bool(
+        checkpoint.accept_batch(ex["rollouts"], ex["expected_ids"], task["verifier_version"])
+    )
+    assert grading.evaluate("12.5.11", {"b0001": "accept"}, 1).status == "malformed"
+    result = grading.evaluate("12.5.11", lambda batch: True, 1)
+    assert result.status == "malformed" and "3" in result.message
+    result = grading.evaluate("12.5.11", lambda b, e, v: 1 / 0, 1)
+    assert result.status == "wrong" and "ZeroDivisionError" in result.message
+    result = grading.evaluate("12.5.11", lambda b, e, v: True, 1)
+    assert result.status == "wrong" and "Верно решено скрытых пакетов" in result.message
 
 
 @pytest.mark.parametrize("variant", range(8))
@@ -253,9 +364,8 @@ def test_12_5_12_reference_matches_choose_stacks(variant):
                                     include_unconfirmed=True)  # fmt: skip
     speed = stack_map.load_speedups()
     top = speed.loc[speed["speedup_high"].idxmax(), "stack"]
-    if variant < 4:
-        assert set(ref) < set(loose.loc[loose["matches"], "stack"])
-        assert ref != [top]
+    assert set(ref) < set(loose.loc[loose["matches"], "stack"])  # в каждом варианте
+    assert ref != [top]
     assert len(task["requirements"]) >= 3 and task["today"] in task["statement"]
     for key, value in task["requirements"].items():
         assert (
@@ -333,18 +443,17 @@ def test_12_5_13_reference_by_hand(variant):
         if comp != "crash_test":
             assert f"не хранит {comp}" in row["чего не хватает"]
     assert ("crash_test" in ref["recovery_gaps"]) is (not ck["crash_tested"])
-    if variant < 4:
-        assert ref["staleness_risk"] == "высокий" and "crash_test" in ref["recovery_gaps"]
-        assert len(ref["recovery_gaps"]) >= 2
+    assert ref["staleness_risk"] == "высокий" and "crash_test" in ref["recovery_gaps"]
+    assert len(ref["recovery_gaps"]) >= 2
 
 
 def test_12_5_13_variety():
     refs = [grading.reference("12.5.13", v) for v in range(16)]
-    assert {r["bottleneck"] for r in refs} == {"generation", "reward", "ref_logprob", "training",
-                                               "weight_sync"}  # fmt: skip
+    # генерация не бывает узким местом: тогда у неё же больше всего работы и off_critical_path
+    # совпал бы с верным; риск всегда высокий, crash_test всегда нужен — иначе ловушки не держатся
+    assert {r["bottleneck"] for r in refs} == {"reward", "ref_logprob", "training", "weight_sync"}
     assert {r["memory_fits"] for r in refs} == {True, False}
-    assert {r["staleness_risk"] for r in refs} == {"высокий", "низкий"}
-    assert [] in [r["recovery_gaps"] for r in refs]
+    assert {len(r["recovery_gaps"]) for r in refs} >= {2, 3, 4}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -379,6 +488,53 @@ def test_12_5_13_forms_and_misconceptions(variant):
     assert result.status == "wrong" and "recovery_gaps" in result.message
     text = _ex("12.5.13").solution(task)
     assert "pipeline.critical_path" in text and ref["bottleneck"] in text
+
+
+def test_12_5_12_hand_built_mistakes_in_every_variant():
+    import datetime as dt
+
+    frame, speed = stack_map.load_stack_map(), stack_map.load_speedups()
+    top = speed.loc[speed["speedup_high"].idxmax(), "stack"]
+    for variant in ALL:
+        task = grading.task("12.5.12", variant)
+        loose = stack_map.choose_stacks(frame, **task["requirements"], include_unconfirmed=True,
+                                        today=dt.date.fromisoformat(task["today"]))  # fmt: skip
+        result = grading.evaluate("12.5.12", list(loose.loc[loose["matches"], "stack"]), variant)
+        assert result.misconception == "unconfirmed_as_fact", (variant, result)
+        assert grading.evaluate("12.5.12", [top], variant).misconception == "fastest_number", (
+            variant
+        )
+
+
+def test_12_5_13_hand_built_mistakes_in_every_variant():
+    from course_utils import memory
+
+    for variant in ALL:
+        task, ref = grading.task("12.5.13", variant), grading.reference("12.5.13", variant)
+        work = {}
+        for r in task["stages"]:
+            work[r["stage"]] = work.get(r["stage"], 0.0) + r["end_s"] - r["start_s"]
+        mem = task["memory"]
+        shape = memory.ModelShape.from_name(mem["model"])
+        n, d, z = shape.num_params, mem["world_size"], mem["zero_stage"]
+        state16 = (
+            2 * n / (d if z >= 3 else 1)
+            + 2 * n / (d if z >= 2 else 1)
+            + 12 * n / (d if z >= 1 else 1)
+        )
+        kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * mem["sequences"] * mem["tokens_per_sequence"] * 2  # fmt: skip
+        fits16 = state16 + kv + mem["reserve_gib"] * 2**30 <= mem["gpu_gb"] * 10**9
+        q = task["queue"]
+        mean_lag = sum(x["lag"] * x["rollouts"] for x in q["lag_counts"]) / sum(x["rollouts"] for x in q["lag_counts"])  # fmt: skip
+        mean_ess = sum(b["ess"] / b["n"] for b in q["batches"]) / len(q["batches"])
+        by_mean = "высокий" if mean_lag > q["max_lag"] or mean_ess < 0.5 else "низкий"
+        cases = {"off_critical_path": {"bottleneck": max(work, key=work.get)},
+                 "sixteen_bytes": {"memory_fits": fits16}, "staleness_by_mean": {"staleness_risk": by_mean},
+                 "weights_only_ok": {"recovery_gaps": []},
+                 "no_crash_test": {"recovery_gaps": [c for c in ref["recovery_gaps"] if c != "crash_test"]}}  # fmt: skip
+        for key, change in cases.items():
+            result = grading.evaluate("12.5.13", {**ref, **change}, variant)
+            assert result.misconception == key, (variant, key, result)
 
 
 @pytest.mark.parametrize("variant", range(8))

@@ -1,13 +1,20 @@
-"""12.5.11 — пакет целиком или никак: приём и отказ частично записанных пакетов (accept_batch)."""
+"""12.5.11 — пакет целиком или никак: функция приёма пакета, проверка на скрытых пакетах.
 
+Ответ — функция accept(batch, expected_ids, verifier_version) → True (принять пакет целиком) или
+False (отклонить целиком). Её прогоняют на скрытых пакетах варианта, где есть пакеты всех видов;
+верные вердикты даёт checkpoint.accept_batch. Ошибки узнаются по тому, какие пакеты решены иначе.
+"""
+
+import copy
 import random
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from course_utils.exercises.answers import Keyed, norm
-from course_utils.exercises.lesson_12_5.final_diagnosis import Synonyms
+from course_utils import checkpoint, fmt
+from course_utils.exercises.answers import AnswerType, Function, md_table
 from course_utils.exercises.step import Step, Trap
 
+# вид пакета → как он получился (для разбора)
 KINDS: dict[str, str] = {
     "complete": "полный пакет: все ожидаемые роллауты, награды текущей версии",
     "policy_mixed": "полный пакет из роллаутов нескольких версий политики в пределах задержки — "
@@ -19,12 +26,13 @@ KINDS: dict[str, str] = {
     "old_verifier": "весь пакет оценён прошлой версией верификатора",
     "foreign": "вместо своего роллаута в пакете чужой (из другого пакета)",
 }
-_PARTIAL = ("missing_rollouts", "missing_reward")
 _COLS = ("rollout_id", "prompt_id", "policy_version", "reward", "verifier_version")
+_SIG = "accept(batch, expected_ids, verifier_version)"
 
 
-def _build_batches(rng: random.Random, kinds: list[str], current: str, old: str,
-                           max_lag: int) -> list[dict]:  # fmt: skip
+def _build_batches(
+    rng: random.Random, kinds: list[str], current: str, old: str, max_lag: int
+) -> list[dict]:
     """Пакеты подряд идущих шагов тренера; вид каждого — из kinds (в этом порядке)."""
     step0 = rng.randint(120, 900)
     next_id = rng.randint(1000, 8000)
@@ -66,72 +74,52 @@ def _build_batches(rng: random.Random, kinds: list[str], current: str, old: str,
     return batches
 
 
-def _kinds(rng: random.Random, variant: int) -> list[str]:
-    if variant < 4:  # на первых вариантах узнаются все типичные ошибки
-        extra = ("mixed_verifier", "old_verifier", "foreign", "mixed_verifier")[variant]
-        kinds = ["complete", "policy_mixed", *_PARTIAL, "duplicate", extra]
-    else:
-        while True:
-            kinds = rng.sample(list(KINDS), rng.randint(4, 6))
-            if {"complete", "policy_mixed"} & set(kinds) and set(kinds) - {
-                "complete",
-                "policy_mixed",
-            }:
-                break
+def _versions(rng: random.Random) -> tuple[str, str, int]:
+    base = rng.randint(2, 6)
+    return f"verifier-{base + 1}", f"verifier-{base}", rng.choice([1, 2])
+
+
+def _hidden(task: dict) -> list[dict]:
+    """Скрытые пакеты варианта: каждого вида хотя бы один, плюс 2–4 случайных, вперемешку."""
+    rng = random.Random(task["hidden_seed"])
+    kinds = [*KINDS, *rng.sample(list(KINDS), rng.randint(2, 4))]
     rng.shuffle(kinds)
-    return kinds
+    return _build_batches(
+        rng, kinds, task["verifier_version"], task["old_version"], task["max_lag"]
+    )
+
+
+def _table(rollouts: list[dict]) -> str:
+    cell = lambda x: "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+    return md_table([f"`{c}`" for c in _COLS], [[cell(r[c]) for c in _COLS] for r in rollouts])
 
 
 def make_task(variant: int) -> dict:
     rng = random.Random(12_5_11_000 + 7919 * variant)
-    base, max_lag = rng.randint(2, 6), rng.choice([1, 2])
-    current, old = f"verifier-{base + 1}", f"verifier-{base}"
-    batches = _build_batches(rng, _kinds(rng, variant), current, old, max_lag)
-    public = [{k: b[k] for k in ("batch_id", "optimizer_step", "expected_ids", "rollouts")}
-              for b in batches]  # fmt: skip
-    blocks = []
-    for b in public:
-        rows = _rows_table(b["rollouts"], _COLS)
-        blocks.append(
-            f"**Пакет `{b['batch_id']}`** (шаг {b['optimizer_step']}); ожидаемые роллауты: "
-            f"{', '.join(f'`{x}`' for x in b['expected_ids'])}\n\n{rows}"
-        )
+    current, old, max_lag = _versions(rng)
+    example = _build_batches(rng, ["policy_mixed"], current, old, max_lag)[0]
+    args = f"ex['rollouts'], ex['expected_ids'], '{current}'"
     statement = (
         "**Пакет целиком или никак.** Асинхронный запуск: сборщики пишут роллауты в хранилище, "
-        "верификатор выставляет награды, тренер собирает пакет шага из заранее назначенных "
-        "роллаутов (список ожидаемых `rollout_id`). Допустимая задержка политики — до "
-        f"{max_lag} {'версии' if max_lag == 1 else 'версий'}: более старые роллауты очередь "
-        "отбросила ещё до пакета. Проверяющую систему "
-        f"недавно обновили: текущая версия — `{current}`, прошлая — `{old}`. После серии сбоев "
-        "(падали сборщик, запись и верификатор) в хранилище лежат пакеты (они же — "
-        "`task['batches']`; «—» — значения нет):\n\n"
-        + "\n\n".join(blocks)
-        + "\n\nПо правилу шага 12.5.3 каждый пакет либо принимается **целиком**, либо "
-        "**целиком** отклоняется: частично записанный пакет или награда неизвестной версии не "
-        'должны молча попасть в обновление. Решите для каждого пакета: `"accept"` — его можно '
-        'отдать тренеру как есть, `"reject"` — нельзя (пакет пересобирают или переоценивают '
-        "заново).\n\n"
-        'Ответ — словарь `{batch_id: "accept" или "reject"}` для всех пакетов, вида '
-        '`{"bXXXX": "accept", "bYYYY": "reject", …}`. Сверить себя после проверки можно с '
-        f"`checkpoint.accept_batch(batch['rollouts'], batch['expected_ids'], '{current}')`."
+        "верификатор выставляет награды, тренер собирает пакет шага из заранее назначенных роллаутов "
+        "(список ожидаемых `rollout_id`). Допустимая задержка политики — до "
+        f"{fmt.count(max_lag, 'версии', 'версий', 'версий')}. Проверяющую систему недавно обновили: "
+        f"текущая версия — `{current}`, прошлая — `{old}`. После серии сбоев (падали сборщик, запись и "
+        "верификатор) в хранилище лежат пакеты разной сохранности. Пример пакета (он же — "
+        f"`task_12_5_11['example']`; «—» — значения нет; ожидаемые роллауты: "
+        f"{', '.join(f'`{x}`' for x in example['expected_ids'])}):\n\n{_table(example['rollouts'])}\n\n"
+        "По правилу шага 12.5.3 пакет либо принимается **целиком**, либо **целиком** отклоняется: "
+        "частично записанный пакет или награда не той версии верификатора не должны молча попасть в "
+        "обновление. Напишите функцию\n\n```python\ndef accept(batch, expected_ids, verifier_version):\n"
+        "    ...  # batch — список словарей-роллаутов, как в примере\n    return True  # или False\n```\n\n"
+        "`True` — пакет можно отдать тренеру как есть, `False` — нельзя (его пересобирают или "
+        "переоценивают). Проверка вызовет её на скрытых пакетах этого варианта (всех видов) с "
+        f"`verifier_version = '{current}'` и сравнит вердикты с верными. Ответ — сама функция: "
+        "`answer_12_5_11 = accept` (без скобок). Сверить себя после проверки можно с "
+        f"`ex = task_12_5_11['example']; bool(checkpoint.accept_batch({args}))`."
     )
-    return {"statement": statement, "verifier_version": current, "max_lag": max_lag,
-            "batches": public}  # fmt: skip
-
-
-def _verdicts(task: dict) -> dict:
-    from course_utils import checkpoint
-
-    return {
-        b["batch_id"]: checkpoint.accept_batch(
-            b["rollouts"], b["expected_ids"], task["verifier_version"]
-        )
-        for b in task["batches"]
-    }
-
-
-def solve(task: dict) -> dict:
-    return {k: "accept" if v else "reject" for k, v in _verdicts(task).items()}
+    return {"statement": statement, "verifier_version": current, "old_version": old, "max_lag": max_lag,
+            "example": {k: example[k] for k in ("expected_ids", "rollouts")}, "hidden_seed": rng.randrange(10**9)}  # fmt: skip
 
 
 def _kind_of(batch: dict, current: str) -> str:
@@ -152,89 +140,88 @@ def _kind_of(batch: dict, current: str) -> str:
     return "policy_mixed" if len({r["policy_version"] for r in rollouts}) > 1 else "complete"
 
 
-def solution(task: dict, ref: dict) -> str:
-    verdicts = _verdicts(task)
+def _run(fn: Callable, task: dict) -> dict:
+    """Вердикт функции по каждому скрытому пакету: {batch_id: True/False} (копии: пакет не портится)."""
+    return {b["batch_id"]: bool(fn(copy.deepcopy(b["rollouts"]), list(b["expected_ids"]), task["verifier_version"]))
+            for b in _hidden(task)}  # fmt: skip
+
+
+def solve(task: dict) -> Callable:
+    return checkpoint.accept_batch
+
+
+@dataclass(frozen=True)
+class _Verdicts(AnswerType):
+    """Вердикты по скрытым пакетам; отзыв — сколько пакетов решено неверно и в какую сторону."""
+
+    def mismatch(self, expected: dict, given: dict) -> str:
+        extra = sum(given[k] and not v for k, v in expected.items())
+        lost = sum(v and not given[k] for k, v in expected.items())
+        return (f"Верно решено скрытых пакетов: {len(expected) - extra - lost} из {len(expected)}. Принято "
+                f"пакетов, которые нужно отклонить: {extra}; отклонено пакетов, которые можно принять: {lost}.")  # fmt: skip
+
+
+def solution(task: dict, ref: Callable) -> str:
     current, rows = task["verifier_version"], []
-    for b in task["batches"]:
-        kind = _kind_of(b, current)
-        why = "; ".join(verdicts[b["batch_id"]].reasons) or "все проверки пройдены"
-        policy = sorted({r["policy_version"] for r in b["rollouts"]})
-        rows.append(
-            f"| `{b['batch_id']}` | {len(b['expected_ids'])} / {len(b['rollouts'])} | "
-            f"{', '.join(map(str, policy))} | {KINDS[kind]} | {why} | "
-            f"**{ref[b['batch_id']]}** |"
-        )
-    answer = ", ".join(f'"{k}": "{v}"' for k, v in ref.items())
+    for b in _hidden(task):
+        verdict = ref(b["rollouts"], b["expected_ids"], current)
+        policy = ", ".join(map(str, sorted({r["policy_version"] for r in b["rollouts"]})))
+        why = "; ".join(verdict.reasons) or "все проверки пройдены"
+        rows.append([f"`{b['batch_id']}`", f"{len(b['expected_ids'])} / {len(b['rollouts'])}", policy,
+                     KINDS[_kind_of(b, current)], why, f"**{verdict.accepted}**"])  # fmt: skip
+    table = md_table(["пакет", "ожидалось / записано", "версии политики", "что случилось", "причины отказа", "вердикт"], rows)  # fmt: skip
     return (
-        "Пакет принимается только целиком, поэтому проверяем весь пакет, а не «хорошую часть» "
-        "(так делает `checkpoint.accept_batch`): состав — ровно ожидаемые `rollout_id`, каждый "
-        "по одному разу; у каждого роллаута конечная награда; все награды выставлены одной и "
-        f"той же, текущей версией проверяющей системы `{current}`.\n\n"
-        "| пакет | ожидалось / записано | версии политики | что случилось | причины отказа | "
-        "вердикт |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        f"**Ответ:** `{{{answer}}}`.\n\n"
+        "Пакет принимается только целиком, поэтому проверяем весь пакет, а не «хорошую часть»: состав "
+        "— ровно ожидаемые `rollout_id`, каждый по одному разу; у каждого роллаута конечная награда; "
+        f"все награды выставлены одной и той же, текущей версией проверяющей системы `{current}`.\n\n"
+        "```python\nimport math\n\n\ndef accept(batch, expected_ids, verifier_version):\n"
+        '    ids = [r["rollout_id"] for r in batch]\n'
+        "    return (len(ids) == len(set(ids)) and set(ids) == set(expected_ids)  # ровно ожидаемые, без повторов\n"
+        '            and all(isinstance(r["reward"], (int, float)) and math.isfinite(r["reward"]) for r in batch)\n'
+        '            and all(r["verifier_version"] == verifier_version for r in batch))  # та же, текущая версия\n'
+        "\n\nanswer_12_5_11 = accept  # готовое — bool(checkpoint.accept_batch(...))\n```\n\n"
+        f"Скрытые пакеты варианта и вердикты `checkpoint.accept_batch`:\n\n{table}\n\n"
         "Разные версии **политики** внутри пакета — не повод для отказа: в асинхронном запуске "
-        f"роллауты с задержкой до {task['max_lag']} "
-        f"{'версии' if task['max_lag'] == 1 else 'версий'} законны, их возраст ограничивает "
-        "очередь, а отношение вероятностей учитывает обновление (урок 12.4). Повод для отказа — "
-        "версия **верификатора**: награды разных версий несравнимы. Оценённую часть частичного "
-        "пакета тоже нельзя «взять пока»: выборка смещается к роллаутам, которые успели "
-        "записаться или проверяться быстрее, и в журнале нельзя восстановить, что вошло в шаг. "
-        "Дубликат после повторной записи тоже не чинят молча: пакет пересобирают, а повтор "
-        "учитывают в метриках надёжности."
+        f"роллауты с задержкой до {fmt.count(task['max_lag'], 'версии', 'версий', 'версий')} законны, их "
+        "возраст ограничивает очередь, а отношение вероятностей учитывает обновление (урок 12.4). Повод "
+        "для отказа — версия **верификатора**: награды разных версий несравнимы, а пакет, целиком "
+        "оценённый прошлой версией, нужно переоценить. Оценённую часть частичного пакета тоже нельзя "
+        "«взять пока»: выборка смещается к роллаутам, которые успели записаться или проверяться "
+        "быстрее, и в журнале нельзя восстановить, что вошло в шаг. Дубликат после повторной записи "
+        "тоже не чинят молча: пакет пересобирают, а повтор учитывают в метриках надёжности."
     )
 
 
-def _rows_table(rows: list[dict], cols: Iterable[str]) -> str:
-    """Таблица Markdown записей; заголовки — имена полей как `код`, None → «—»."""
-    cell = lambda x: "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
-    head = f"| {' | '.join(f'`{c}`' for c in cols)} |\n|{'---|' * len(cols)}\n"
-    return head + "\n".join("| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows)
+def _flip(key: str, message: str, kinds: tuple, to: bool) -> Trap:
+    """Пакеты видов ``kinds`` решены как ``to``; узнаётся, если все изменённые — таких видов."""
 
+    def wrong(task: dict, ref: Callable) -> Callable:
+        def accept(batch: list, expected_ids: list, verifier_version: str) -> bool:
+            kind = _kind_of({"rollouts": batch, "expected_ids": expected_ids}, verifier_version)
+            return to if kind in kinds else bool(ref(batch, expected_ids, verifier_version))
 
-def _flip(kinds: Iterable[str], to: str) -> dict:
-    """Пакеты видов ``kinds`` получили вердикт ``to``; узнаётся, если все изменённые — такие."""
+        return accept
 
-    def hit(task: dict) -> set:
-        return {
-            b["batch_id"] for b in task["batches"] if _kind_of(b, task["verifier_version"]) in kinds
-        }
+    def matches(task: dict, given: dict) -> bool:
+        flipped = [b for b in _hidden(task) if given[b["batch_id"]] != bool(solve(task)(b["rollouts"], b["expected_ids"], task["verifier_version"]))]  # fmt: skip
+        return bool(flipped) and all(_kind_of(b, task["verifier_version"]) in kinds and given[b["batch_id"]] is to for b in flipped)  # fmt: skip
 
-    def wrong(task: dict, ref: dict) -> dict:
-        return {k: (to if k in hit(task) else v) for k, v in ref.items()}
+    return Trap(key, message, wrong=wrong, matches=matches)
 
-    def matches(task: dict, given: Any) -> bool:
-        ref, g = solve(task), {norm(k): _VERDICT._canon(v) for k, v in given.items()}
-        flipped = {k for k in ref if g[norm(k)] != ref[k]}
-        return bool(flipped) and flipped <= hit(task) and all(g[norm(k)] == to for k in flipped)
-
-    return {"wrong": wrong, "matches": matches}
-
-
-_VERDICT = Synonyms(("accept", "reject"), {"принять": "accept", "принят": "accept",
-                                            "отклонить": "reject", "отклонен": "reject"})  # fmt: skip
 
 STEP = Step(
     id="12.5.11", make_task=make_task, solve=solve, solution=solution,
-    answer=Keyed(lambda t: [b["batch_id"] for b in t["batches"]], _VERDICT, noun="пакетов"),
+    answer=Function(_run, _Verdicts(), arity=3, signature=_SIG, deadline_s=10.0),
     hint=(
-        "Для каждого пакета сравните множество rollout_id с ожидаемым (ни одного лишнего, "
-        "ни одного недостающего, без повторов), проверьте, что у каждого роллаута есть "
-        "награда и что все оценены текущей версией верификатора. Версия политики поведения "
-        "здесь не критерий: задержка в пределах допуска — норма асинхронного запуска."
+        "Сравните множество rollout_id с expected_ids (ни одного лишнего, ни одного недостающего, без "
+        "повторов), проверьте, что у каждого роллаута есть конечная награда и что все оценены именно "
+        "verifier_version. Версия политики поведения здесь не критерий: задержка в пределах допуска — "
+        "норма асинхронного запуска."
     ),
     traps=(
-        Trap("accept_partial", "Вы приняли частично записанный пакет: в нём нет части роллаутов или у части нет "
-             "награды. Принять «оценённую часть» нельзя: выборка смещается к роллаутам, которые "
-             "успели записаться, а награда неизвестной версии молча попадает в обновление. "
-             "Пакет принимается целиком или отклоняется.", **_flip(_PARTIAL, "accept")),
-        Trap("accept_duplicates", "Вы приняли пакет, где роллаут записан дважды. Повторная запись после сбоя — "
-             "признак того, что пакет собран не так, как задумано: дубликат удвоил бы вес "
-             "одного ответа в обновлении. Такой пакет отклоняют и пересобирают.",
-             **_flip(["duplicate"], "accept")),
-        Trap("reject_all_on_version_change", "Вы отклонили полный пакет из-за того, что в нём роллауты разных версий политики. "
-             "В асинхронном запуске это норма в пределах допустимой задержки; несовместимы "
-             "версии верификатора (награды), а не версии политики поведения.",
-             **_flip(["policy_mixed"], "reject")),
+        _flip("accept_partial", "Вы приняли частично записанный пакет: в нём нет части роллаутов или у части нет награды. Принять «оценённую часть» нельзя: выборка смещается к роллаутам, которые успели записаться, а награда неизвестной версии молча попадает в обновление. Пакет принимается целиком или отклоняется.", ("missing_rollouts", "missing_reward"), True),
+        _flip("accept_duplicates", "Вы приняли пакет, где роллаут записан дважды. Повторная запись после сбоя — признак того, что пакет собран не так, как задумано: дубликат удвоил бы вес одного ответа в обновлении. Такой пакет отклоняют и пересобирают.", ("duplicate",), True),
+        _flip("accept_old_verifier", "Вы приняли пакет, оценённый прошлой версией верификатора: награды разных версий несравнимы, и старые награды молча попадут в обновление. Версия верификатора у всех роллаутов должна совпадать с текущей (verifier_version), иначе пакет переоценивают.", ("old_verifier", "mixed_verifier"), True),
+        _flip("reject_all_on_version_change", "Вы отклонили полный пакет из-за того, что в нём роллауты разных версий политики. В асинхронном запуске это норма в пределах допустимой задержки; несовместимы версии верификатора (награды), а не версии политики поведения.", ("policy_mixed",), False),
     ),
 )  # fmt: skip

@@ -156,7 +156,7 @@ def make_task(variant: int) -> dict:
         ref, unc = _matching(task), _matching(task, True)
         if not ref:
             continue
-        if variant >= 4 or (set(ref) != set(unc) and [set(ref)] != [{s} for s in fastest[:1]]):
+        if set(ref) != set(unc) and set(ref) != {fastest[0]}:  # обе ошибки меняют ответ
             break
     frame = _stack_frame()
     cols = ["stack"] + list(
@@ -207,9 +207,9 @@ def make_task(variant: int) -> dict:
         "Правила:\n\n" + "\n".join(f"- {r}" for r in rules) + "\n\n"
         "Найдите все стеки, которые удовлетворяют **всем** требованиям **подтверждёнными** "
         "фактами карты. Ответ — список имён стеков (порядок не важен), например "
-        "`[\"TRL\", \"AReaL\"]`. Требования — `task['requirements']`, дата — `task['today']`; "
+        "`[\"TRL\", \"AReaL\"]`. Требования — `task_12_5_12['requirements']`, дата — `task_12_5_12['today']`; "
         "сверить себя после проверки можно с `stack_map.choose_stacks(frame, "
-        "**task['requirements'], today=datetime.date.fromisoformat(task['today']))`."
+        "**task_12_5_12['requirements'], today=datetime.date.fromisoformat(task_12_5_12['today']))`."
     )
     return {"statement": statement, "requirements": req, "today": today}
 
