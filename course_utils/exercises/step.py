@@ -5,7 +5,7 @@
 ошибка — ``Trap``: ключ, русское сообщение и неверный ответ — целиком (``wrong(task, ref)``) или
 заменой части верного словаря (``override``: {ключ: task → значение}). С ``override`` ошибка
 узнаётся и в ином виде: достаточно, чтобы заменённые значения совпали с ответом студента;
-``matches(task, given)`` — своё правило для особых случаев.
+``by`` — ключи, по любому из которых ошибка узнаётся одна; ``matches(task, given)`` — своё правило.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.exercises.answers import AnswerType, Fields, Function, norm
+from course_utils.exercises.answers import AnswerType, Fields, Function, get
 from course_utils.grading import COURSE_STEPS, Exercise, Misconception
 
 __all__ = ["Step", "Trap"]
@@ -29,6 +29,7 @@ class Trap:
     wrong: Callable[[dict, Any], Any] | None = None
     override: Mapping[str, Callable[[dict], Any]] | None = None
     matches: Callable[[dict, Any], bool] | None = None
+    by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.wrong is None) == (self.override is None):
@@ -61,14 +62,14 @@ class Step:
         """Правило, узнающее ошибку в ином виде; None — сравнить итоги с каноническим ответом."""
         if trap.matches is not None:
             return trap.matches
-        if trap.override is None or not isinstance(self.answer, Fields):
+        if not isinstance(self.answer, Fields) or (trap.override is None and not trap.by):
             return None
-        fields = {norm(k): kind for k, kind in self.answer.fields.items()}
+        fields, keys = self.answer.fields, trap.by or tuple(trap.override)
 
         def accepts(task: dict, given: Any) -> bool:
-            g = {norm(k): v for k, v in given.items()}
-            wrong = {norm(k): make(task) for k, make in trap.override.items()}
-            return all(fields[k].same(v, g[k]) for k, v in wrong.items())
+            wrong = trap.answer(task, self.solve(task))
+            hits = (fields[k].same(get(wrong, k), get(given, k)) for k in keys)
+            return any(hits) if trap.by else all(hits)
 
         return accepts
 
