@@ -3,11 +3,10 @@
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils import fmt, guarantees, memory, pipeline
-from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, norm
+from course_utils.exercises.answers import Bool, Choice, Fields, IdSet
 from course_utils.exercises.step import Step, Trap
 
 STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
@@ -18,26 +17,6 @@ _ESS_FLOOR, _CRASH = 0.5, "crash_test"
 _MODELS = ("Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
 _FEATURE = {"queue_policy": "asynchronous", "curriculum": "curriculum",
             "reward_normalizer": "running_reward_norm"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Synonyms(Choice):
-    """Choice, где у варианта есть другие написания (``aliases``: написание → вариант)."""
-
-    aliases: dict = field(default_factory=dict)
-
-    def _canon(self, x: Any) -> Any:
-        return norm(self.aliases.get(norm(x), x)) if isinstance(x, str) else x
-
-    def problem(self, given: Any, task: dict) -> str | None:
-        return (
-            None
-            if isinstance(given, str) and norm(given) in self.aliases
-            else super().problem(given, task)
-        )
-
-    def same(self, expected: Any, given: Any) -> bool:
-        return self._canon(expected) == self._canon(given)
 
 
 def _applies(component: str, run: dict) -> bool:
@@ -68,12 +47,8 @@ def _path(trace: list[dict]) -> dict:
     length, chain = pipeline.critical_path(frame, deps)
     on_path = (chain["end_s"] - chain["start_s"]).groupby(chain["stage"]).sum()
     work = (frame["end_s"] - frame["start_s"]).groupby(frame["stage"]).sum()
-    return {
-        "length": float(length),
-        "on_path": {k: float(v) for k, v in on_path.items()},
-        "work": {k: float(work.get(k, 0.0)) for k in STAGES},
-        "chain": [int(i) for i in chain.index],
-    }
+    return {"length": float(length), "on_path": {k: float(v) for k, v in on_path.items()},
+            "work": {k: float(work.get(k, 0.0)) for k in STAGES}, "chain": [int(i) for i in chain.index]}  # fmt: skip
 
 
 def _draw_trace(rng: random.Random, target: str) -> list[dict]:
@@ -164,14 +139,11 @@ def _draw_checkpoint(rng: random.Random) -> dict:
         "asynchronous": True,
     }
     applicable = [c for c in guarantees.CHECKPOINT_COMPONENTS if _applies(c, run)]
-    optional = [c for c in applicable if c not in ("model", "optimizer")]
-    missing = rng.sample(optional, rng.randint(1, 3))
-    crash_tested = False  # иначе «забыт crash_test» совпал бы с верным ответом
-    return {
-        **run,
-        "components": [c for c in applicable if c not in missing],
-        "crash_tested": crash_tested,
-    }
+    missing = rng.sample(
+        [c for c in applicable if c not in ("model", "optimizer")], rng.randint(1, 3)
+    )
+    # crash_tested всегда False: иначе «забыт crash_test» совпал бы с верным ответом
+    return {**run, "components": [c for c in applicable if c not in missing], "crash_tested": False}  # fmt: skip
 
 
 def make_task(variant: int) -> dict:
@@ -186,12 +158,7 @@ def make_task(variant: int) -> dict:
         target, recipe_name, mode = rng.choice(STAGES[1:]), None, rng.choice(["lag", "ess", "both"])
     trace, mem = _draw_trace(rng, target), _draw_memory(rng, recipe_name)
     queue = _draw_queue(rng, mode)
-    data = {
-        "stages": trace,
-        "memory": mem,
-        "queue": queue,
-        "checkpoint": _draw_checkpoint(rng),
-    }
+    data = {"stages": trace, "memory": mem, "queue": queue, "checkpoint": _draw_checkpoint(rng)}
     return {"statement": _statement(data), **data}
 
 
@@ -199,18 +166,13 @@ def _statement(d: dict) -> str:
     trace, mem, queue, ckpt = d["stages"], d["memory"], d["queue"], d["checkpoint"]
     m = _memory(mem)
     shape, recipe = m["shape"], memory.recipe(mem["recipe"])
-    rows = "\n".join(
-        f"| {r['row']} | `{r['worker']}` | `{r['stage']}` | {r['start_s']:.1f} | {r['end_s']:.1f} | "
-        f"{', '.join(map(str, r['depends_on'])) or '—'} |"
-        for r in trace
-    )
+    rows = "\n".join(f"| {r['row']} | `{r['worker']}` | `{r['stage']}` | {r['start_s']:.1f} | {r['end_s']:.1f} | "
+                     f"{', '.join(map(str, r['depends_on'])) or '—'} |" for r in trace)  # fmt: skip
     lags = " · ".join(f"задержка {x['lag']}: {x['rollouts']}" for x in queue["lag_counts"])
     ess = "\n".join(f"| {b['batch']} | {b['n']} | {b['ess']:.1f} |" for b in queue["batches"])
     stage = "DDP (ZeRO-0)" if mem["zero_stage"] == 0 else f"ZeRO-{mem['zero_stage']}"
-    extras = [
-        "учебная программа (уровень сложности растёт)" if ckpt["curriculum"] else None,
-        "скользящая нормировка наград по всему запуску" if ckpt["running_reward_norm"] else None,
-    ]
+    extras = ["учебная программа (уровень сложности растёт)" if ckpt["curriculum"] else None,
+              "скользящая нормировка наград по всему запуску" if ckpt["running_reward_norm"] else None]  # fmt: skip
     extras_text = ", ".join(x for x in extras if x) or "нет ни учебной программы, ни скользящей "
     if not any(extras):
         extras_text += "нормировки наград (нормировка только внутри группы)"
@@ -280,21 +242,10 @@ def _values(task: dict) -> dict:
     missing = [c for c in guarantees.CHECKPOINT_COMPONENTS
                if c not in ck["components"] and _applies(c, ck)]  # fmt: skip
     gaps = missing + ([] if ck["crash_tested"] else [_CRASH])
-    return {
-        "path": path,
-        "bottleneck": bottleneck,
-        "most_work": max(path["work"], key=path["work"].get),
-        "mem": m,
-        "fits": m["need"] <= m["cap"],
-        "fits16": m["need16"] <= m["cap"],
-        "max_lag": max_lag,
-        "mean_lag": mean_lag,
-        "shares": shares,
-        "risk": "высокий" if risk else "низкий",
-        "mean_risk": "высокий" if mean_risk else "низкий",
-        "missing": missing,
-        "gaps": gaps,
-    }
+    return {"path": path, "bottleneck": bottleneck, "most_work": max(path["work"], key=path["work"].get),
+            "mem": m, "fits": m["need"] <= m["cap"], "fits16": m["need16"] <= m["cap"], "max_lag": max_lag,
+            "mean_lag": mean_lag, "shares": shares, "risk": "высокий" if risk else "низкий",
+            "mean_risk": "высокий" if mean_risk else "низкий", "missing": missing, "gaps": gaps}  # fmt: skip
 
 
 def solve(task: dict) -> dict:
@@ -309,24 +260,14 @@ def solution(task: dict, ref: dict) -> str:
     chain = " → ".join(
         f"{task['stages'][i]['stage']} ({task['stages'][i]['worker']})" for i in path["chain"]
     )
-    contrib = "\n".join(
-        f"| {s} | {path['on_path'].get(s, 0.0):.1f} | {path['work'][s]:.1f} |" for s in STAGES
-    )
+    contrib = "\n".join(f"| {s} | {path['on_path'].get(s, 0.0):.1f} | {path['work'][s]:.1f} |" for s in STAGES)  # fmt: skip
     b = m["breakdown"]
     gib = memory.GIB
     fits = "помещается" if v["fits"] else "**не** помещается"
     fits16 = "поместилось бы" if v["fits16"] else "не поместилось бы"
     shares = ", ".join(f"{x:.2f}" for x in v["shares"])
-    lag_reason = (
-        f"наибольшая задержка {v['max_lag']} > предела {q['max_lag']}"
-        if v["max_lag"] > q["max_lag"]
-        else f"наибольшая задержка {v['max_lag']} ≤ предела {q['max_lag']}"
-    )
-    ess_reason = (
-        f"min ESS/n = {min(v['shares']):.2f} < {_ESS_FLOOR}"
-        if min(v["shares"]) < _ESS_FLOOR
-        else f"min ESS/n = {min(v['shares']):.2f} ≥ {_ESS_FLOOR}"
-    )
+    lag_reason = f"наибольшая задержка {v['max_lag']} {'>' if v['max_lag'] > q['max_lag'] else '≤'} предела {q['max_lag']}"
+    ess_reason = f"min ESS/n = {min(v['shares']):.2f} {'<' if min(v['shares']) < _ESS_FLOOR else '≥'} {_ESS_FLOOR}"
     ck = task["checkpoint"]
     na = [c for c in guarantees.CHECKPOINT_COMPONENTS if not _applies(c, ck)]
     gaps_text = ", ".join(f"`{c}`" for c in v["missing"]) or "все нужные компоненты на месте"
@@ -375,7 +316,7 @@ def _trap(key: str, field_: str, message: str, value: Callable[[dict], Any]) -> 
 
 STEP_FIELDS = {
     "bottleneck": Choice(STAGES), "memory_fits": Bool(),
-    "staleness_risk": Synonyms(("высокий", "низкий"), {"high": "высокий", "low": "низкий"}),
+    "staleness_risk": Choice(("высокий", "низкий"), {"high": "высокий", "low": "низкий"}),
     "recovery_gaps": IdSet(lambda t: (*guarantees.CHECKPOINT_COMPONENTS, _CRASH),
                            "имён компонентов (или crash_test)"),
 }  # fmt: skip

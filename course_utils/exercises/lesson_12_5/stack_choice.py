@@ -11,20 +11,15 @@ from course_utils import stack_map
 from course_utils.exercises.answers import IdSet, norm
 from course_utils.exercises.step import Step, Trap
 
-_REQ_KEYS = ("nodes", "lora", "multi_turn", "asynchronous", "lag_bound",
-                     "training_backend", "generation_engine")  # fmt: skip
 # требование → столбцы карты, которые нужны, чтобы его проверить
-_REQ_COLUMNS = {
-    "nodes": ("training_backends",),
-    "lora": ("lora",),
-    "multi_turn": ("multi_turn",),
-    "asynchronous": ("synchrony", "placement_synchrony"),
-    "lag_bound": ("staleness_control_key", "staleness_default"),
-    "training_backend": ("training_backends",),
-    "generation_engine": ("generation_engines",),
-}
+_REQ_COLUMNS = {"nodes": ("training_backends",), "lora": ("lora",), "multi_turn": ("multi_turn",),
+                "asynchronous": ("synchrony", "placement_synchrony"),
+                "lag_bound": ("staleness_control_key", "staleness_default"),
+                "training_backend": ("training_backends",), "generation_engine": ("generation_engines",)}  # fmt: skip
+_ONLY_LOOSE = "(засчитывается только с include_unconfirmed=True)"  # пометка choose_stacks
 
 
+@functools.lru_cache(maxsize=1)
 def _stack_frame():
     """Карта стеков из data/stack_map.csv (читается один раз; choose_stacks её не меняет)."""
     return stack_map.load_stack_map()
@@ -36,19 +31,16 @@ def _today() -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _stack_choice_cached(req_json: str, today: str, include_unconfirmed: bool):
-    return stack_map.choose_stacks(
-        _stack_frame(),
-        **json.loads(req_json),
-        include_unconfirmed=include_unconfirmed,
-        today=dt.date.fromisoformat(today),
-    )
+def _choice(req_json: str, today: str, loose: bool):
+    return stack_map.choose_stacks(_stack_frame(), **json.loads(req_json), include_unconfirmed=loose,
+                                   today=dt.date.fromisoformat(today))  # fmt: skip
 
 
 def _stack_choice(task: dict, include_unconfirmed: bool = False):
     """Таблица choose_stacks для требований задачи (копия: кэш не портится)."""
-    req = json.dumps(task["requirements"], sort_keys=True)
-    return _stack_choice_cached(req, task["today"], include_unconfirmed).copy()
+    return _choice(
+        json.dumps(task["requirements"], sort_keys=True), task["today"], include_unconfirmed
+    ).copy()
 
 
 def _matching(task: dict, include_unconfirmed: bool = False) -> list[str]:
@@ -56,24 +48,15 @@ def _matching(task: dict, include_unconfirmed: bool = False) -> list[str]:
     return [s for s, ok in zip(choice["stack"], choice["matches"]) if ok]
 
 
-_ONLY_LOOSE = "(засчитывается только с include_unconfirmed=True)"  # пометка choose_stacks
-
-
 def _fastest_stacks() -> list[str]:
     """Стеки с самым большим опубликованным ускорением: по верхней и по нижней границе."""
     speed = stack_map.load_speedups()
-    return list(
-        dict.fromkeys(
-            str(speed.loc[speed[col].idxmax(), "stack"]) for col in ("speedup_high", "speedup_low")
-        )
-    )
+    return list(dict.fromkeys(str(speed.loc[speed[c].idxmax(), "stack"]) for c in ("speedup_high", "speedup_low")))  # fmt: skip
 
 
 def _key(name: Any) -> Any:
     """Имя стека без регистра, пробелов, дефисов и кавычек: «NeMo-RL» = «nemo rl»."""
-    return (
-        "".join(ch for ch in norm(name) if ch not in " -_`'\".") if isinstance(name, str) else name
-    )
+    return "".join(ch for ch in norm(name) if ch not in " -_`'\".") if isinstance(name, str) else name  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,11 +66,7 @@ class _Stacks(IdSet):
     def problem(self, given: Any, task: dict) -> str | None:
         known = {_key(s): s for s in self.universe(task)}
         if isinstance(given, (list, tuple, set, frozenset)):
-            given = list(
-                dict.fromkeys(
-                    known.get(_key(x), x) if isinstance(x, str) else repr(x) for x in given
-                )
-            )
+            given = [known.get(_key(x), x) if isinstance(x, str) else x for x in given]
         return super().problem(given, task)
 
     def same(self, expected: Any, given: Any) -> bool:
@@ -95,15 +74,10 @@ class _Stacks(IdSet):
 
 
 def _draw_requirements(rng: random.Random) -> dict:
-    req = {
-        "nodes": rng.choice([None, None, "one", "many"]),
-        "lora": rng.choice([None, True, True]),
-        "multi_turn": rng.choice([None, True]),
-        "asynchronous": rng.choice([None, True, True, False]),
-        "lag_bound": None,
-        "training_backend": rng.choice([None, None, "FSDP2", "Megatron", "DeepSpeed"]),
-        "generation_engine": rng.choice([None, None, "vLLM", "SGLang"]),
-    }
+    req = {"nodes": rng.choice([None, None, "one", "many"]), "lora": rng.choice([None, True, True]),
+           "multi_turn": rng.choice([None, True]), "asynchronous": rng.choice([None, True, True, False]),
+           "lag_bound": None, "training_backend": rng.choice([None, None, "FSDP2", "Megatron", "DeepSpeed"]),
+           "generation_engine": rng.choice([None, None, "vLLM", "SGLang"])}  # fmt: skip
     if req["asynchronous"] and rng.random() < 0.6:
         req["lag_bound"] = True
     return {k: v for k, v in req.items() if v is not None}
@@ -136,12 +110,7 @@ def _describe_requirements(req: dict) -> list[str]:
 
 
 def _map_cell(x: Any) -> str:
-    if isinstance(x, list):
-        text = ", ".join(map(str, x)) or "—"
-    elif isinstance(x, dt.date):
-        text = x.isoformat()
-    else:
-        text = str(x)
+    text = (", ".join(map(str, x)) or "—") if isinstance(x, list) else x.isoformat() if isinstance(x, dt.date) else str(x)  # fmt: skip
     return text.replace("|", "\\|")
 
 
@@ -276,7 +245,7 @@ def _unconfirmed_matches(task: dict, given: Any) -> bool:
 
 STEP = Step(
     id="12.5.12", make_task=make_task, solve=solve, solution=solution,
-    answer=_Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков"),
+    answer=_Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков", repeats=True),
     hint=(
         "Пройдите по стекам и по каждому требованию: ячейка или элемент списка должны "
         "подтверждать его без «?» и без пометки в столбце unconfirmed. Затем проверьте "
