@@ -163,3 +163,15 @@ def test_function_answer_runs_under_deadline_and_compares_outcomes():
         got = grading.evaluate("t.fn", _endless, 0)
         assert got.status == "wrong" and "не завершилась" in got.message
         assert time.monotonic() - start < 5
+
+
+def test_answer_error_from_run_passes_through():
+    def explained(x):
+        raise AnswerError("malformed", "resume вернула не ToyRLRun")
+
+    with pytest.raises(AnswerError) as caught:
+        call_with_deadline(explained, (1,), 5)
+    assert (caught.value.status, caught.value.message) == (
+        "malformed",
+        "resume вернула не ToyRLRun",
+    )

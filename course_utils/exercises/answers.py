@@ -408,6 +408,8 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
     error = box.get("error")
     if error is None:
         return box.get("value")
+    if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
+        raise error
     if isinstance(error, _Deadline):
         raise AnswerError("wrong", f"Проверка остановлена: `{name}` не завершилась за "
                           f"{sig(seconds)} с. Нет ли в ней бесконечного цикла или ожидания?")  # fmt: skip
