@@ -1,12 +1,13 @@
 """Проверочные шаги курса: пакет на урок, модуль на шаг; модуль шага объявляет ``STEP = Step(...)``.
 
 Реестр ``course_utils.grading`` импортирует этот пакет при первом обращении; загрузчик регистрирует
-``STEP.exercise()`` каждого модуля из ``STEP_MODULES`` пакета урока. Ошибка импорта урока не ломает
+``STEP.exercise()`` каждого модуля пакета урока, где есть ``STEP``. Ошибка импорта урока не ломает
 остальные: она выводится как предупреждение и остаётся в ``LOAD_ERRORS`` (тесты упражнений
 проверяют, что он пуст).
 """
 
 import importlib
+import pkgutil
 import warnings
 
 from course_utils import grading
@@ -20,9 +21,9 @@ STEPS: dict = {}  # id шага → Step (схема ответа — для т�
 for _name in LESSON_MODULES:
     try:
         _package = importlib.import_module(f"{__name__}.{_name}")
-        _steps = [
-            importlib.import_module(f"{_package.__name__}.{m}").STEP for m in _package.STEP_MODULES
-        ]
+        _modules = sorted(m.name for m in pkgutil.iter_modules(_package.__path__))
+        _found = [importlib.import_module(f"{_package.__name__}.{m}") for m in _modules]
+        _steps = [m.STEP for m in _found if hasattr(m, "STEP")]  # без STEP — помощники урока
     except Exception as _exc:  # noqa: BLE001 — один сломанный урок не должен ломать остальные
         LOAD_ERRORS[_name] = f"{type(_exc).__name__}: {_exc}"
         warnings.warn(
