@@ -1,48 +1,38 @@
-"""12.5.9 — p50/p95/p99 по журналу запуска, доля вырожденных групп, информативные группы в секунду."""
+"""12.5.9 — p50/p95/p99 по журналу запуска, доля вырожденных групп, информативные группы/с."""
 
 import math
 import random
 from types import SimpleNamespace
 
-from course_utils import throughput, tracing
-from course_utils.exercises.answers import Fields, Share
-from course_utils.exercises.lesson_12_5.young_interval import RTOL, TOL, Amount, near
+from course_utils import fmt, throughput, tracing
+from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
+from course_utils.exercises.lesson_12_5.young_interval import AMOUNT, RTOL
 from course_utils.exercises.step import Step, Trap
 
 _Q = ("p50", "p95", "p99")
 
 
-def _group_share(groups: list[dict]) -> tuple[int, float]:
-    """(число групп, доля вырожденных) — через throughput.degenerate_group_share."""
-    records = [SimpleNamespace(group_id=g["group_id"], prompt_id=g["group_id"],
-                               sample_id=f"{g['group_id']}-{i}", reward={"correctness": float(r)})
-               for g in groups for i, r in enumerate(g["rewards"])]  # fmt: skip
-    return throughput.degenerate_group_share(records)
-
-
-def values(task: dict) -> dict:
+def log_values(task: dict) -> dict:
     """Верные величины и величины типичных ошибок (перцентили — tracing.percentiles)."""
-    groups, wall = task["groups"], task["wall_s"]
-    durations, per = [d for g in groups for d in g["durations_s"]], {}
+    groups, per = task["groups"], {}
     for g in groups:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
-    per_p = {c: tracing.percentiles(d) for c, d in per.items()}
-    (n, share), zeros = _group_share(groups), sum(all(r == 0 for r in g["rewards"]) for g in groups)
-    return {**tracing.percentiles(durations), "degenerate_share": share,
-            "informative_groups_per_s": n / wall * (1 - share),  # группы/с × (1 − доля вырожденных)
-            "n_groups": n, "n_rollouts": len(durations), "durations": durations, "per_collector": per_p,
-            "avg": {q: sum(p[q] for p in per_p.values()) / len(per_p) for q in _Q}, "mean": sum(durations) / len(durations),
-            "groups_per_s": n / wall, "zero_share": zeros / n, "zero_rate": n / wall * (1 - zeros / n)}  # fmt: skip
+    per = {c: tracing.percentiles(d) for c, d in per.items()}
+    records = [
+        SimpleNamespace(group_id=g["group_id"], reward={"correctness": float(r)})
+        for g in groups
+        for r in g["rewards"]
+    ]
+    n, share = throughput.degenerate_group_share(records)
+    durations, rate = [d for g in groups for d in g["durations_s"]], n / task["wall_s"]
+    zeros = sum(set(g["rewards"]) == {0} for g in groups) / n  # вырождены только «все 0»
+    out = {**tracing.percentiles(durations), "degenerate_share": share}
+    out.update(informative_groups_per_s=rate * (1 - share), groups_per_s=rate, zero_share=zeros)
+    out.update(zero_rate=rate * (1 - zeros), mean=sum(durations) / len(durations))
+    return out | {f"avg_{q}": sum(p[q] for p in per.values()) / len(per) for q in _Q}
 
 
-def _distinct(vals: list[float], rel: float) -> bool:
-    """Значения попарно различимы с запасом rel."""
-    return all(
-        abs(a - b) > rel * max(abs(a), abs(b)) for i, a in enumerate(vals) for b in vals[i + 1 :]
-    )
-
-
-def make_task(variant: int) -> dict:
+def log_metrics_task(variant: int) -> dict:
     rng = random.Random(12_5_9_000 + 7919 * variant)
     while True:
         k, size = rng.choice([3, 4]), rng.choice([4, 6, 8])
@@ -51,99 +41,99 @@ def make_task(variant: int) -> dict:
         n0, n1 = rng.randint(1, 2), rng.randint(1, max(1, n // 4))  # групп «все 0» и «все 1»
         kinds = ["zero"] * n0 + ["one"] * n1 + ["mixed"] * (n - n0 - n1)
         rng.shuffle(kinds)
-        raw, busy = [], {}
+        raw, busy = [], [0.0] * k
         for c, count in enumerate(counts):
             scale = base * (rng.uniform(2.5, 4.0) if c == slow else rng.uniform(0.7, 1.3))
             for _ in range(count):
-                durations = [round(scale * math.exp(rng.gauss(0, 0.45)), 1) for _ in range(size)]
+                d = [round(scale * math.exp(rng.gauss(0, 0.45)), 1) for _ in range(size)]
                 if (kind := kinds[len(raw)]) == "mixed":
-                    rewards = [1] + [0] + [int(rng.random() < 0.5) for _ in range(size - 2)]
+                    rewards = [1, 0] + [int(rng.random() < 0.5) for _ in range(size - 2)]
                     rng.shuffle(rewards)
                 else:
                     rewards = [int(kind == "one")] * size
-                raw.append({"collector": f"collector-{c}", "durations_s": durations, "rewards": rewards})  # fmt: skip
-                busy[c] = busy.get(c, 0.0) + max(durations)  # ответы группы генерируются вместе
+                raw.append({"collector": f"collector-{c}", "durations_s": d, "rewards": rewards})
+                busy[c] += max(d)  # ответы группы генерируются вместе
         rng.shuffle(raw)
         groups = [{"group_id": f"g{i + 1:02d}", **g} for i, g in enumerate(raw)]
-        task = {"groups": groups, "wall_s": round(max(busy.values()) * rng.uniform(1.05, 1.25)), "group_size": size}  # fmt: skip
-        v = values(task)  # ловушки различимы: среднее ≠ p50, среднее перцентилей ≠ перцентиль
-        if (n - n0 - n1 >= 2 and _distinct([v["p50"], v["mean"], v["avg"]["p50"]], 0.03)
-                and _distinct([v["p95"], v["avg"]["p95"]], 0.05) and _distinct([v["p99"], v["avg"]["p99"]], 0.05)):  # fmt: skip
+        wall = round(max(busy) * rng.uniform(1.05, 1.25))
+        task = {"groups": groups, "wall_s": wall, "group_size": size}
+        v = log_values(task)  # ловушки различимы: среднее ≠ p50, среднее перцентилей ≠ перцентиль
+        ok = n - n0 - n1 >= 2 and far_apart([v["p50"], v["mean"], v["avg_p50"]], 0.03, 0)
+        if ok and all(far_apart([v[q], v[f"avg_{q}"]], 0.05, 0) for q in _Q[1:]):
             break
-    table = "\n".join(f"| {g['group_id']} | `{g['collector']}` | {', '.join(f'{d:g}' for d in g['durations_s'])} "
-                      f"| {' '.join(map(str, g['rewards']))} |" for g in groups)  # fmt: skip
+    rows = [
+        [g["group_id"], f"`{g['collector']}`", ", ".join(f"{d:g}" for d in g["durations_s"])]
+        + [" ".join(map(str, g["rewards"]))]
+        for g in groups
+    ]
     statement = (
-        f"**Статистика по журналу запуска.** {k} сборщика роллаутов за время прогона W = {task['wall_s']} с "
-        f"(настенное время от старта до конца) завершили {n} групп по G = {size} ответов на один запрос. Для "
-        "каждой группы — сборщик, длительности роллаутов (с, от начала генерации до готовности с наградой) и "
-        "награды correctness (1 — верно, 0 — нет); то же — в `task_12_5_9['groups']` и `task_12_5_9['wall_s']`:"
-        f"\n\n| группа | сборщик | длительности, с | награды |\n|---|---|---|---|\n{table}\n\nНайдите:\n"
-        "1. `p50`, `p95`, `p99` — перцентили длительности роллаута по всему запуску, в секундах. Перцентиль — с "
-        "линейной интерполяцией, как `numpy.percentile` по умолчанию и `tracing.percentiles`: для "
-        "отсортированных $x_0 \\le \\dots \\le x_{n-1}$ $h = (n-1)\\,q/100$, $p_q = x_{\\lfloor h\\rfloor} + "
-        "(h - \\lfloor h\\rfloor)(x_{\\lfloor h\\rfloor+1} - x_{\\lfloor h\\rfloor})$;\n2. `degenerate_share` — "
-        "долю вырожденных групп (все награды группы равны, преимущество нулевое), от 0 до 1;\n"
-        "3. `informative_groups_per_s` — информативные группы в секунду.\n\nОтвет — словарь `{\"p50\": …, "
-        f'"p95": …, "p99": …, "degenerate_share": …, "informative_groups_per_s": …}}`; {TOL}.'
-    )  # fmt: skip
+        f"**Статистика по журналу запуска.** {k} сборщика роллаутов за время прогона W = {wall} с (настенное время от старта до конца) завершили {n} групп по G = {fmt.count(size, 'ответ', 'ответа', 'ответов')} на один запрос. Для каждой группы — сборщик, длительности роллаутов (с, от начала генерации до готовности с наградой) и награды correctness (1 — верно, 0 — нет); то же — в `task_12_5_9['groups']` и `task_12_5_9['wall_s']`:\n\n"
+        + md_table(["группа", "сборщик", "длительности, с", "награды"], rows)
+        + "\n\nНайдите `p50`, `p95`, `p99` — перцентили длительности роллаута по всему запуску, с; перцентиль — с линейной интерполяцией, как `numpy.percentile` по умолчанию: $h = (n-1)\\,q/100$, $p_q = x_{\\lfloor h\\rfloor} + (h - \\lfloor h\\rfloor)(x_{\\lfloor h\\rfloor+1} - x_{\\lfloor h\\rfloor})$ по отсортированным x. "
+        "`degenerate_share` — доля вырожденных групп (все награды группы равны, преимущество нулевое), `informative_groups_per_s` — информативные группы в секунду. Допуск 1 %."
+    )
     return {"statement": statement, **task}
 
 
-def solve(task: dict) -> dict:
-    v = values(task)
+def log_metrics_solve(task: dict) -> dict:
+    v = log_values(task)
     return {k: v[k] for k in (*_Q, "degenerate_share", "informative_groups_per_s")}
 
 
-def solution(task: dict, ref: dict) -> str:
-    v = values(task)
-    xs, n, rows = sorted(v["durations"]), v["n_rollouts"], []
+def log_metrics_solution(task: dict, ref: dict) -> str:
+    v, n = log_values(task), len(task["groups"])
+    xs, rows = sorted(d for g in task["groups"] for d in g["durations_s"]), []
     for q in (50, 95, 99):
-        h = (n - 1) * q / 100
-        lo, hi = math.floor(h), min(math.floor(h) + 1, n - 1)
-        rows.append(f"| p{q} | ({n} − 1)·{q}/100 = {h:.2f} | $x_{{{lo}}}$ = {xs[lo]:g}, $x_{{{hi}}}$ = {xs[hi]:g} | "
-                    f"{xs[lo]:g} + {h - lo:.2f}·({xs[hi]:g} − {xs[lo]:g}) = {ref[f'p{q}']:.3f} |")  # fmt: skip
-    per = "\n".join(f"| `{c}` | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} |" for c, p in sorted(v["per_collector"].items()))  # fmt: skip
+        h = (len(xs) - 1) * q / 100
+        lo, hi = math.floor(h), min(math.floor(h) + 1, len(xs) - 1)
+        step = f"{xs[lo]:g} + {h - lo:.2f}·({xs[hi]:g} − {xs[lo]:g})"
+        rows.append([f"p{q}", f"{h:.2f}", f"$x_{{{lo}}}, x_{{{hi}}}$", step, f"{ref[f'p{q}']:.3f}"])
+    avg = " / ".join(f"{v['avg_' + q]:.2f}" for q in _Q)
     degenerate = [g["group_id"] for g in task["groups"] if len(set(g["rewards"])) == 1]
-    ones = [g["group_id"] for g in task["groups"] if set(g["rewards"]) == {1}]
+    share, rate = ref["degenerate_share"], ref["informative_groups_per_s"]
     return (
-        f"**Перцентили** — по объединённой выборке всех {n} роллаутов (старшие значения: … "
-        f"{', '.join(f'{x:g}' for x in xs[-6:])} с):\n\n| q | h = (n − 1)·q/100 | соседи | $p_q$, с |\n"
-        "|---|---|---|---|\n" + "\n".join(rows) + "\n\nПерцентили отдельных сборщиков, с — для сравнения:\n\n"
-        f"| сборщик | p50 | p95 | p99 |\n|---|---|---|---|\n{per}\n| среднее по сборщикам | {v['avg']['p50']:.2f} | "
-        f"{v['avg']['p95']:.2f} | {v['avg']['p99']:.2f} |\n\nСреднее перцентилей — не перцентиль: перцентиль "
-        "нелинеен, и хвост медленного сборщика «размывается» быстрыми. Медиана тоже не среднее: при длинном "
-        f"правом хвосте среднее ({v['mean']:.3f} с) больше p50.\n\n**Вырожденные группы** (все награды равны): "
-        f"{', '.join(degenerate)} — {len(degenerate)} из {v['n_groups']}, доля {ref['degenerate_share']:.4f}. "
-        f"Группы, где все ответы верны ({', '.join(ones)}), тоже вырождены: преимущество нулевое.\n\n"
-        f"**Информативные группы в секунду:**\n\n$$\\frac{{{v['n_groups']}}}{{{task['wall_s']}}} \\cdot (1 - "
-        f"{ref['degenerate_share']:.4f}) = {ref['informative_groups_per_s']:.5f}\\ \\text{{групп/с}}.$$\n\n"
-        f"**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
-    )  # fmt: skip
+        f"**Перцентили** — по всем {len(xs)} роллаутам вместе, h = (n − 1)·q/100:\n\n"
+        + md_table(["q", "h", "соседи", "интерполяция", "$p_q$, с"], rows)
+        + f"\n\nСреднее перцентилей сборщиков ({avg} с) — не перцентиль запуска: хвост медленного сборщика размывается. Среднее ({v['mean']:.3f} с) при длинном хвосте больше p50.\n\n**Вырожденные группы** (все 0 или все 1): {', '.join(degenerate)} — {len(degenerate)} из {n}, доля {share:.4f}:\n\n"
+        f"$$\\frac{{{n}}}{{{task['wall_s']}}} \\cdot (1 - {share:.4f}) = {rate:.5f}\\ \\text{{групп/с}}.$$\n\n**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
+    )
 
 
+_MESSAGES = {
+    "average_of_percentiles": "Вы усреднили перцентили отдельных сборщиков. Перцентиль нелинеен: среднее p95 сборщиков — не p95 запуска, хвост медленного сборщика размывается. Считайте перцентили по объединённой выборке всех роллаутов.",
+    "mean_as_p50": "Вы взяли среднее вместо медианы. p50 — середина отсортированной выборки; при длинном правом хвосте длительностей среднее заметно больше медианы.",
+    "groups_not_informative": "Это все группы в секунду. Вырожденная группа (все награды равны) даёт нулевое преимущество и не учит политику: информативные группы/с = группы/с × (1 − доля вырожденных).",
+    "all_correct_not_degenerate": "Вы посчитали вырожденными только группы, где все ответы неверны. Группа, где все ответы верны, тоже вырождена: награды равны, преимущество нулевое, градиента нет.",
+}
+_WRONG = {  # ошибка → {ключ ответа: величина из log_values}
+    "average_of_percentiles": {q: f"avg_{q}" for q in _Q},
+    "mean_as_p50": {"p50": "mean"},
+    "groups_not_informative": {"informative_groups_per_s": "groups_per_s"},
+    "all_correct_not_degenerate": {
+        "degenerate_share": "zero_share",
+        "informative_groups_per_s": "zero_rate",
+    },
+}
+_BY = {"average_of_percentiles": _Q[1:]}  # узнаётся по любому из ключей, а не по всем
+_BY["all_correct_not_degenerate"] = tuple(_WRONG["all_correct_not_degenerate"])
 STEP = Step(
-    id="12.5.9", make_task=make_task, solve=solve, solution=solution,
-    answer=Fields({"p50": Amount(unit="с"), "p95": Amount(unit="с"), "p99": Amount(unit="с"),
-                   "degenerate_share": Share(rtol=RTOL), "informative_groups_per_s": Amount(unit="групп/с")}),
-    hint="Соберите длительности всех роллаутов всех сборщиков в один список и возьмите "
-    "numpy.percentile(x, [50, 95, 99]) (линейная интерполяция); не усредняйте перцентили сборщиков. "
-    "Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × "
-    "(1 − доля вырожденных).",
-    traps=(
-        Trap("average_of_percentiles", "Вы усреднили перцентили отдельных сборщиков. Перцентиль нелинеен: среднее "
-             "p95 сборщиков — не p95 запуска, хвост медленного сборщика размывается. Считайте перцентили по "
-             "объединённой выборке всех роллаутов.", override={q: (lambda t, q=q: values(t)["avg"][q]) for q in _Q},
-             matches=lambda t, g: any(near(values(t)["avg"][q], g, q) for q in ("p95", "p99"))),
-        Trap("mean_as_p50", "Вы взяли среднее вместо медианы. p50 — середина отсортированной выборки; при длинном "
-             "правом хвосте длительностей среднее заметно больше медианы.", override={"p50": lambda t: values(t)["mean"]}),
-        Trap("groups_not_informative", "Это все группы в секунду. Вырожденная группа (все награды равны) даёт "
-             "нулевое преимущество и не учит политику: информативные группы/с = группы/с × (1 − доля вырожденных "
-             "групп).", override={"informative_groups_per_s": lambda t: values(t)["groups_per_s"]}),
-        Trap("all_correct_not_degenerate", "Вы посчитали вырожденными только группы, где все ответы неверны. "
-             "Группа, где все ответы верны, тоже вырождена: награды равны, преимущество нулевое, градиента нет.",
-             override={"degenerate_share": lambda t: values(t)["zero_share"],
-                       "informative_groups_per_s": lambda t: values(t)["zero_rate"]},
-             matches=lambda t, g: near(values(t)["zero_share"], g, "degenerate_share")
-             or near(values(t)["zero_rate"], g, "informative_groups_per_s")),
+    id="12.5.9",
+    make_task=log_metrics_task,
+    solve=log_metrics_solve,
+    solution=log_metrics_solution,
+    answer=Fields(
+        dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
+        | {"degenerate_share": Share(rtol=RTOL)}
+        | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
     ),
-)  # fmt: skip
+    hint="Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных).",
+    traps=tuple(
+        Trap(
+            key,
+            text,
+            override={f: lambda t, x=x: log_values(t)[x] for f, x in _WRONG[key].items()},
+            by=_BY.get(key, ()),
+        )
+        for key, text in _MESSAGES.items()
+    ),
+)
