@@ -95,19 +95,15 @@ def _without(dropped: tuple[str, ...]) -> dict:
         need, got, drop = set(_needed(task)), listed(given), set(dropped)
         return bool(need & drop - got) and need - drop <= got <= set(absent_components(task))
 
-    return {
-        "matches": matches,
-        "override": {"missing": lambda t: [c for c in _needed(t) if c not in dropped]},
-    }
+    def keep(task: dict) -> list[str]:
+        return [c for c in _needed(task) if c not in dropped]
+
+    return {"matches": matches, "override": {"missing": keep}}
 
 
 def _extra_na(task: dict, given: dict) -> bool:  # все нужные и хоть один, которого у запуска нет
     need, got = set(_needed(task)), listed(given)
     return bool(got & set(absent_components(task)) - need) and need <= got
-
-
-def _present(task: dict, given: dict) -> bool:  # в списке есть то, что в манифесте уже есть
-    return bool(listed(given) - set(absent_components(task)))
 
 
 def manifest_gaps_solution(task: dict, ref: dict) -> str:
@@ -141,7 +137,7 @@ _RULES = {  # ответ с ошибкой (override верного) и как �
     "not_applicable_listed": {"override": {"missing": absent_components}, "matches": _extra_na},
     "present_listed": {
         "override": {"missing": lambda t: [*_needed(t), "policy"]},
-        "matches": _present,
+        "matches": lambda t, g: bool(listed(g) - set(absent_components(t))),
     },
 }
 STEP = Step(
