@@ -1,211 +1,221 @@
 """12.3.9 — трасса этапов: сумма работы против критического пути, загрузка пулов, что ускорять."""
 
-import copy
 import functools
 import json
-import math
 import random
 
 from course_utils import pipeline
-from course_utils.exercises.answers import Choice, Fields, Share, md_table
+from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
 from course_utils.exercises.step import Step, Trap
 
-from .pipeline_split import SECONDS, TOLERANCE, s, shape, value
+from .pipeline_split import SECONDS
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
 _TRAIN_STAGES = ("logprob_recompute", "forward_backward", "optimizer_step", "weight_sync")
-_SCENARIOS = (  # описание; диапазоны logprob_recompute, forward_backward, optimizer_step,
-    # weight_sync, checkpoint и decode — в десятых долях секунды
-    ("обучение упирается в forward/backward большой модели",
-     (15, 25), (70, 100), (5, 10), (10, 20), (20, 40), (50, 80)),
-    ("новые веса идут в движок генерации по медленной сети",
-     (10, 20), (30, 45), (5, 10), (50, 80), (20, 40), (40, 70)),
-    ("пересчёт log-prob тренером на длинных последовательностях",
-     (50, 80), (30, 45), (5, 10), (10, 20), (20, 40), (40, 70)),
-    ("синхронная запись контрольной точки на медленный диск",
-     (10, 20), (25, 35), (5, 10), (10, 20), (120, 180), (35, 55)),
-)  # fmt: skip
+_SCENARIOS = (  # запуск; logprob_recompute, forward_backward, weight_sync, checkpoint, decode
+    ("упор в forward/backward большой модели", (15, 25), (70, 100), (10, 20), (20, 40), (50, 80)),
+    ("медленная сеть до движка генерации", (10, 20), (30, 45), (50, 80), (20, 40), (40, 70)),
+    ("пересчёт log-prob на длинных ответах", (50, 80), (30, 45), (10, 20), (20, 40), (40, 70)),
+    ("долгая синхронная контрольная точка", (10, 20), (25, 35), (10, 20), (120, 180), (35, 55)),
+)  # длительности — в десятых долях секунды; optimizer_step всегда 5–10
 
 
 def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> list[dict]:
     """Окно перекрытого конвейера: шаги тренера 0–2, пакеты 0–3; время — в десятых долях секунды.
 
-    Пакет 0 к началу окна сгенерирован; пакет b ≥ 2 генерируется весами weight_sync шага b − 2.
+    Пакет 0 к началу окна проверен; пакет b ≥ 1 генерируется весами weight_sync шага b − 2.
     """
-    ev: list[tuple] = []  # (исполнитель, этап, начало, конец, зависимости)
+    ev: list[dict] = []
     free = dict.fromkeys([f"gen-{i}" for i in range(n_gen)] + ["verifier-0", "trainer-0"], 0)
-    ver, ws = {}, {}
 
-    def add(worker: str, stage: str, length: int, ready: int = 0, deps=(), wait: str = "") -> int:
+    def add(worker: str, stage: str, length: int, ready: int = 0, deps=(), wait: str = "") -> dict:
         start = max(free[worker], ready)
         if wait and start > free[worker]:  # ожидание — отдельный интервал
-            ev.append((worker, wait, free[worker], start, []))
-        ev.append((worker, stage, start, start + length, list(deps)))
-        free[worker] = start + length
-        return len(ev) - 1
+            ev.append({"worker": worker, "stage": wait, "start_s": free[worker], "end_s": start})
+            ev[-1]["depends_on"] = []
+        ev.append({"worker": worker, "stage": stage, "start_s": start, "end_s": start + length})
+        ev[-1]["depends_on"], free[worker] = list(deps), start + length
+        return ev[-1]
 
-    def verify(b: int, decodes: list[int]) -> None:
-        ready = max([0] + [ev[j][3] for j in decodes])
-        ver[b] = add("verifier-0", "verifier", rng.randint(8, 20), ready, decodes)
-
-    verify(0, [])
+    verified, synced = [add("verifier-0", "verifier", rng.randint(8, 20))], []
     for step in range(3):  # пакет step + 1 генерируется, пока тренер учится на пакете step
-        decodes, dep = [], [ws[step - 1]] if step else []
+        decodes = []
         for w in [w for w in free if w.startswith("gen")]:  # ждёт версию весов: backpressure
-            ready = ev[dep[0]][3] if dep else 0
-            add(w, "prefill", rng.randint(3, 8), ready, dep, "backpressure")
+            ready = synced[-1]["end_s"] if synced else 0
+            add(w, "prefill", rng.randint(3, 8), ready, synced[-1:], "backpressure")
             decodes.append(add(w, "decode", rng.randint(*decode)))
-        verify(step + 1, decodes)
+        ready = max(d["end_s"] for d in decodes)
+        verified.append(add("verifier-0", "verifier", rng.randint(8, 20), ready, decodes))
         for i, stage in enumerate(_TRAIN_STAGES):  # первый этап ждёт проверенный пакет
-            deps = [ver[step]] if i == 0 else []
-            ws[step] = add(
-                "trainer-0", stage, rng.randint(*train[stage]), ev[ver[step]][3], deps, "queue_wait"
-            )
+            deps, ready = [verified[step]] if i == 0 else [], verified[step]["end_s"]
+            last = add("trainer-0", stage, rng.randint(*train[stage]), ready, deps, "queue_wait")
+        synced.append(last)
         if step == 1:
             add("trainer-0", "checkpoint", rng.randint(*train["checkpoint"]))
-    order = sorted(range(len(ev)), key=lambda j: (ev[j][2], ev[j][0]))
-    row = {j: r for r, j in enumerate(order)}
-    return [{"row": row[j], "worker": ev[j][0], "stage": ev[j][1], "start_s": ev[j][2] / 10,
-             "end_s": ev[j][3] / 10, "depends_on": sorted(row[d] for d in ev[j][4])}
-            for j in order]  # fmt: skip
+    ev.sort(key=lambda e: (e["start_s"], e["worker"]))
+    row = {id(e): r for r, e in enumerate(ev)}
+    for e in ev:  # номера строк вместо ссылок, секунды вместо десятых
+        deps = sorted(row[id(d)] for d in e["depends_on"])
+        e.update(start_s=e["start_s"] / 10, end_s=e["end_s"] / 10, depends_on=deps)
+    return [{"row": r, **e} for r, e in enumerate(ev)]
 
 
 @functools.lru_cache(maxsize=64)
-def _analyse(trace_json: str, pools_json: str) -> dict:
-    """Всё, что нужно ответу и разбору, — через pipeline (кэш: трасса варианта не меняется)."""
-    trace, pools = json.loads(trace_json), json.loads(pools_json)
-    iv = [{k: r[k] for k in ("worker", "stage", "start_s", "end_s")} for r in trace]
+def _analyse_trace(task_json: str) -> dict:
+    """Всё для ответа и разбора — через pipeline (кэш: трасса варианта не меняется)."""
+    trace, pools = json.loads(task_json)
     deps = {r["row"]: r["depends_on"] for r in trace if r["depends_on"]}
-    length, chain = pipeline.critical_path(iv, deps)
-    stages = dict.fromkeys(r["stage"] for r in iv if r["stage"] not in pipeline.WAIT_STAGES)
-    work = {st: pipeline.sum_of_work([r for r in iv if r["stage"] == st]) for st in stages}
-    # все интервалы этапа вдвое короче: на сколько сократится путь
-    halved = {st: [{**r, "end_s": (r["start_s"] + r["end_s"]) / 2} if r["stage"] == st else r
-                   for r in iv] for st in stages}  # fmt: skip
-    util = pipeline.pool_utilization(iv, {w: p for p, ws in pools.items() for w in ws})
-    a = {"sum_of_work": pipeline.sum_of_work(iv), "critical_path": length,
-         "sum_with_waits": pipeline.sum_of_work(iv, exclude_stages=()),
-         "chain": [(int(i), st) for i, st in zip(chain.index, chain["stage"])],
-         "utilization": {p: float(util[p]) for p in pools}, "horizon": max(r["end_s"] for r in iv),
-         "gains": {st: length - pipeline.critical_path(h, deps)[0] for st, h in halved.items()},
-         "work": work, "biggest": max(work, key=work.get)}  # fmt: skip
-    n_workers = sum(map(len, pools.values()))  # одна загрузка на всех и среднее по пулам
-    u = a["utilization"].values()
-    a["flat"] = [a["sum_of_work"] / (n_workers * a["horizon"]), sum(u) / len(pools)]
-    return a
+    (length, chain), H = pipeline.critical_path(trace, deps), max(r["end_s"] for r in trace)
+    stages = dict.fromkeys(r["stage"] for r in trace if r["stage"] not in pipeline.WAIT_STAGES)
+    work = {st: pipeline.sum_of_work([r for r in trace if r["stage"] == st]) for st in stages}
+    halved = {  # все интервалы этапа вдвое короче
+        st: [
+            r | {"end_s": (r["start_s"] + r["end_s"]) / 2} if r["stage"] == st else r for r in trace
+        ]
+        for st in stages
+    }
+    util = pipeline.pool_utilization(trace, {w: p for p, ws in pools.items() for w in ws})
+    W, n_workers = pipeline.sum_of_work(trace), sum(map(len, pools.values()))
+    return {
+        "sum_of_work": W,
+        "critical_path": length,
+        "utilization": {p: float(util[p]) for p in pools},
+        "sum_with_waits": pipeline.sum_of_work(trace, exclude_stages=()),
+        "chain": [(int(i), st) for i, st in zip(chain.index, chain["stage"])],
+        "horizon": H,
+        "gains": {st: length - pipeline.critical_path(h, deps)[0] for st, h in halved.items()},
+        "work": work,
+        "biggest": max(work, key=work.get),
+        "flat": [W / (n_workers * H), float(util.mean())],  # ошибочные «одна загрузка на всех»
+    }
 
 
-def _analysis(task: dict) -> dict:
-    return copy.deepcopy(_analyse(json.dumps(task["trace"]), json.dumps(task["pools"])))
+def _trace_analysis(task: dict) -> dict:
+    return _analyse_trace(json.dumps([task["trace"], task["pools"]]))
 
 
 _UTIL = Share(rtol=1e-2)
-ANSWER = Fields({"sum_of_work": SECONDS, "critical_path": SECONDS,
-                 "utilization": Fields(dict.fromkeys(_POOL_NAMES, _UTIL)),
-                 "speed_up": Choice(lambda t: list(_analysis(t)["work"]))})  # fmt: skip
+_POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
+_STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
+ANSWER = Fields(
+    {"sum_of_work": SECONDS, "critical_path": SECONDS, "utilization": _POOLS, "speed_up": _STAGE}
+)
 
 
-def make_task(variant: int) -> dict:
+def critical_path_task(variant: int) -> dict:
     rng = random.Random(12_3_9_000 + 7919 * variant)
     scenario, *ranges, decode = _SCENARIOS[variant % len(_SCENARIOS)]
-    train = dict(zip((*_TRAIN_STAGES, "checkpoint"), ranges))
-    n_gen = rng.choice([2, 3])
-    pools = {"generation": [f"gen-{i}" for i in range(n_gen)], "verifier": ["verifier-0"],
-             "training": ["trainer-0"]}  # fmt: skip
+    keys = ("logprob_recompute", "forward_backward", "weight_sync", "checkpoint")
+    train, n_gen = {**dict(zip(keys, ranges)), "optimizer_step": (5, 10)}, rng.choice([2, 3])
+    pools = {"generation": [f"gen-{i}" for i in range(n_gen)], "verifier": ["verifier-0"]}
+    pools["training"] = ["trainer-0"]
     while True:  # генерация — самая большая работа, но перекрыта обучением и не лежит на пути
         trace = _build_trace(rng, n_gen, train, decode)
         task = {"scenario": scenario, "trace": trace, "pools": pools}
-        a = _analysis(task)
+        a = _trace_analysis(task)
         best, second = sorted(a["gains"].values(), reverse=True)[:2]
-        if a["biggest"] == "decode" and any(r["stage"] == "backpressure" for r in task["trace"]):
-            if "decode" not in {st for _, st in a["chain"]} and best >= 1.15 * second + 0.1:
+        waits = any(r["stage"] == "backpressure" for r in trace)
+        if a["biggest"] == "decode" and waits and "decode" not in {st for _, st in a["chain"]}:
+            if best >= 1.15 * second + 0.1:
                 break
-    rows = "\n".join(f"| {r['row']} | {r['worker']} | {r['stage']} | {r['start_s']:.1f} | "
-                     f"{r['end_s']:.1f} | {', '.join(map(str, r['depends_on'])) or '—'} |"
-                     for r in task["trace"])  # fmt: skip
+    head = ("строка", "исполнитель", "этап", "начало, с", "конец, с", "зависит от строк")
+    cells = ("row", "worker", "stage", "start_s", "end_s")
+    rows = [
+        [*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in task["trace"]
+    ]
     pool_lines = "; ".join(f"`{p}` ({_POOL_NAMES[p]}) — {', '.join(ws)}" for p, ws in pools.items())
     task["statement"] = (
-        "**Трасса этапов и критический путь.** Окно из трёх шагов перекрытого конвейера "
-        f"(генерация отстаёт на одну версию весов); запуск: {scenario}. Пакет 0 к началу окна "
-        "уже сгенерирован; пакет b ≥ 2 генерируется весами, которые опубликовал `weight_sync` "
-        "шага b − 2. Интервалы этапов (они же в `task_12_3_9['trace']`):\n\n| строка | "
-        "исполнитель | этап | начало, с | конец, с | зависит от строк "
-        f"|\n|---|---|---|---|---|---|\n{rows}\n\n`queue_wait` и `backpressure` — ожидание, а "
-        "не работа. Интервал работы зависит от предыдущего интервала работы своего "
-        "исполнителя и от строк в последнем столбце. Пулы (`task_12_3_9['pools']`): "
-        f"{pool_lines}.\n\nНайдите:\n1. `sum_of_work` — сумму работы (всех интервалов, кроме "
-        "ожиданий), с;\n2. `critical_path` — длину критического пути: самой длинной по сумме "
-        "длительностей цепочки зависимых интервалов работы, с;\n3. `utilization` — загрузку "
-        "каждого пула, `{пул: доля}`: работа исполнителей пула / (их число × H), H — конец "
-        "последнего интервала (окно начинается в 0 с);\n4. `speed_up` — этап, ускорение "
-        "которого вдвое (всех его интервалов) сильнее всего сокращает критический "
-        f"путь.\n\nОтвет — словарь `{shape(ANSWER)}`; числа — {TOLERANCE}. "
-        "`pipeline.critical_path` и `pipeline.pool_utilization` пригодятся для проверки, но "
-        "сначала найдите путь по таблице сами."
+        "**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт "
+        f"на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — "
+        "весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и "
+        f"`backpressure` — ожидание, а не работа):\n\n{md_table(head, rows)}\n\nИнтервал работы "
+        "зависит от предыдущего интервала работы своего исполнителя и от строк последнего столбца. "
+        f"Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\nНайдите `sum_of_work` — сумму работы, с; "
+        "`critical_path` — длину самой длинной цепочки зависимых интервалов работы, с; "
+        "`utilization` — загрузку пулов: работа исполнителей пула / (их число × H), H — конец "
+        "последнего интервала; `speed_up` — этап, ускорение которого вдвое сильнее всего сокращает "
+        "критический путь. Допуск 1 %."
     )
     return task
 
 
-def solve(task: dict) -> dict:
-    a = _analysis(task)
-    keys = ("sum_of_work", "critical_path", "utilization")
-    return {**{k: a[k] for k in keys}, "speed_up": max(a["gains"], key=a["gains"].get)}
+def critical_path_solve(task: dict) -> dict:
+    a = _trace_analysis(task)
+    best, util = max(a["gains"], key=a["gains"].get), dict(a["utilization"])
+    return dict(zip(ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
 
 
-def solution(task: dict, ref: dict) -> str:
-    a = _analysis(task)
+def critical_path_solution(task: dict, ref: dict) -> str:
+    a, util = _trace_analysis(task), ref["utilization"]
     work, gains, biggest = a["work"], a["gains"], a["biggest"]
     on_path = {st for _, st in a["chain"]}
-    W, L, H = (s(a[k], 2) for k in ("sum_of_work", "critical_path", "horizon"))
-    stage_rows = md_table(("этап", "работа, с", "на пути", "путь короче на, с"),
-                          [(st, s(w, 1), "да" if st in on_path else "нет", s(gains[st], 2))
-                           for st, w in sorted(work.items(), key=lambda kv: -kv[1])])  # fmt: skip
-    util_rows = md_table(("пул", "исполнителей", "работа, с", "загрузка"),
-                         [(f"`{p}`", len(ws), s(ref["utilization"][p] * len(ws) * a["horizon"], 1),
-                           f"{ref['utilization'][p]:.3f}") for p, ws in task["pools"].items()])  # fmt: skip
-    window = (f"После первого ожидания тренер не простаивает, поэтому путь равен окну H = {H} с."
-              if math.isclose(a["critical_path"], a["horizon"], abs_tol=1e-6) else
-              f"Путь короче окна H = {H} с: в окне есть простой, не вызванный зависимостями.")  # fmt: skip
-    answer = {**ref, **{k: round(ref[k], 2) for k in ("sum_of_work", "critical_path")},
-              "utilization": {p: round(u, 3) for p, u in ref["utilization"].items()}}  # fmt: skip
+    W, L, H = (sig(a[k]) for k in ("sum_of_work", "critical_path", "horizon"))
+    stage_rows = [
+        (st, sig(w), "да" if st in on_path else "нет", sig(gains[st]))
+        for st, w in sorted(work.items(), key=lambda kv: -kv[1])
+    ]
+    util_rows = [
+        (f"`{p}`", len(ws), sig(util[p] * len(ws) * a["horizon"]), f"{util[p]:.3f}")
+        for p, ws in task["pools"].items()
+    ]
+    answer = ref | {k: round(ref[k], 2) for k in ("sum_of_work", "critical_path")}
+    answer["utilization"] = {p: round(u, 3) for p, u in util.items()}
     return (
-        "**1. Сумма работы** — все интервалы, кроме ожиданий (`queue_wait`, `backpressure`: "
-        f"вместе {s(a['sum_with_waits'] - a['sum_of_work'], 1)} с простоя): $W = \\sum (end - "
-        f"start) = {W}$ с. Это GPU·секунды: исполнители работают параллельно, и W больше "
-        "окна.\n\n**2. Критический путь** — самая длинная по сумме длительностей цепочка, где "
-        "каждый интервал ждёт предыдущий (свой исполнитель или строка из «зависит "
-        f"от»):\n\n{' → '.join(f'{i} ({st})' for i, st in a['chain'])}\n\n$$L_{{crit}} = {L}\\ "
-        f"\\text{{с}} < W = {W}\\ \\text{{с}}.$$\n\nПуть идёт через тренер: обучение — узкое "
-        f"место, генерация перекрыта им. {window}\n\n**3. Загрузка пулов** на окне H = {H} с: "
-        f"работа исполнителей пула / (их число · H).\n\n{util_rows}\n\nОдна средняя загрузка "
-        "смешала бы почти непрерывно занятый тренер с простаивающими пулами и спрятала бы узкое "
-        "место.\n\n**4. Что ускорять.** На сколько сократится путь, если все интервалы этапа "
-        f"станут вдвое короче:\n\n{stage_rows}\n\nУскорять стоит `{ref['speed_up']}`. Самая "
-        f"большая работа — `{biggest}` ({s(work[biggest], 1)} с), но она перекрыта обучением: её "
-        f"ускорение не меняет период, пока узкое место — тренер.\n\n**Ответ:** `{answer}`."
+        f"**1.** Без ожиданий ({sig(a['sum_with_waits'] - a['sum_of_work'])} с простоя): $W = "
+        f"\\sum (end - start) = {W}$ с — GPU·секунды, поэтому W больше окна H = {H} с.\n\n**2.** "
+        "Критический путь — самая длинная цепочка, где каждый интервал ждёт предыдущий (свой "
+        "исполнитель или строка из «зависит от»): "
+        f"{' → '.join(f'{i} ({st})' for i, st in a['chain'])}; $L_{{crit}} = {L}$ с < W. Путь идёт "
+        "через тренер: обучение — узкое место.\n\n**3.** Загрузка пула — работа его исполнителей / "
+        "(их число · H):\n\n"
+        f"{md_table(('пул', 'исполнителей', 'работа, с', 'загрузка'), util_rows)}\n\n**4.** На "
+        "сколько сократится путь, если все интервалы этапа станут вдвое короче:\n\n"
+        f"{md_table(('этап', 'работа, с', 'на пути', 'путь короче на, с'), stage_rows)}\n\n"
+        f"Ускорять стоит `{ref['speed_up']}`. Самая большая работа — `{biggest}` "
+        f"({sig(work[biggest])} с), но она перекрыта обучением и не лежит на пути.\n\n**Ответ:** "
+        f"`{answer}`."
     )
 
 
+def _trace_slips(task: dict, ref: dict) -> dict[str, dict]:
+    a = _trace_analysis(task)
+    return {
+        "off_critical_path": ref | {"speed_up": a["biggest"]},
+        "sum_as_critical": ref | {"critical_path": a["sum_of_work"]},
+        "average_utilization": ref | {"utilization": dict.fromkeys(task["pools"], a["flat"][0])},
+        "wait_as_work": ref | {"sum_of_work": a["sum_with_waits"]},
+    }
+
+
+_TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с ней — _trace_slips
+    "off_critical_path": "Выбран этап с наибольшей суммой работы, но он перекрыт обучением и не лежит на критическом пути: его ускорение почти не сокращает период.",
+    "sum_as_critical": "Критический путь — не сумма всей работы: исполнители работают параллельно, а путь — самая длинная цепочка интервалов, где каждый ждёт предыдущий.",
+    "average_utilization": "Одна средняя загрузка на все пулы смешивает занятый тренер с простаивающими пулами и прячет узкое место; её считают по пулам.",
+    "wait_as_work": "В сумму работы попали ожидания (queue_wait, backpressure): это простой исполнителя, а не работа.",
+}
+_TRAP_KW = {  # по какому ключу ответа ошибка узнаётся; средняя загрузка — по своему правилу
+    "off_critical_path": {"by": ("speed_up",)},
+    "sum_as_critical": {"by": ("critical_path",)},
+    "average_utilization": {"matches": lambda t, g: _gives_flat_utilization(t, g)},
+    "wait_as_work": {"by": ("sum_of_work",)},
+}
+
+
+def _gives_flat_utilization(task: dict, given: dict) -> bool:
+    """Одна загрузка на всех: работа / (все исполнители · H) или среднее по пулам."""
+    shown = get(given, "utilization").values()
+    return any(all(_UTIL.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
+
+
 STEP = Step(
-    id="12.3.9", make_task=make_task, solve=solve, solution=solution, answer=ANSWER,
-    hint="Сумма работы — сумма длительностей без ожиданий. Для критического пути идите по "
-    "строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум "
-    "по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Загрузку "
-    "считайте по пулам; ускорять стоит этап на критическом пути.",
-    traps=(
-        Trap("off_critical_path", "Вы выбрали этап с наибольшей суммой работы, но он перекрыт "
-             "обучением и не лежит на критическом пути: его ускорение почти не сокращает период.",
-             override={"speed_up": lambda t: _analysis(t)["biggest"]}),
-        Trap("sum_as_critical", "Критический путь — не сумма всей работы: исполнители работают "
-             "параллельно, путь — самая длинная цепочка интервалов, где каждый ждёт предыдущий.",
-             override={"critical_path": lambda t: _analysis(t)["sum_of_work"]}),
-        Trap("average_utilization", "Вы дали одну среднюю загрузку всем пулам. Её считают по пулам: "
-             "средняя смешивает занятый тренер с простаивающими пулами и прячет узкое место.",
-             override={"utilization": lambda t: dict.fromkeys(t["pools"], _analysis(t)["flat"][0])},
-             matches=lambda t, g: any(all(_UTIL.same(x, u) for u in value(g, "utilization").values())
-                                      for x in _analysis(t)["flat"])),
-        Trap("wait_as_work", "В сумму работы попали ожидания (queue_wait, backpressure): это простой "
-             "исполнителя, а не работа.",
-             override={"sum_of_work": lambda t: _analysis(t)["sum_with_waits"]}),
+    id="12.3.9",
+    make_task=critical_path_task,
+    solve=critical_path_solve,
+    solution=critical_path_solution,
+    answer=ANSWER,
+    hint="Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути.",
+    traps=tuple(
+        Trap(k, m, wrong=lambda t, r, k=k: _trace_slips(t, r)[k], **_TRAP_KW[k])
+        for k, m in _TRAP_TEXT.items()
     ),
-)  # fmt: skip
+)
