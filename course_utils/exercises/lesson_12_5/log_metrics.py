@@ -18,11 +18,8 @@ def log_values(task: dict) -> dict:
     for g in groups:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
     per = {c: tracing.percentiles(d) for c, d in per.items()}
-    records = [
-        SimpleNamespace(group_id=g["group_id"], reward={"correctness": float(r)})
-        for g in groups
-        for r in g["rewards"]
-    ]
+    rewards = [(g["group_id"], float(r)) for g in groups for r in g["rewards"]]
+    records = [SimpleNamespace(group_id=q, reward={"correctness": r}) for q, r in rewards]
     n, share = throughput.degenerate_group_share(records)
     durations, rate = [d for g in groups for d in g["durations_s"]], n / task["wall_s"]
     zeros = sum(set(g["rewards"]) == {0} for g in groups) / n  # вырождены только «все 0»

@@ -43,8 +43,8 @@ def young_interval_task(variant: int) -> dict:
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
-def young_answers(task: dict) -> dict:
-    """Верный ответ (ref) и ответы типичных ошибок; в формулах всё в секундах."""
+def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
+    """Верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах."""
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
@@ -57,16 +57,12 @@ def young_answers(task: dict) -> dict:
         "sqrt_cm_no_two": answer(math.sqrt(c * m), m),
         "units_mixed": answer(math.sqrt(2 * c * m_h), m_h),  # M в часах как секунды
         "overhead_one_term": {**answer(star, m), "H_current": c / i, "H_star": c / star},
-    }
-
-
-def young_interval_solve(task: dict) -> dict:
-    return young_answers(task)["ref"]
+    }[mistake]
 
 
 def _units_mixed(task: dict, given: dict) -> bool:
     """M в часах рядом с секундами — или I* в секундах, выданное за минуты."""
-    wrong, kind = young_answers(task)["units_mixed"], Number(**AMOUNT)
+    wrong, kind = young_interval_solve(task, "units_mixed"), Number(**AMOUNT)
     seconds = 60 * young_interval_solve(task)["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
     return any(hits) or kind.same(seconds, get(given, "I_star_min"))
@@ -113,7 +109,7 @@ STEP = Step(
     ),
     hint="Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же».",
     traps=tuple(
-        Trap(key, text, wrong=lambda t, ref, key=key: young_answers(t)[key], **_RULES[key])
+        Trap(key, text, wrong=lambda t, ref, key=key: young_interval_solve(t, key), **_RULES[key])
         for key, text in _MESSAGES.items()
     ),
 )
