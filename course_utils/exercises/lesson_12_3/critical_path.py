@@ -21,10 +21,7 @@ _SCENARIOS = (  # запуск; logprob_recompute, forward_backward, weight_sync
 
 
 def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> list[dict]:
-    """Окно перекрытого конвейера: шаги тренера 0–2, пакеты 0–3; время — в десятых долях секунды.
-
-    Пакет 0 к началу окна проверен; пакет b ≥ 1 генерируется весами weight_sync шага b − 2.
-    """
+    """Окно перекрытого конвейера: шаги тренера 0–2, пакеты 0–3; время — в десятых долях с."""
     ev: list[dict] = []
     free = dict.fromkeys([f"gen-{i}" for i in range(n_gen)] + ["verifier-0", "trainer-0"], 0)
 

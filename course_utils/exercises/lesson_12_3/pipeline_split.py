@@ -31,8 +31,7 @@ _DEVICES = dict.fromkeys(("k_gen", "k_train"), Number(integer=True))
 ANSWER = _DeviceSplitFields({**_TIMES, "speedup": Number(rtol=1e-2, unit="раз"), **_DEVICES})
 
 
-def _proportional(K: int, r_g: float, r_t: float) -> int:
-    """Ошибочное k_gen «пропорционально скорости»: больше устройств более быстрому этапу."""
+def _proportional(K: int, r_g: float, r_t: float) -> int:  # ошибка: больше устройств быстрому
     return min(max(round(K * r_g / (r_g + r_t)), 1), K - 1)
 
 

@@ -62,13 +62,11 @@ def _queue_growth(task: dict) -> dict[str, Fraction]:
     return {c: n * per_collector - mu for c, n in task["collectors"].items()}
 
 
-def _config_with_sign(task: dict, sign: int) -> str:
-    """Конфигурация, где знак λ − μ равен ``sign`` (−1, 0, +1); в каждом варианте по одной."""
+def _config_with_sign(task: dict, sign: int) -> str:  # знак λ − μ: −1, 0, +1 — по одной
     return next(c for c, x in _queue_growth(task).items() if (x > 0) - (x < 0) == sign)
 
 
-def _threshold(task: dict, in_flight: int) -> int:
-    """θ = L·B − C·ℓ: предел глубины минус по роллауту длины ℓ в полёте от каждого сборщика."""
+def _threshold(task: dict, in_flight: int) -> int:  # θ = L·B − C·ℓ, ℓ — роллаут в полёте
     C = task["collectors"][task["backpressure_config"]]
     return task["max_lag_steps"] * task["batch_tokens"] - C * in_flight
 
