@@ -1,73 +1,59 @@
-"""12.4.9 — аудит журнала синхронизации весов: какие правила протокола нарушены.
-
-Журнал строится по сценарию (``plan``) с внедрёнными нарушениями; верный ответ считает
-``weight_sync.audit_log`` (он импортирует torch — лениво, только когда шаг нужен).
-"""
+"""12.4.9 — аудит журнала синхронизации весов (EventLog по сценарию ``plan``): что нарушено."""
 
 import itertools
 import random
-from dataclasses import dataclass
+from functools import partial
+from importlib import import_module
 from typing import Any
 
-from course_utils.exercises.answers import IdSet, norm
+from course_utils.exercises.answers import IdSet, md_table, norm
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
 
-# Внедряемые нарушения → коды audit_log, которые они вызывают (тесты сверяют с audit_log).
-INJECTIONS = {
+INJECTIONS = {  # внедряемое нарушение → коды, которые оно вызывает (тесты сверяют с audit_log)
     "commit_no_wait": ("commit_before_barrier", "serve_before_barrier"),
     "serve_from_staging": ("serve_before_barrier", "serve_uncommitted"),  # до любого commit
     "early_commit": ("commit_before_barrier", "serve_before_barrier", "replicas_diverged"),
     "barrier_not_ready": ("barrier_not_ready",),
-    "verify_ok_mismatch": ("checksum_mismatch",), "commit_mismatch": ("checksum_mismatch",),
-    "skip_verify": ("commit_without_verify",), "stale_request": ("version_backwards", "replicas_diverged"),
-    "inplace": ("inplace_update",), "missed_commit": ("replicas_diverged",),
-}  # fmt: skip
+    "verify_ok_mismatch": ("checksum_mismatch",),
+    "commit_mismatch": ("checksum_mismatch",),
+    "skip_verify": ("commit_without_verify",),
+    "stale_request": ("version_backwards", "replicas_diverged"),
+    "inplace": ("inplace_update",),
+    "missed_commit": ("replicas_diverged",),
+}
 _BARRIER_KINDS = ("commit_no_wait", "serve_from_staging", "early_commit", "barrier_not_ready")
 _CHECKSUM_KINDS = ("verify_ok_mismatch", "commit_mismatch")
 BARRIER_CODES = {"serve_before_barrier", "commit_before_barrier", "barrier_not_ready"}
-_PUBLISHER = "publisher"
-
-
-def _weight_sync():
-    from course_utils import weight_sync  # импортирует torch: только когда шаг 12.4.9 нужен
-
-    return weight_sync
+_DECOY = "; `verify_fail` и `abort` версии {} — протокол сработал: проверка поймала порчу, и никто не переключился"
+_WEIGHT_SYNC = "course_utils.weight_sync"  # импортирует torch: грузится, только когда шаг нужен
 
 
 def plan(variant: int) -> dict:
-    """Сценарий варианта (в условие не попадает): реплики, нарушения по публикациям, отмена-ловушка.
-
-    В каждом варианте — нарушение барьера и нарушение контрольной суммы (на них держатся ловушки
-    commit_is_enough и checksum_ignored), иногда ещё одно нарушение другого вида.
-    """
+    """Реплики, нарушения по публикациям, отмена-ловушка; всегда есть нарушение барьера и суммы."""
     rng = random.Random(12_4_9_000 + 7919 * variant)
-    replicas = [f"replica-{i}" for i in range(rng.choice([2, 3]))]
-    n_pub = rng.choice([1, 2])
+    replicas, n_pub = [f"replica-{i}" for i in range(rng.choice([2, 3]))], rng.choice([1, 2])
     kinds = [rng.choice(_BARRIER_KINDS), rng.choice(_CHECKSUM_KINDS)]
     if n_pub * len(replicas) > 2 and rng.random() < 0.6:
         kinds.append(rng.choice(sorted(set(INJECTIONS) - {*_BARRIER_KINDS, *_CHECKSUM_KINDS})))
     pubs: list[dict[str, str]] = [{} for _ in range(n_pub)]
     for kind in kinds:
-        i, r = rng.choice(
-            [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
-        )
+        free = [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
+        i, r = rng.choice(free)
         pubs[i][kind] = r
-    abort_at = rng.randrange(n_pub) if rng.random() < 0.4 else None
-    return {"replicas": replicas, "v0": rng.randint(10, 60), "publications": pubs,
-            "abort_before": abort_at, "abort_replica": rng.choice(replicas),
-            "seed": rng.randrange(10**9)}  # fmt: skip
+    p = {"abort_before": rng.randrange(n_pub) if rng.random() < 0.4 else None}
+    p |= {"replicas": replicas, "v0": rng.randint(10, 60), "publications": pubs}
+    return p | {"abort_replica": rng.choice(replicas), "seed": rng.randrange(10**9)}
 
 
 def expected_codes(p: dict) -> set[str]:
     return {code for pub in p["publications"] for kind in pub for code in INJECTIONS[kind]}
 
 
-def _events(p: dict) -> list[dict]:
-    """Журнал weight_sync.EventLog: начальная версия, затем публикации по протоколу шага 12.4.5."""
+def _sync_events(p: dict) -> list[dict]:
     rng, replicas, cur, requests = random.Random(p["seed"]), p["replicas"], {}, itertools.count(1)
     times = itertools.accumulate(rng.uniform(0.003, 0.05) for _ in itertools.count())
-    log = _weight_sync().EventLog(clock=lambda: round(next(times), 3), t0=0.0)
+    log = import_module(_WEIGHT_SYNC).EventLog(clock=lambda: round(next(times), 3), t0=0.0)
     add, checksum = log.add, lambda: f"{rng.getrandbits(32):08x}"
 
     def serve(r: str, version: int | None = None, ck: str | None = None) -> None:
@@ -78,29 +64,30 @@ def _events(p: dict) -> list[dict]:
         for r in rng.sample(replicas, len(replicas)):
             serve(r)
 
-    def publish(v: int, inj: dict[str, str], failed: str | None = None) -> None:
-        """Версия v с нарушениями ``inj``; ``failed`` — проверка этой реплики не прошла → abort."""
-        ck, bad, prev = checksum(), checksum(), dict(cur)
-        staged = {r: bad if r in (inj.get("verify_ok_mismatch"), failed) else ck for r in replicas}
-        switched = {r: bad if r in (inj.get("verify_ok_mismatch"), inj.get("commit_mismatch")) else ck for r in replicas}  # fmt: skip
-        buf = {r: "active" if r == inj.get("inplace") else "staging" for r in replicas}
-        early, late = inj.get("early_commit"), inj.get("barrier_not_ready")
+    def publish(v: int, inj: dict[str, str], failed: str | None = None) -> None:  # failed → abort
+        ck, bad, prev, get = checksum(), checksum(), dict(cur), inj.get
+        staged = {r: bad if r in (get("verify_ok_mismatch"), failed) else ck for r in replicas}
+        wrong = (get("verify_ok_mismatch"), get("commit_mismatch"))
+        switched = {r: bad if r in wrong else ck for r in replicas}
+        buf = {r: "active" if r == get("inplace") else "staging" for r in replicas}
+        early, late, nowait = get("early_commit"), get("barrier_not_ready"), "commit_no_wait" in inj
 
         def ready(r: str) -> None:
             if r == failed:
-                return add("verify_fail", r, v, checksum=bad, expected_checksum=ck, detail="сумма буфера ≠ ожидаемой")  # fmt: skip
-            if r != inj.get("skip_verify"):
+                detail = "сумма буфера ≠ ожидаемой"
+                return add("verify_fail", r, v, checksum=bad, expected_checksum=ck, detail=detail)
+            if r != get("skip_verify"):
                 add("verify_ok", r, v, checksum=staged[r], expected_checksum=ck)
             add("ready", r, v)
 
         def commit(r: str) -> None:
-            if r != inj.get("missed_commit"):
+            if r != get("missed_commit"):
                 add("commit", r, v, checksum=switched[r], buffer=buf[r])
                 cur[r] = (v, switched[r])
 
         for r in replicas:
             add("stage_start", r, v, buffer=buf[r])
-        serve(rng.choice(replicas))  # старая версия, пока пишется второй буфер — это норма
+        serve(rng.choice(replicas))  # старая версия, пока пишется второй буфер, — это норма
         for r in replicas:
             add("stage_done", r, v, checksum=staged[r], buffer=buf[r])
         if "serve_from_staging" in inj:
@@ -108,26 +95,21 @@ def _events(p: dict) -> list[dict]:
         if failed:  # ловушка: проверка одной реплики не прошла, никто не переключился — это норма
             for r in replicas:
                 ready(r)
-            add("abort", _PUBLISHER, v, detail=f"не прошли проверку: {failed}")
+            add("abort", "publisher", v, detail=f"не прошли проверку: {failed}")
             return serve_all()
-        if "commit_no_wait" in inj:  # каждая реплика переключается сама, барьер записан потом
-            for r in replicas:
+        if nowait or early:  # все переключаются сами (барьер записан потом) или одна — раньше
+            for r in replicas if nowait else [early]:
                 ready(r)
                 commit(r)
-            serve_all()
-        if early:
-            ready(early)
-            commit(early)
-            serve(early)
-        for r in replicas:
-            if r not in (early, late) and "commit_no_wait" not in inj:
-                ready(r)
-        add("barrier", _PUBLISHER, v)
+            serve_all() if nowait else serve(early)
+        waiting = [] if nowait else [r for r in replicas if r != early]
+        for r in [r for r in waiting if r != late]:
+            ready(r)
+        add("barrier", "publisher", v)
         if late:
             ready(late)
-        for r in replicas:
-            if r != early and "commit_no_wait" not in inj:
-                commit(r)
+        for r in waiting:
+            commit(r)
         serve_all()
         if "stale_request" in inj:
             serve(inj["stale_request"], *prev[inj["stale_request"]])
@@ -139,122 +121,64 @@ def _events(p: dict) -> list[dict]:
     serve_all()
     for i, inj in enumerate(p["publications"]):
         if p["abort_before"] == i:
-            v += 1
-            publish(v, {}, failed=p["abort_replica"])
-        v += 1
-        publish(v, inj)
+            publish(v := v + 1, {}, failed=p["abort_replica"])
+        publish(v := v + 1, inj)
     return log.to_list()
 
 
-def make_task(variant: int) -> dict:
-    ws, p = _weight_sync(), plan(variant)
-    events, cols = _events(p), tuple(ws.EVENT_FIELDS)
-    body = "\n".join("| " + " | ".join("—" if e[c] in (None, "") else str(e[c]) for c in cols) + " |" for e in events)  # fmt: skip
+def sync_audit_task(variant: int) -> dict:
+    ws, p = import_module(_WEIGHT_SYNC), plan(variant)
+    events, cols = _sync_events(p), tuple(ws.EVENT_FIELDS)
+    rows = [["—" if e[c] in (None, "") else e[c] for c in cols] for e in events]
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
     rules = "\n".join(f"- `{k}` — {text}" for k, text in ws.AUDIT_RULES.items())
     statement = (
-        f"**Аудит журнала синхронизации весов.** Публикатор (`{_PUBLISHER}`) раздаёт новые "
-        f"версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: "
-        "реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой "
-        "(`checksum` против присланной `expected_checksum`), сообщает `ready`; когда готовы все "
-        "реплики, публикатор записывает `barrier`, и только после него реплики переключаются "
-        "(`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию "
-        "активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\n"
-        f"Журнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно "
-        "`pd.DataFrame(task_12_4_9['events'])`):\n\n"
-        f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n{body}\n\n"
-        f"Типы событий:\n{types}\n\nПравила аудита (коды — `task_12_4_9['rules']`):\n{rules}\n\n"
-        "Какие правила нарушены в этом журнале? Ответ — список кодов (каждый код один раз, "
-        'порядок не важен), например `["inplace_update"]`; если журнал чистый — `[]`. Ищите '
-        "сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
+        f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\n"
+        f"Журнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
+        f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\n"
+        "Какие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
     return {"statement": statement, "events": events, "rules": dict(ws.AUDIT_RULES)}
 
 
-def solve(task: dict) -> list[str]:
-    found = {m[1 : m.index("]")] for m in _weight_sync().audit_log(task["events"])}
+def sync_audit_solve(task: dict) -> list[str]:
+    found = {m[1 : m.index("]")] for m in import_module(_WEIGHT_SYNC).audit_log(task["events"])}
     return [code for code in task["rules"] if code in found]
 
 
-def solution(task: dict, ref: list[str]) -> str:
-    messages, events = _weight_sync().audit_log(task["events"]), task["events"]
-    aborted = sorted({e["version"] for e in events if e["event"] == "abort"})
-    notes = "запрос `serve` старой версии, пока новая пишется во второй буфер, — не нарушение: ради этого и нужен двойной буфер"  # fmt: skip
-    if aborted:
-        notes += (f"; `verify_fail` и `abort` версии {', '.join(map(str, aborted))} — протокол "
-                  "сработал: проверка поймала порчу, и ни одна реплика не переключилась")  # fmt: skip
-    replicas = sorted({e["replica"] for e in events if e["replica"] != _PUBLISHER})
+def sync_audit_solution(task: dict, ref: list[str]) -> str:
+    messages, events = import_module(_WEIGHT_SYNC).audit_log(task["events"]), task["events"]
+    aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
+    replicas = sorted({e["replica"] for e in events} - {"publisher"})
+    decoy = aborted and _DECOY.format(aborted)
     return (
-        f"Идём по журналу по времени и для каждой реплики ({', '.join(replicas)}) и версии "
-        "проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (когда ready "
-        "прислали все) → commit → serve; после переключения все реплики должны обслуживать "
-        "одну версию, и версия реплики не убывает.\n\n"
-        f"`audit_log` находит нарушения (сообщений: {len(messages)}):\n\n"
+        f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n"
         + "\n".join(f"- {m}" for m in messages)
-        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: {notes}.\n\n"
-        "Барьер нужен не для красоты: реплика, переключившаяся или начавшая обслуживать новую "
-        "версию до барьера, может оказаться единственной с этой версией (остальные ещё не "
-        "готовы или провалят проверку) — и в пакет попадут роллауты разных политик."
+        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{decoy}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
     )
 
 
-def _codes(given: Any) -> set[str]:
-    return {norm(x).strip("[]` ") for x in _plain(given)}
+def _audit_wrong(dropped: set[str] | None, task: dict, ref: list[str]) -> list[str]:
+    return list(task["rules"]) if dropped is None else [c for c in ref if c not in dropped]
 
 
-@dataclass(frozen=True)
-class _Codes(IdSet):
-    """Коды нарушений: строки из AUDIT_RULES без учёта регистра, скобок «[…]» и повторов."""
-
-    def problem(self, given: Any, task: dict) -> str | None:
-        g = _plain(given)
-        if not isinstance(g, (list, tuple, set, frozenset)) or not all(isinstance(x, str) for x in g):  # fmt: skip
-            return ('Ожидается список кодов нарушений (строк), например ["inplace_update"], или [] '
-                    f"для чистого журнала; получено: {type(given).__name__}.")  # fmt: skip
-        unknown = sorted(_codes(g) - set(task["rules"]))
-        return f"Неизвестные коды: {', '.join(unknown)}. Допустимы ключи AUDIT_RULES: {', '.join(task['rules'])}." if unknown else None  # fmt: skip
-
-    def same(self, expected: Any, given: Any) -> bool:
-        return _codes(given) == set(expected)
-
-    def mismatch(self, expected: Any, given: Any) -> str:
-        g, ref = _codes(given), set(expected)
-        return (f"Нарушенных правил в журнале: {len(ref)}. Вы верно назвали {len(ref & g)}, лишних "
-                f"(не нарушенных) кодов в ответе: {len(g - ref)}.")  # fmt: skip
+def _audit_rule(dropped: set[str] | None, task: dict, given: Any) -> bool:
+    """Trap.matches: названы (почти) все правила (dropped=None) или верный ответ без части dropped."""
+    ref, got = set(sync_audit_solve(task)), {norm(x) for x in _plain(given)}
+    if dropped is None:
+        return got != ref and len(got) >= len(task["rules"]) - 1
+    return got < ref and ref - got <= dropped
 
 
-def _missed(codes: set[str]):
-    """Правило Trap.matches: ответ — верный без части нарушений из ``codes`` (и без других)."""
-    return lambda t, g: _codes(g) < set(solve(t)) and set(solve(t)) - _codes(g) <= codes
-
-
-STEP = Step(
-    id="12.4.9", make_task=make_task, solve=solve, solution=solution,
-    answer=_Codes(universe=lambda t: t["rules"], noun="кодов"),
-    hint=(
-        "Для каждой версии: у всех ли реплик были verify_ok с checksum = expected_checksum "
-        "и ready до barrier? Не было ли commit или serve новой версии до barrier? Совпадает "
-        "ли сумма commit/serve с эталоном версии? Писались ли веса в staging? После "
-        "переключений — одна ли версия у всех реплик, не уменьшается ли она?"
-    ),
-    traps=(
-        Trap("everything_wrong",
-             "Вы перечислили (почти) все правила. Аудит — это поиск конкретных нарушений: "
-             "найдите событие, которое нарушает каждое названное правило; остальные коды "
-             "уберите.",
-             wrong=lambda t, ref: list(t["rules"]),
-             matches=lambda t, g: _codes(g) != set(solve(t)) and len(_codes(g)) >= len(t["rules"]) - 1),
-        Trap("commit_is_enough",
-             "Вы пропустили нарушения барьера готовности. Переключение (commit) и проверка "
-             "одной реплики не делают версию доступной: обслуживать и включать её можно "
-             "только после barrier, когда ready прислали все реплики (и barrier не должен "
-             "опережать их ready).",
-             wrong=lambda t, ref: [c for c in ref if c not in BARRIER_CODES], matches=_missed(BARRIER_CODES)),
-        Trap("checksum_ignored",
-             "Вы не сверили контрольные суммы. verify_ok ещё не значит, что checksum равна "
-             "expected_checksum, а commit и serve должны нести сумму той же версии — иначе "
-             "реплика обслуживает не те веса.",
-             wrong=lambda t, ref: [c for c in ref if c != "checksum_mismatch"],
-             matches=_missed({"checksum_mismatch"})),
-    ),
-)  # fmt: skip
+ANSWER = IdSet(lambda t: t["rules"], noun="кодов нарушений", repeats=True)
+HINT = "Для каждой версии: были ли у всех реплик verify_ok с checksum = expected_checksum и ready до barrier? Не было ли commit или serve новой версии до barrier? Совпадает ли сумма commit/serve с эталоном? Писались ли веса в staging? Одна ли версия у всех реплик после переключений и не убывает ли она?"
+_MESSAGES = {
+    "everything_wrong": "Вы перечислили (почти) все правила. Аудит — поиск конкретных нарушений: для каждого названного кода найдите нарушающее его событие.",
+    "commit_is_enough": "Вы пропустили нарушения барьера готовности: commit и проверка одной реплики не делают версию доступной — обслуживать её можно только после barrier, когда ready прислали все.",
+    "checksum_ignored": "Вы не сверили контрольные суммы: verify_ok ещё не значит, что checksum равна expected_checksum, а commit и serve должны нести сумму той же версии.",
+}
+TRAPS = tuple(  # пропущенные коды ошибки: None — названы все правила
+    Trap(k, text, partial(_audit_wrong, d), matches=partial(_audit_rule, d))
+    for (k, text), d in zip(_MESSAGES.items(), (None, BARRIER_CODES, {"checksum_mismatch"}))
+)
+STEP = Step("12.4.9", sync_audit_task, sync_audit_solve, ANSWER, HINT, sync_audit_solution, TRAPS)
