@@ -1,11 +1,7 @@
-"""Типы ответов проверочных шагов: форма ответа, сравнение с верным и отзыв — из одной схемы.
-
-Тип ответа знает: ``problem(given, task)`` — русское сообщение о неверной форме (или None),
-``same(expected, given)`` — совпал ли ответ с верным, ``mismatch(expected, given)`` — чем ответ
-отличается, не раскрывая верного значения, ``skeleton()`` — заготовка ячейки ответа с ``____``.
-Строки сравниваются после ``norm``; numpy, torch и pandas сводятся к числам и спискам Python.
-Здесь же — числа и таблицы для разборов и запуск функции студента с ограничением времени.
-"""
+"""Типы ответов проверочных шагов: форма (``problem``), сравнение (``same``), отзыв без верного
+значения (``mismatch``) и заготовка ячейки (``skeleton``) — из одной схемы. Строки сравниваются после
+``norm``; numpy, torch и pandas сводятся к числам Python. Здесь же — числа и таблицы для разборов и
+запуск функции студента с ограничением времени."""
 
 from __future__ import annotations
 
@@ -185,11 +181,7 @@ class Choice(AnswerType):
 
 @dataclass(frozen=True)
 class IdSet(AnswerType):
-    """Набор идентификаторов из ``universe(task)`` (список, кортеж или множество; порядок не важен).
-
-    ``repeats=True`` — повтор не ошибка формы. Неизвестное имя: отзыв перечисляет допустимые, если
-    их не больше 12.
-    """
+    """Набор id из ``universe(task)``, порядок не важен; ``repeats=True`` — повтор не ошибка формы."""
 
     universe: Callable[[dict], Iterable]
     noun: str = "идентификаторов"
@@ -281,12 +273,8 @@ class Fields(AnswerType):
 
 @dataclass(frozen=True)
 class Keyed(AnswerType):
-    """Словарь «идентификатор из ``keys(task)`` → значение типа ``value``».
-
-    ``complete=True`` — нужны все ключи условия; иначе ответ называет только часть (например, только
-    непригодные записи), и лишний или пропущенный ключ — ошибка по существу, а не по форме.
-    ``form`` — вид ответа в сообщении о форме, ``noun`` — чем являются ключи (род. п., мн. ч.).
-    """
+    """Словарь «id из ``keys(task)`` → значение типа ``value``»; ``complete=False`` — ответ называет
+    часть id (лишний id — ошибка по существу). ``form`` — вид ответа, ``noun`` — род. п. мн. ч. id."""
 
     keys: Callable[[dict], Iterable]
     value: AnswerType
@@ -327,14 +315,10 @@ class Keyed(AnswerType):
         )
 
 
-# ---------------------------------------------------------------- функция студента
 @dataclass(frozen=True)
 class Function(AnswerType):
-    """Ответ — функция; ``run(fn, task)`` вызывает её на скрытых случаях и возвращает итог.
-
-    Итоги верного ответа, ответа студента и типичных ошибок сравнивает тип ``result``. Функция
-    студента выполняется не дольше ``deadline_s`` секунд (call_with_deadline).
-    """
+    """Ответ — функция; ``run(fn, task)`` вызывает её на скрытых случаях не дольше ``deadline_s`` с,
+    итоги верного ответа, ответа студента и типичных ошибок сравнивает тип ``result``."""
 
     run: Callable[[Callable, dict], Any]
     result: AnswerType
@@ -370,12 +354,9 @@ class _Deadline(BaseException):
 
 
 def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
-    """fn(*args), но не дольше ``seconds`` с; иначе AnswerError с русским сообщением.
-
-    В главном потоке POSIX таймер SIGALRM прерывает и бесконечный цикл на Python; в других потоках
-    функция ждёт в отдельном потоке (зависший поток остаётся, но ячейка свободна). Исключение,
-    SystemExit и KeyboardInterrupt внутри функции тоже становятся AnswerError.
-    """
+    """fn(*args) не дольше ``seconds`` с, иначе AnswerError. В главном потоке POSIX таймер SIGALRM
+    прерывает и бесконечный цикл; в других — ожидание потока. Исключение, SystemExit и Ctrl+C внутри fn
+    тоже становятся AnswerError (AnswerError самой проверки проходит как есть)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -423,7 +404,6 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
     raise AnswerError("wrong", f"`{name}` упала: {text if len(text) <= 300 else text[:297] + '…'}.")
 
 
-# ---------------------------------------------------------------- числа и таблицы разборов
 def sig(x: float, digits: int = 4) -> str:
     """Число для разбора: целое — с неразрывными пробелами между разрядами, иначе ``digits`` значащих."""
     x = _plain(x)
@@ -445,10 +425,7 @@ def md_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
 
 
 def far_apart(values: Iterable[float], rtol: float = 0.05, atol: float = 0.01) -> bool:
-    """Генератору варианта: все значения попарно различаются больше чем на rtol·max + atol.
-
-    Так ответ каждой типичной ошибки не совпадает с верным в пределах допуска проверки.
-    """
+    """Для генератора: значения попарно различаются больше чем на rtol·max(|a|, |b|) + atol."""
     v = [float(x) for x in values]
     return all(
         abs(a - b) > rtol * max(abs(a), abs(b)) + atol for i, a in enumerate(v) for b in v[i + 1 :]
