@@ -1,12 +1,9 @@
-"""Проверочный шаг как данные: условие, решатель, схема ответа, типичные ошибки.
+"""Проверочный шаг как данные: ``STEP = Step(...)`` — условие, решатель, схема ответа, ошибки.
 
-Модуль шага объявляет ``STEP = Step(...)``; загрузчик пакета регистрирует ``STEP.exercise()``.
-Проверка формы, сравнение и отзыв на несовпадение берутся из схемы ответа (``answers``). Типичная
-ошибка — ``Trap``: ключ, русское сообщение и неверный ответ — целиком (``wrong(task, ref)``) или
-заменой части верного словаря (``override``: {ключ: task → значение}). С ``override`` ошибка
-узнаётся и в ином виде: достаточно, чтобы заменённые значения совпали с ответом студента;
-``by`` — ключи, по любому из которых ошибка узнаётся одна; ``matches(task, given)`` — своё правило.
-"""
+Форма, сравнение и отзыв берутся из схемы ответа (``answers``). Типичная ошибка ``Trap`` — ключ,
+сообщение и неверный ответ: целиком (``wrong(task, ref)``) или заменой части верного словаря
+(``override``), тогда она узнаётся по совпадению заменённых значений; ``by`` — ключи, по любому из
+которых она узнаётся; ``matches(task, given)`` — своё правило."""
 
 from __future__ import annotations
 
@@ -44,11 +41,8 @@ class Trap:
 
 @dataclass(frozen=True)
 class Step:
-    """Проверочный шаг: ``make_task(variant)`` → dict со ``statement``; ``solve(task)`` → верный ответ.
-
-    ``solution(task, ref)`` — разбор в Markdown; ``answer`` — схема ответа; ``traps`` — типичные
-    ошибки в порядке проверки.
-    """
+    """``make_task(variant)`` → dict со ``statement``; ``solve(task)`` → верный ответ; ``solution(task,
+    ref)`` → разбор в Markdown; ``answer`` — схема; ``traps`` — ошибки в порядке проверки."""
 
     id: str
     make_task: Callable[[int], dict]
@@ -73,6 +67,9 @@ class Step:
 
         return accepts
 
+    def _canonical(self, trap: Trap) -> Callable[[dict], Any]:
+        return lambda task: trap.answer(task, self.solve(task))
+
     def exercise(self) -> Exercise:
         """Exercise для grading.register: форма, сравнение и отзыв — из схемы ответа."""
         schema = self.answer
@@ -85,12 +82,7 @@ class Step:
             solution=lambda task: self.solution(task, self.solve(task)),
             hint=self.hint,
             misconceptions=[
-                Misconception(
-                    t.key,
-                    t.message,
-                    lambda task, t=t: t.answer(task, self.solve(task)),
-                    accepts=self._accepts(t),
-                )  # fmt: skip
+                Misconception(t.key, t.message, self._canonical(t), self._accepts(t))
                 for t in self.traps
             ],
             compare=lambda expected, given, rtol: schema.same(expected, given),
