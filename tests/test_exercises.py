@@ -96,7 +96,7 @@ def test_lesson_modules_do_not_import_torch():
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_reference_passes(exercise_id, variant):
-    ref = grading.reference(exercise_id, variant)
+    ref = grading._reference(exercise_id, variant)
     result = grading.evaluate(exercise_id, ref, variant)
     assert result.status == "correct" and result, result
     assert grading.evaluate(exercise_id, copy.deepcopy(ref), variant)
@@ -108,7 +108,7 @@ def test_reference_passes(exercise_id, variant):
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_each_misconception_recognised(exercise_id, variant):
     task = grading.task(exercise_id, variant)
-    ref = grading.reference(exercise_id, variant)
+    ref = grading._reference(exercise_id, variant)
     messages = set()
     for m in grading.misconceptions(exercise_id):
         wrong = m.answer(task)
@@ -162,7 +162,7 @@ def test_new_variant_changes_numbers(exercise_id, progress_path, capsys):
     assert "вариант 1" in capsys.readouterr().out
     assert fresh == grading.task(exercise_id) == grading.task(exercise_id, 1)
     assert _data(fresh) != _data(before)
-    assert grading.check(exercise_id, grading.reference(exercise_id, 1))
+    assert grading.check(exercise_id, grading._reference(exercise_id, 1))
     capsys.readouterr()
 
 

@@ -114,7 +114,7 @@ def test_placeholder_is_not_attempted(registry, progress_path, capsys):
 
 
 def test_wrong_answer_gives_feedback(registry, capsys):
-    ref = grading.reference("t.num")
+    ref = grading._reference("t.num")
     result = grading.check("t.num", ref * 1.37)
     assert result.status == "wrong" and not result
     assert "37 %" in result.message and "grading.hint" in result.message
@@ -122,7 +122,7 @@ def test_wrong_answer_gives_feedback(registry, capsys):
     assert "отношение ровно 2³⁰" in grading.check("t.num", ref / 2**30).message
     assert "знак" in grading.check("t.num", -ref).message
     assert "ожидается число" in grading.check("t.num", "много").message.lower()
-    kv = grading.reference("t.kv")
+    kv = grading._reference("t.kv")
     wrong = grading.check("t.kv", {**kv, "total_gib": kv["total_gib"] * 3})
     assert wrong.status == "wrong" and "total_gib" in wrong.message
 
@@ -137,9 +137,9 @@ def test_each_misconception_named(registry, ex):
 
 
 def test_correct_answer_is_truthy(registry, progress_path):
-    result = grading.check("t.num", np.float64(grading.reference("t.num")))
+    result = grading.check("t.num", np.float64(grading._reference("t.num")))
     assert result and result.status == "correct" and result.misconception is None
-    assert grading.check("t.kv", grading.reference("t.kv"))
+    assert grading.check("t.kv", grading._reference("t.kv"))
     entry = _stored(progress_path)["t.num"]
     assert entry["attempts"] == 1 and entry["solved"] and entry["last_status"] == "correct"
     assert "CheckResult(t.num: correct" in repr(result)
@@ -158,7 +158,7 @@ def test_solution_locked_until_first_attempt(registry, capsys):
     capsys.readouterr()
     grading.solution("t.num")
     out = capsys.readouterr().out
-    assert "16 Б на параметр" in out and f"{grading.reference('t.num')}" in out
+    assert "16 Б на параметр" in out and f"{grading._reference('t.num')}" in out
     grading.hint("t.kv")
     assert "и ключи, и значения" in capsys.readouterr().out
 
@@ -428,7 +428,7 @@ def test_unwritable_location_keeps_progress_in_memory(registry, tmp_path, monkey
 def test_unreadable_progress_path_does_not_crash(registry, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_PROGRESS_PATH", str(tmp_path))  # это папка, а не файл
     with pytest.warns(grading.ProgressWarning):
-        assert grading.check("t.num", grading.reference("t.num"))
+        assert grading.check("t.num", grading._reference("t.num"))
     capsys.readouterr()
     grading.solution("t.num")
     assert "16 Б на параметр" in capsys.readouterr().out
@@ -436,7 +436,7 @@ def test_unreadable_progress_path_does_not_crash(registry, tmp_path, monkeypatch
 
 
 def test_atomic_write_leaves_only_the_progress_file(registry, progress_path):
-    for answer in (1, 2, grading.reference("t.num")):
+    for answer in (1, 2, grading._reference("t.num")):
         grading.check("t.num", answer)
     lock = [".progress.json.lock"] if sys.platform != "win32" else []  # блокировка, не данные
     assert sorted(p.name for p in progress_path.parent.iterdir()) == [*lock, "progress.json"]
@@ -508,19 +508,19 @@ def test_task_is_deterministic_per_variant(registry):
 
 
 def test_new_variant_changes_numbers_and_check_uses_it(registry, progress_path, capsys):
-    old_task, old_ref = grading.task("t.num"), grading.reference("t.num")
+    old_task, old_ref = grading.task("t.num"), grading._reference("t.num")
     fresh = grading.new_variant("t.num")
     assert "вариант 1" in capsys.readouterr().out
     assert fresh == grading.task("t.num") == grading.task("t.num", 1)
     assert fresh["n"] != old_task["n"]
     assert _stored(progress_path)["t.num"]["variant"] == 1
     assert not grading.check("t.num", old_ref)
-    assert grading.check("t.num", grading.reference("t.num"))
-    assert grading.reference("t.num", 0) == old_ref
+    assert grading.check("t.num", grading._reference("t.num"))
+    assert grading._reference("t.num", 0) == old_ref
 
 
 def test_evaluate_records_nothing(registry, progress_path):
-    assert grading.evaluate("t.kv", grading.reference("t.kv", 3), variant=3)
+    assert grading.evaluate("t.kv", grading._reference("t.kv", 3), variant=3)
     assert grading.evaluate("t.kv", ____).status == "not_attempted"
     assert not progress_path.exists()
 
@@ -585,7 +585,7 @@ def test_course_steps_table():
 def test_progress_table(registry):
     grading.register(replace(NUMERIC, id="12.2.6"))
     grading.register(replace(NUMERIC, id="12.2.7"))
-    grading.check("12.2.6", grading.reference("12.2.6"))
+    grading.check("12.2.6", grading._reference("12.2.6"))
     table = grading.progress()
     assert len(table) == 21 and list(table["id"]) == list(grading.COURSE_STEPS)
     assert {"id", "тема", "попыток", "решено", "вариант", "последняя попытка"} <= set(table.columns)
