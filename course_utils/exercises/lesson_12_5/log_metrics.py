@@ -12,8 +12,7 @@ from course_utils.exercises.step import Step, Trap
 _Q = ("p50", "p95", "p99")
 
 
-def log_values(task: dict) -> dict:
-    """Верные величины и величины типичных ошибок (перцентили — tracing.percentiles)."""
+def log_values(task: dict) -> dict:  # верные величины и величины типичных ошибок
     groups, per = task["groups"], {}
     for g in groups:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
@@ -66,8 +65,7 @@ def log_metrics_task(variant: int) -> dict:
     statement = (
         f"**Статистика по журналу запуска.** {k} сборщика роллаутов за время прогона W = {wall} с (настенное время от старта до конца) завершили {n} групп по G = {fmt.count(size, 'ответ', 'ответа', 'ответов')} на один запрос. Для каждой группы — сборщик, длительности роллаутов (с, от начала генерации до готовности с наградой) и награды correctness (1 — верно, 0 — нет); то же — в `task_12_5_9['groups']` и `task_12_5_9['wall_s']`:\n\n"
         + md_table(["группа", "сборщик", "длительности, с", "награды"], rows)
-        + "\n\nНайдите `p50`, `p95`, `p99` — перцентили длительности роллаута по всему запуску, с; перцентиль — с линейной интерполяцией, как `numpy.percentile` по умолчанию: $h = (n-1)\\,q/100$, $p_q = x_{\\lfloor h\\rfloor} + (h - \\lfloor h\\rfloor)(x_{\\lfloor h\\rfloor+1} - x_{\\lfloor h\\rfloor})$ по отсортированным x. "
-        "`degenerate_share` — доля вырожденных групп (все награды группы равны, преимущество нулевое), `informative_groups_per_s` — информативные группы в секунду. Допуск 1 %."
+        + "\n\nНайдите `p50`, `p95`, `p99` — перцентили длительности роллаута по всему запуску, с; перцентиль — с линейной интерполяцией, как `numpy.percentile` по умолчанию: $h = (n-1)\\,q/100$, $p_q = x_{\\lfloor h\\rfloor} + (h - \\lfloor h\\rfloor)(x_{\\lfloor h\\rfloor+1} - x_{\\lfloor h\\rfloor})$ по отсортированным x. `degenerate_share` — доля вырожденных групп (все награды группы равны, преимущество нулевое), `informative_groups_per_s` — информативные группы в секунду. Допуск 1 %."
     )
     return {"statement": statement, **task}
 
@@ -91,8 +89,7 @@ def log_metrics_solution(task: dict, ref: dict) -> str:
     return (
         f"**Перцентили** — по всем {len(xs)} роллаутам вместе, h = (n − 1)·q/100:\n\n"
         + md_table(["q", "h", "соседи", "интерполяция", "$p_q$, с"], rows)
-        + f"\n\nСреднее перцентилей сборщиков ({avg} с) — не перцентиль запуска: хвост медленного сборщика размывается. Среднее ({v['mean']:.3f} с) при длинном хвосте больше p50.\n\n**Вырожденные группы** (все 0 или все 1): {', '.join(degenerate)} — {len(degenerate)} из {n}, доля {share:.4f}:\n\n"
-        f"$$\\frac{{{n}}}{{{task['wall_s']}}} \\cdot (1 - {share:.4f}) = {rate:.5f}\\ \\text{{групп/с}}.$$\n\n**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
+        + f"\n\nСреднее перцентилей сборщиков ({avg} с) — не перцентиль запуска: хвост медленного сборщика размывается. Среднее ({v['mean']:.3f} с) при длинном хвосте больше p50.\n\n**Вырожденные группы** (все 0 или все 1): {', '.join(degenerate)} — {len(degenerate)} из {n}, доля {share:.4f}:\n\n$$\\frac{{{n}}}{{{task['wall_s']}}} \\cdot (1 - {share:.4f}) = {rate:.5f}\\ \\text{{групп/с}}.$$\n\n**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
     )
 
 

@@ -18,13 +18,11 @@ _UNITS = ((30, "ГиБ"), (20, "МиБ"), (10, "КиБ"))
 _SCALE = ("преимущества нормируются внутри группы", "награды нормирует скользящая статистика")
 
 
-def binary_size(n: float) -> str:
-    """Размер в двоичных единицах: 1 КиБ = 2¹⁰ Б, 1 МиБ = 2²⁰ Б, 1 ГиБ = 2³⁰ Б."""
+def binary_size(n: float) -> str:  # 1 КиБ = 2¹⁰ Б, 1 МиБ = 2²⁰ Б, 1 ГиБ = 2³⁰ Б
     return next((f"{n / 2**p:.2f} {u}" for p, u in _UNITS if n >= 2**p), f"{int(n)} Б")
 
 
-def has_state(component: str, run: dict) -> bool:
-    """Есть ли у запуска состояние компонента (безусловные есть всегда)."""
+def has_state(component: str, run: dict) -> bool:  # безусловные компоненты есть всегда
     return component not in FEATURE or bool(run[FEATURE[component]])
 
 
@@ -54,11 +52,8 @@ def manifest_gaps_task(variant: int) -> dict:
     rows = [[a, b, sig(x), binary_size(x)] for a, b, x in [*rows, ["**итого**", "", total]]]
     world = "одном GPU" if run["world_size"] == 1 else f"{run['world_size']} GPU"
     level = f"Уровень учебной программы — {run['level']} из 6 (растёт при доле верных > 0.8)"
-    lag = fmt.count(run["max_lag"], "версии", "версий", "версий")
     statement = (
-        f"**Манифест контрольной точки.** GRPO-запуск {model} ({sig(n)} параметров, веса bf16), AdamW, косинусный планировщик скорости обучения с прогревом, обучение на {world}; награду ставит верификатор с версией. Запуск асинхронный: сборщиков — {run['collectors']}, задержка политики — до {lag}, при записи в очереди ждали роллауты прошлых версий ({run['queued']} шт.). "
-        f"{level if cur else 'Учебной программы нет'}; {_SCALE[welford]}.\n\n"
-        f"Манифест точки `step-{run['step']:06d}` (`task_12_5_6['manifest']`; 1 КиБ = 2¹⁰ Б, 1 ГиБ = 2³⁰ Б):\n\n"
+        f"**Манифест контрольной точки.** GRPO-запуск {model} ({sig(n)} параметров, веса bf16), AdamW, косинусный планировщик скорости обучения с прогревом, обучение на {world}; награду ставит верификатор с версией. Запуск асинхронный: сборщиков — {run['collectors']}, задержка политики — до {fmt.count(run['max_lag'], 'версии', 'версий', 'версий')}, при записи в очереди ждали роллауты прошлых версий ({run['queued']} шт.). {level if cur else 'Учебной программы нет'}; {_SCALE[welford]}.\n\nМанифест точки `step-{run['step']:06d}` (`task_12_5_6['manifest']`; 1 КиБ = 2¹⁰ Б, 1 ГиБ = 2³⁰ Б):\n\n"
         + md_table(["файл", "компонент", "байт", "размер"], rows)
         + "\n\nКомпоненты RL-запуска и что ломается без каждого (`task_12_5_6['components']`):\n\n"
         + ";\n".join(f"- `{c}` — {b}" for c, (_, b) in COMPONENTS.items())
@@ -67,8 +62,7 @@ def manifest_gaps_task(variant: int) -> dict:
     return dict(statement=statement, run=run, manifest=manifest, components=list(COMPONENTS))
 
 
-def absent_components(task: dict) -> list[str]:
-    """Компоненты, которых нет в манифесте, — и нужные, и те, которых у запуска нет."""
+def absent_components(task: dict) -> list[str]:  # нет в манифесте: нужные и неприменимые
     return [c for c in COMPONENTS if c not in {e["component"] for e in task["manifest"]}]
 
 
@@ -77,8 +71,7 @@ def manifest_gaps_solve(task: dict) -> dict:
     return {"missing": missing, "can_resume": not missing}
 
 
-def listed(given: dict, key: str = "missing") -> set:
-    """Нормализованное множество имён ответа-словаря по ключу."""
+def listed(given: dict, key: str = "missing") -> set:  # нормализованные имена ответа по ключу
     return {norm(x) for x in get(given, key)}
 
 
@@ -87,8 +80,7 @@ def _needed(task: dict) -> list[str]:
 
 
 def _without(dropped: tuple[str, ...]) -> dict:
-    """Ловушка «не включил dropped»: верный список без них (узнаётся и без одного из них)."""
-
+    # ловушка «не включил dropped»: верный список без них (узнаётся и без одного из них)
     def matches(task: dict, given: dict) -> bool:
         need, got, drop = set(_needed(task)), listed(given), set(dropped)
         return bool(need & drop - got) and need - drop <= got <= set(absent_components(task))
@@ -113,8 +105,7 @@ def manifest_gaps_solution(task: dict, ref: dict) -> str:
     return (
         "Для каждого компонента: есть ли он в манифесте и есть ли у запуска такое состояние.\n\n"
         + md_table(["компонент", "вывод"], rows)
-        + f"\n\n**Ответ:** `{ref}`.\n\n"
-        f"Веса и оптимизатор — {binary_size(big)}, остальное — {binary_size(sum(have.values()) - big)}, но без килобайтных файлов (шаг, генераторы, курсор, версии) ветвь расходится с непрерывной сразу (шаг 12.5.3). Очередь (роллаутов прошлых версий: {run['queued']}) сохраняют с версиями поведения или отбрасывают по правилу, записанному в точку."
+        + f"\n\n**Ответ:** `{ref}`.\n\nВеса и оптимизатор — {binary_size(big)}, остальное — {binary_size(sum(have.values()) - big)}, но без килобайтных файлов (шаг, генераторы, курсор, версии) ветвь расходится с непрерывной сразу (шаг 12.5.3). Очередь (роллаутов прошлых версий: {run['queued']}) сохраняют с версиями поведения или отбрасывают по правилу, записанному в точку."
     )
 
 

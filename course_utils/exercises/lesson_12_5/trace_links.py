@@ -20,8 +20,7 @@ VM = "verifier_mismatches"  # ключ ответа
 
 
 def _trace_build(rng: random.Random, variant: int) -> dict:
-    """Трасса: пакет шага k собран при версии тренера k, верификатор обновлён с шага ``upgrade``;
-    оценённые старой версией роллауты шагов ≥ upgrade — несовпадения, несвежие — не ошибка."""
+    # пакет шага k — при версии тренера k; верификатор обновлён с шага upgrade
     k0, n_steps = rng.randint(10, 60), rng.choice([3, 4])
     steps = list(range(k0, k0 + n_steps))
     upgrade, base = rng.choice(steps[1:]), rng.randint(2, 6)
@@ -73,8 +72,7 @@ def _trace_build(rng: random.Random, variant: int) -> dict:
     return dict(rollouts=rollouts, batches=batches, steps=steps, max_lag=max_lag, horizon_s=horizon)
 
 
-def trace_tables(task: dict) -> tracing.TraceTables:
-    """TraceTables (pandas) из списков словарей условия; prompts — по запросам роллаутов."""
+def trace_tables(task: dict) -> tracing.TraceTables:  # prompts — по запросам роллаутов
     import pandas as pd
 
     rollouts = pd.DataFrame(task["rollouts"], columns=list(ROLLOUT_COLS))
@@ -86,8 +84,7 @@ def trace_tables(task: dict) -> tracing.TraceTables:
     return tracing.TraceTables(prompts, rollouts, batches, steps, "12.5.8", task["horizon_s"])
 
 
-def trace_values(task: dict) -> dict:
-    """Верные списки (через tracing) и списки типичных ошибок в порядке rollouts (кэш по данным)."""
+def trace_values(task: dict) -> dict:  # верные списки и списки ошибок в порядке rollouts
     key = json.dumps({k: task[k] for k in ("rollouts", "batches", "steps", "horizon_s")})
     return copy.deepcopy(_trace_values_cached(key))
 
@@ -122,8 +119,7 @@ def _trace_values_cached(key: str) -> dict:
 
 def _trace_table(rows: list[dict], cols: tuple) -> str:
     def cell(x) -> str:  # None → «—», список — через запятую
-        if isinstance(x, list):
-            return ", ".join(map(str, x)) or "—"
+        x = (", ".join(map(str, x)) or None) if isinstance(x, list) else x
         return "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
     return md_table([f"`{c}`" for c in cols], [[cell(r[c]) for c in cols] for r in rows])
@@ -140,8 +136,7 @@ def trace_links_task(variant: int) -> dict:
         if found and ref not in wrong and all(w not in wrong[2:] for w in wrong[:2]):
             break
     statement = (
-        f"**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер собирает из неё пакеты (допустимая задержка политики — до {fmt.count(data['max_lag'], 'версии', 'версий', 'версий')}, более старые роллауты отбрасываются как несвежие); посреди прогона верификатор обновили. "
-        "Таблицы трассы — `task_12_5_8['rollouts']`, `task_12_5_8['batches']` (пакет шага k собран при версии тренера k) и `task_12_5_8['steps']`; время — секунды от старта, «—» — нет значения:\n\n"
+        f"**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер собирает из неё пакеты (допустимая задержка политики — до {fmt.count(data['max_lag'], 'версии', 'версий', 'версий')}, более старые роллауты отбрасываются как несвежие); посреди прогона верификатор обновили. Таблицы трассы — `task_12_5_8['rollouts']`, `task_12_5_8['batches']` (пакет шага k собран при версии тренера k) и `task_12_5_8['steps']`; время — секунды от старта, «—» — нет значения:\n\n"
         + "\n\n".join(f"**{k}**\n\n{_trace_table(data[k], c)}" for k, c in _TABLES.items())
         + "\n\nНайдите `orphans` — роллауты, не попавшие ни в один пакет (их работа не дошла до шага оптимизатора), и `verifier_mismatches` — роллауты из пакетов, чья версия верификатора не та, что ждал шаг их пакета (`expected_verifier_version`)."
     )
@@ -153,14 +148,7 @@ def trace_links_solve(task: dict) -> dict:
     return {"orphans": v["orphans"], "verifier_mismatches": v["verifier_mismatches"]}
 
 
-_CODE = """```python
-import pandas as pd
-r, b, s = (pd.DataFrame(task_12_5_8[k]) for k in ('rollouts', 'batches', 'steps'))
-chain = r.merge(b[['training_batch_id', 'optimizer_step']], how='left').merge(s, how='left')
-orphans = chain.loc[chain.training_batch_id.isna(), 'rollout_id']
-used = chain[chain.optimizer_step.notna()]
-bad = used.loc[used.verifier_version != used.expected_verifier_version, 'rollout_id']
-```"""
+_CODE = "```python\nimport pandas as pd\nr, b, s = (pd.DataFrame(task_12_5_8[k]) for k in ('rollouts', 'batches', 'steps'))\nchain = r.merge(b[['training_batch_id', 'optimizer_step']], how='left').merge(s, how='left')\norphans = chain.loc[chain.training_batch_id.isna(), 'rollout_id']\nused = chain[chain.optimizer_step.notna()]\nbad = used.loc[used.verifier_version != used.expected_verifier_version, 'rollout_id']\n```"
 
 
 def trace_links_solution(task: dict, ref: dict) -> str:
@@ -169,8 +157,7 @@ def trace_links_solution(task: dict, ref: dict) -> str:
     head = ["`rollout_id`", "шаг", "`verifier_version`", "ждал шаг"]
     stale = len(set(v["mismatch_all_versions"][1]) - set(ref["verifier_mismatches"]))
     return (
-        f"Цепочка шага 12.5.2: роллаут → `training_batch_id` → пакет → `optimizer_step` → шаг; левое соединение сохраняет роллауты без пакета:\n\n{_CODE}\n\n"
-        "**Осиротевшие** — без пакета по любой причине (как в `tracing.find_orphans`); отброшенные как несвежие — тоже: их генерация и проверка потрачены впустую. "
+        f"Цепочка шага 12.5.2: роллаут → `training_batch_id` → пакет → `optimizer_step` → шаг; левое соединение сохраняет роллауты без пакета:\n\n{_CODE}\n\n**Осиротевшие** — без пакета по любой причине (как в `tracing.find_orphans`); отброшенные как несвежие — тоже: их генерация и проверка потрачены впустую. "
         + "; ".join(f"`{x}` — {v['why'][x]}" for x in ref["orphans"])
         + ".\n\n**Несовпадения** — с версией, которую ждал *шаг пакета* роллаута, а не последний шаг:\n\n"
         + (md_table(head, mism) if mism else "их нет.")
@@ -183,11 +170,7 @@ _MESSAGES = {
     "mismatch_all_versions": "Вы отметили роллауты, чья версия политики поведения отличается от версии тренера. Это задержка политики (другая ось версий), а не ошибка проверяющей системы: сравнивайте verifier_version с expected_verifier_version шага.",
     "latest_verifier_everywhere": "Вы сравнили все роллауты с последней версией верификатора. Каждый роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг.",
 }
-_FIELD = {  # ошибка → ключ ответа; ответы ошибки (trace_values) — варианты одной и той же ошибки
-    "dropped_not_orphans": "orphans",
-    "mismatch_all_versions": VM,
-    "latest_verifier_everywhere": VM,
-}
+_FIELD = dict.fromkeys(_MESSAGES, VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
 _IDS = IdSet(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентификаторов rollout_id")
 STEP = Step(
     id="12.5.8",

@@ -14,8 +14,7 @@ _C = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
 _M_H = (3, 4, 6, 8, 12, 18, 24, 36, 48, 72)
 
 
-def recommend_interval(interval_s: float, optimum_s: float) -> str:
-    """«так же», если |I/I* − 1| ≤ 10 %; иначе «чаще» (I > I*) или «реже»."""
+def recommend_interval(interval_s: float, optimum_s: float) -> str:  # допуск «так же» — 10 %
     ratio = interval_s / optimum_s
     return "так же" if abs(ratio - 1) <= 0.10 else "чаще" if ratio > 1 else "реже"
 
@@ -35,16 +34,12 @@ def young_interval_task(variant: int) -> dict:
         good = margin and recommend_interval(i_min * 60, i_star) == target
         if i_min >= 1 and i_min * 60 >= 3 * c and good:
             break
-    statement = (
-        f"**Интервал Янга.** Полная контрольная точка пишется C = {c} с (обучение в это время стоит), среднее время между отказами M = {m_h} ч, сейчас точка пишется каждые I = {i_min} мин (`task_12_5_7['write_s']`, `task_12_5_7['mtbf_h']`, `task_12_5_7['interval_min']`). Доля потерянного времени (шаг 12.5.1; все величины в одних единицах, C ≪ I ≪ M):\n\n"
-        "$$H(I) \\approx \\frac{C}{I} + \\frac{I}{2M},\\qquad I^* = \\sqrt{2CM}.$$\n\n"
-        'Найдите `I_star_min` — I* **в минутах**, `H_current` = H(I) и `H_star` = H(I*) — доли (0.05, а не 5 %), и `recommend`: `"чаще"` (I больше I*), `"реже"` (меньше) или `"так же"` (|I/I* − 1| ≤ 10 %). Допуск 1 %: I* не округляйте до целых минут.'
-    )
+    statement = f"**Интервал Янга.** Полная контрольная точка пишется C = {c} с (обучение в это время стоит), среднее время между отказами M = {m_h} ч, сейчас точка пишется каждые I = {i_min} мин (`task_12_5_7['write_s']`, `task_12_5_7['mtbf_h']`, `task_12_5_7['interval_min']`). Доля потерянного времени (шаг 12.5.1; все величины в одних единицах, C ≪ I ≪ M):\n\n$$H(I) \\approx \\frac{{C}}{{I}} + \\frac{{I}}{{2M}},\\qquad I^* = \\sqrt{{2CM}}.$$\n\nНайдите `I_star_min` — I* **в минутах**, `H_current` = H(I) и `H_star` = H(I*) — доли (0.05, а не 5 %), и `recommend`: `\"чаще\"` (I больше I*), `\"реже\"` (меньше) или `\"так же\"` (|I/I* − 1| ≤ 10 %). Допуск 1 %: I* не округляйте до целых минут."
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
 def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
-    """Верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах."""
+    # верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
@@ -60,8 +55,7 @@ def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
     }[mistake]
 
 
-def _units_mixed(task: dict, given: dict) -> bool:
-    """M в часах рядом с секундами — или I* в секундах, выданное за минуты."""
+def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* в секундах как минуты
     wrong, kind = young_interval_solve(task, "units_mixed"), Number(**AMOUNT)
     seconds = 60 * young_interval_solve(task)["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
@@ -77,14 +71,7 @@ def young_interval_solution(task: dict, ref: dict) -> str:
     lost = (ref["H_current"] - ref["H_star"]) * 24 * 60  # мин в сутки
     saving = f"около {lost:.0f} мин" if lost >= 1 else "меньше минуты"
     answer = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in ref.items()}
-    return (
-        f"В секундах: C = {c} с, M = {m_h} · 3600 = {sig(m)} с, I = {i_min} · 60 = {sig(i)} с.\n\n"
-        f"$$I^* = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = {ref['I_star_min']:.2f}\\ \\text{{мин}},\\qquad "
-        f"H(I) = \\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = {ref['H_current']:.4f},$$\n\n"
-        f"$$H(I^*) = \\sqrt{{2C/M}} = {ref['H_star']:.4f}$$ (в оптимуме слагаемые равны).\n\n"
-        f"**{ref['recommend'].capitalize()}**: I/I* = {i / star:.2f} — {_VERDICT.get(ref['recommend'], 'в пределах 10 %, а H у минимума плоская')}; переход на I* сберёг бы {saving} в сутки.\n\n**Ответ:** `{answer}`.\n\n"
-        f"Поправка Дейли (`checkpoint.daly_interval`) даёт {daly_interval(c, m) / 60:.2f} мин; время перезапуска и коррелированные отказы модель не учитывает."
-    )
+    return f"В секундах: C = {c} с, M = {m_h} · 3600 = {sig(m)} с, I = {i_min} · 60 = {sig(i)} с.\n\n$$I^* = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = {ref['I_star_min']:.2f}\\ \\text{{мин}},\\qquad H(I) = \\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = {ref['H_current']:.4f},$$\n\n$$H(I^*) = \\sqrt{{2C/M}} = {ref['H_star']:.4f}$$ (в оптимуме слагаемые равны).\n\n**{ref['recommend'].capitalize()}**: I/I* = {i / star:.2f} — {_VERDICT.get(ref['recommend'], 'в пределах 10 %, а H у минимума плоская')}; переход на I* сберёг бы {saving} в сутки.\n\n**Ответ:** `{answer}`.\n\nПоправка Дейли (`checkpoint.daly_interval`) даёт {daly_interval(c, m) / 60:.2f} мин; время перезапуска и коррелированные отказы модель не учитывает."
 
 
 _MESSAGES = {
