@@ -779,5 +779,3 @@ def progress():
         )  # fmt: skip
     return pd.DataFrame(rows)
 
-
-reference = _reference  # ПЕРЕХОДНОЕ: тесты уроков переходят на _reference; удалить после переноса

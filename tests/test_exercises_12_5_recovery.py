@@ -64,7 +64,7 @@ def _by_hand_12_5_6(task):
 
 @pytest.mark.parametrize("variant", ALL)
 def test_12_5_6_manifest_and_reference_by_hand(variant):
-    task, ref = grading.task("12.5.6", variant), grading.reference("12.5.6", variant)
+    task, ref = grading.task("12.5.6", variant), grading._reference("12.5.6", variant)
     have = [e["component"] for e in task["manifest"]]
     assert len(set(have)) == len(have) and set(have) <= set(COMPS)
     assert {"policy", "optimizer"} <= set(have) and task["components"] == COMPS
@@ -101,7 +101,7 @@ def test_12_5_6_wrong_answers_built_by_hand_named_in_every_variant(variant):
 
 
 def test_12_5_6_right_list_with_wrong_verdict_has_its_own_feedback():
-    ref = grading.reference("12.5.6")
+    ref = grading._reference("12.5.6")
     result = grading.evaluate("12.5.6", {"missing": ref["missing"], "can_resume": True})
     assert result.misconception == "list_right_verdict_wrong"
     assert "верный" in result.message and "can_resume" in result.message
@@ -111,7 +111,7 @@ def test_12_5_6_right_list_with_wrong_verdict_has_its_own_feedback():
 
 
 def test_12_5_6_answer_forms_and_mismatch_feedback():
-    ref = grading.reference("12.5.6")
+    ref = grading._reference("12.5.6")
     loose = {"Missing": [f" `{c.upper()}` " for c in reversed(ref["missing"])], "can_resume": False}
     assert grading.evaluate("12.5.6", loose)
     assert grading.evaluate("12.5.6", {"missing": set(ref["missing"]), "can_resume": False})
@@ -137,7 +137,7 @@ def test_12_5_6_answer_forms_and_mismatch_feedback():
 
 @pytest.mark.parametrize("variant", ALL)
 def test_12_5_7_wrong_answers_built_by_hand_named_in_every_variant(variant):
-    task, ref = grading.task("12.5.7", variant), grading.reference("12.5.7", variant)
+    task, ref = grading.task("12.5.7", variant), grading._reference("12.5.7", variant)
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, math.sqrt(2 * task["write_s"] * task["mtbf_h"] * 3600)
     assert (
@@ -155,7 +155,7 @@ def test_12_5_7_wrong_answers_built_by_hand_named_in_every_variant(variant):
 
 @pytest.mark.parametrize("variant", range(9))
 def test_12_5_7_reference_by_hand(variant):
-    task, ref = grading.task("12.5.7", variant), grading.reference("12.5.7", variant)
+    task, ref = grading.task("12.5.7", variant), grading._reference("12.5.7", variant)
     c, m, i = task["write_s"], task["mtbf_h"] * 3600, task["interval_min"] * 60
     star = math.sqrt(2 * c * m)
     assert ref["I_star_min"] == pytest.approx(star / 60, rel=1e-12)
@@ -173,7 +173,7 @@ def test_12_5_7_reference_by_hand(variant):
 
 
 def test_12_5_7_recommendations_and_forms():
-    refs = [grading.reference("12.5.7", v) for v in range(3)]
+    refs = [grading._reference("12.5.7", v) for v in range(3)]
     assert {r["recommend"] for r in refs} == {"чаще", "реже", "так же"}
     same = next(v for v, r in enumerate(refs) if r["recommend"] == "так же")
     for spelling in ("Так же", "также", " так  же. "):
@@ -206,7 +206,7 @@ def test_12_5_8_tables_consistent_and_reference_by_hand(variant):
     from course_utils import tracing
     from course_utils.exercises.lesson_12_5 import trace_links
 
-    task, ref = grading.task("12.5.8", variant), grading.reference("12.5.8", variant)
+    task, ref = grading.task("12.5.8", variant), grading._reference("12.5.8", variant)
     assert tracing.check_chain(trace_links.trace_tables(task)) == []
     rollouts = task["rollouts"]
     assert ref["orphans"] == [r["rollout_id"] for r in rollouts if r["training_batch_id"] is None]
@@ -229,7 +229,7 @@ def test_12_5_8_tables_consistent_and_reference_by_hand(variant):
 
 
 def test_12_5_8_solution_code_reproduces_answer():
-    task, ref = grading.task("12.5.8"), grading.reference("12.5.8")
+    task, ref = grading.task("12.5.8"), grading._reference("12.5.8")
     text = _ex("12.5.8").solution(task)
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     scope = {"task_12_5_8": task}
@@ -240,7 +240,7 @@ def test_12_5_8_solution_code_reproduces_answer():
 
 @pytest.mark.parametrize("variant", ALL)
 def test_12_5_8_forms_and_wrong_answers_built_by_hand(variant):
-    task, ref = grading.task("12.5.8", variant), grading.reference("12.5.8", variant)
+    task, ref = grading.task("12.5.8", variant), grading._reference("12.5.8", variant)
     flipped = {"Orphans": set(ref["orphans"]),
                "verifier_mismatches": [x.upper() for x in reversed(ref["verifier_mismatches"])]}  # fmt: skip
     assert grading.evaluate("12.5.8", flipped, variant)
@@ -272,7 +272,7 @@ def test_12_5_8_forms_and_wrong_answers_built_by_hand(variant):
 
 @pytest.mark.parametrize("variant", range(8))
 def test_12_5_9_reference_by_hand(variant):
-    task, ref = grading.task("12.5.9", variant), grading.reference("12.5.9", variant)
+    task, ref = grading.task("12.5.9", variant), grading._reference("12.5.9", variant)
     groups = task["groups"]
     durations = [d for g in groups for d in g["durations_s"]]
     pooled = np.percentile(durations, [50, 95, 99]).tolist()
@@ -292,7 +292,7 @@ def test_12_5_9_reference_by_hand(variant):
 
 @pytest.mark.parametrize("variant", ALL)
 def test_12_5_9_forms_and_wrong_answers_built_by_hand(variant):
-    task, ref = grading.task("12.5.9", variant), grading.reference("12.5.9", variant)
+    task, ref = grading.task("12.5.9", variant), grading._reference("12.5.9", variant)
     assert grading.evaluate("12.5.9", {k: float(f"{v:.4g}") for k, v in ref.items()}, variant)
     result = grading.evaluate("12.5.9", {**ref, "degenerate_share": 100 * ref["degenerate_share"]}, variant)  # fmt: skip
     assert result.status == "malformed" and "проценты" in result.message

@@ -376,7 +376,7 @@ def test_12_5_12_reference_matches_choose_stacks(variant):
 
     from course_utils import stack_map
 
-    task, ref = grading.task("12.5.12", variant), grading.reference("12.5.12", variant)
+    task, ref = grading.task("12.5.12", variant), grading._reference("12.5.12", variant)
     frame = stack_map.load_stack_map()
     today = dt.date.fromisoformat(task["today"])
     assert today == max(frame["snapshot_date"])
@@ -400,7 +400,7 @@ def test_12_5_12_reference_matches_choose_stacks(variant):
 def test_12_5_12_forms_and_misconceptions(variant):
     from course_utils import stack_map
 
-    task, ref = grading.task("12.5.12", variant), grading.reference("12.5.12", variant)
+    task, ref = grading.task("12.5.12", variant), grading._reference("12.5.12", variant)
     spelled = [s.upper().replace(" ", "-") for s in reversed(ref)]
     assert grading.evaluate("12.5.12", spelled, variant)
     assert grading.evaluate("12.5.12", set(ref), variant)
@@ -436,7 +436,7 @@ def _critical_by_hand(stages):
 def test_12_5_13_reference_by_hand(variant):
     from course_utils import guarantees, memory
 
-    task, ref = grading.task("12.5.13", variant), grading.reference("12.5.13", variant)
+    task, ref = grading.task("12.5.13", variant), grading._reference("12.5.13", variant)
     assert ref["bottleneck"] == _critical_by_hand(task["stages"])
     mem = task["memory"]
     shape = memory.ModelShape.from_name(mem["model"])
@@ -470,7 +470,7 @@ def test_12_5_13_reference_by_hand(variant):
 
 
 def test_12_5_13_variety():
-    refs = [grading.reference("12.5.13", v) for v in range(16)]
+    refs = [grading._reference("12.5.13", v) for v in range(16)]
     # генерация не бывает узким местом: тогда у неё же больше всего работы и off_critical_path
     # совпал бы с верным; риск всегда высокий, crash_test всегда нужен — иначе ловушки не держатся
     assert {r["bottleneck"] for r in refs} == {"reward", "ref_logprob", "training", "weight_sync"}
@@ -480,7 +480,7 @@ def test_12_5_13_variety():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_12_5_13_forms_and_misconceptions(variant):
-    task, ref = grading.task("12.5.13", variant), grading.reference("12.5.13", variant)
+    task, ref = grading.task("12.5.13", variant), grading._reference("12.5.13", variant)
     loose = {"Bottleneck": ref["bottleneck"].upper(), "memory_fits": ref["memory_fits"],
              "staleness_risk": "High" if ref["staleness_risk"] == "высокий" else "low",
              "recovery_gaps": list(reversed(ref["recovery_gaps"]))}  # fmt: skip
@@ -532,7 +532,7 @@ def test_12_5_13_hand_built_mistakes_in_every_variant():
     from course_utils import memory
 
     for variant in ALL:
-        task, ref = grading.task("12.5.13", variant), grading.reference("12.5.13", variant)
+        task, ref = grading.task("12.5.13", variant), grading._reference("12.5.13", variant)
         work = {}
         for r in task["stages"]:
             work[r["stage"]] = work.get(r["stage"], 0.0) + r["end_s"] - r["start_s"]
