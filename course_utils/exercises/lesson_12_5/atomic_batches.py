@@ -192,7 +192,7 @@ STEP = Step(
     make_task=atomic_batches_task,
     solve=lambda task: checkpoint.accept_batch,
     solution=atomic_batches_solution,
-    answer=Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=10.0),
+    answer=Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=60.0),
     hint="Сравните rollout_id с expected_ids (ни лишних, ни недостающих, ни повторов), проверьте конечную награду у каждого роллаута и что все оценены именно verifier_version. Версия политики — не критерий: задержка в пределах допуска — норма.",
     traps=tuple(_flip(key) for key in _FLIPS),
 )

@@ -146,7 +146,7 @@ def resume_fn_task(variant: int) -> dict:
         "`task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный "
         "запуск однопроцессный и детерминированный; от распределённого требуют той же семантики "
         "эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной "
-        "точкой. Функцию остановят через 10 с."
+        "точкой. Функцию остановят через 60 с."
     )
     return {"statement": statement, "crash_test": p, "restored_step": s0}
 
@@ -235,7 +235,7 @@ STEP = Step(
     make_task=resume_fn_task,
     solve=lambda task: checkpoint.resume_full,
     solution=resume_fn_solution,
-    answer=Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=10.0),
+    answer=Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0),
     hint="run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(checkpoint.run_crash_test(**task_12_5_10['crash_test'], resume=resume)).",
     traps=tuple(_resume_trap(key) for key in _FRESH),
 )
