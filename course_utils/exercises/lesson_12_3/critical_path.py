@@ -6,9 +6,9 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.step import Step
 
-from .pipeline_split import SECONDS
+from .pipeline_split import SECONDS, slip_traps
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
 _TRAIN_STAGES = ("logprob_recompute", "forward_backward", "optimizer_step", "weight_sync")
@@ -65,12 +65,12 @@ def _analyse_trace(task_json: str) -> dict:
     (length, chain), H = pipeline.critical_path(trace, deps), max(r["end_s"] for r in trace)
     stages = dict.fromkeys(r["stage"] for r in trace if r["stage"] not in pipeline.WAIT_STAGES)
     work = {st: pipeline.sum_of_work([r for r in trace if r["stage"] == st]) for st in stages}
-    halved = {  # все интервалы этапа вдвое короче
-        st: [
+    gains = {}
+    for st in stages:  # все интервалы этапа вдвое короче
+        h = [
             r | {"end_s": (r["start_s"] + r["end_s"]) / 2} if r["stage"] == st else r for r in trace
         ]
-        for st in stages
-    }
+        gains[st] = length - pipeline.critical_path(h, deps)[0]
     util = pipeline.pool_utilization(trace, {w: p for p, ws in pools.items() for w in ws})
     W, n_workers = pipeline.sum_of_work(trace), sum(map(len, pools.values()))
     return {
@@ -80,7 +80,7 @@ def _analyse_trace(task_json: str) -> dict:
         "sum_with_waits": pipeline.sum_of_work(trace, exclude_stages=()),
         "chain": [(int(i), st) for i, st in zip(chain.index, chain["stage"])],
         "horizon": H,
-        "gains": {st: length - pipeline.critical_path(h, deps)[0] for st, h in halved.items()},
+        "gains": gains,
         "work": work,
         "biggest": max(work, key=work.get),
         "flat": [W / (n_workers * H), float(util.mean())],  # ошибочные «одна загрузка на всех»
@@ -190,18 +190,15 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
     "average_utilization": "Одна средняя загрузка на все пулы смешивает занятый тренер с простаивающими пулами и прячет узкое место; её считают по пулам.",
     "wait_as_work": "В сумму работы попали ожидания (queue_wait, backpressure): это простой исполнителя, а не работа.",
 }
-_TRAP_KW = {  # по какому ключу ответа ошибка узнаётся; средняя загрузка — по своему правилу
-    "off_critical_path": {"by": ("speed_up",)},
-    "sum_as_critical": {"by": ("critical_path",)},
-    "average_utilization": {"matches": lambda t, g: _gives_flat_utilization(t, g)},
-    "wait_as_work": {"by": ("sum_of_work",)},
-}
 
 
-def _gives_flat_utilization(task: dict, given: dict) -> bool:
-    """Одна загрузка на всех: работа / (все исполнители · H) или среднее по пулам."""
+def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / (все · H) или среднее
     shown = get(given, "utilization").values()
     return any(all(_UTIL.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
+
+
+_TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}
+_TRAP_BY |= {"average_utilization": _gives_flat_utilization, "wait_as_work": ("sum_of_work",)}
 
 
 STEP = Step(
@@ -211,8 +208,5 @@ STEP = Step(
     solution=critical_path_solution,
     answer=ANSWER,
     hint="Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути.",
-    traps=tuple(
-        Trap(k, m, wrong=lambda t, r, k=k: _trace_slips(t, r)[k], **_TRAP_KW[k])
-        for k, m in _TRAP_TEXT.items()
-    ),
+    traps=slip_traps(_trace_slips, _TRAP_TEXT, _TRAP_BY),
 )

@@ -15,9 +15,7 @@ _SCENARIOS = (  # (запуск; диапазоны G и T, с; r_g и r_t, то
 
 
 class _DeviceSplitFields(Fields):
-    """Словарь 12.3.6; ещё и k_gen + k_train = K, у каждого этапа ≥ 1 устройства."""
-
-    def problem(self, given, task):
+    def problem(self, given, task):  # и k_gen + k_train = K, у каждого этапа ≥ 1 устройства
         bad = super().problem(given, task)
         k = None if bad else (get(given, "k_gen"), get(given, "k_train"))
         if k and (sum(k) != task["K"] or min(k) < 1):
@@ -114,7 +112,19 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
     "equal_split": "Устройства поделены поровну, без учёта скоростей, а конвейер пропускает столько, сколько медленный этап.",
     "faster_gets_more": "Больше устройств получил более быстрый этап, а нужно медленному — пока k_gen·r_g и k_train·r_t не уравняются.",
 }
-_TRAP_BY = {"sum_not_max": ("C_pipe", "T_n"), "first_batch_free": ("T_n", "speedup")}  # иначе k_gen
+_TRAP_BY = {"sum_not_max": ("C_pipe", "T_n"), "first_batch_free": ("T_n", "speedup")}
+
+
+def slip_traps(
+    slips, texts: dict, rules: dict, default=()
+) -> tuple[Trap, ...]:  # и в 12.3.7–12.3.9
+    # ответ ошибки k — slips(task, ref)[k]; узнаётся по полям rules[k] (любому) или правилу matches
+    kw = {k: {"matches" if callable(x) else "by": x} for k, x in rules.items()}
+    return tuple(
+        Trap(k, m, lambda t, r, k=k: slips(t, r)[k], **kw.get(k, {"by": default}))
+        for k, m in texts.items()
+    )
+
 
 STEP = Step(
     id="12.3.6",
@@ -123,8 +133,5 @@ STEP = Step(
     solution=pipeline_split_solution,
     answer=ANSWER,
     hint="Без перекрытия этапы складываются, в заполненном конвейере период — максимум этапов; первый пакет проходит оба этапа. Для разбиения переберите k_gen = 1…K−1: конвейер пропускает min(k_gen·r_g, k_train·r_t).",
-    traps=tuple(
-        Trap(k, m, wrong=lambda t, r, k=k: _pipeline_slips(t, r)[k], by=_TRAP_BY.get(k, ("k_gen",)))
-        for k, m in _TRAP_TEXT.items()
-    ),
+    traps=slip_traps(_pipeline_slips, _TRAP_TEXT, _TRAP_BY, default=("k_gen",)),
 )

@@ -5,14 +5,13 @@ from fractions import Fraction
 
 from course_utils import fmt
 from course_utils.exercises.answers import Bool, Fields, Number, get, md_table, sig, tex_num
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.step import Step
+
+from .pipeline_split import slip_traps
 
 _CONFIGS = ("A", "B", "C")
 _GROWTH = Number(rtol=1e-2, unit="токенов/с")
-_STABLE, _GROWTHS = (
-    Fields(dict.fromkeys(_CONFIGS, Bool())),
-    Fields(dict.fromkeys(_CONFIGS, _GROWTH)),
-)
+_STABLE, _GROWTHS = (Fields(dict.fromkeys(_CONFIGS, t)) for t in (Bool(), _GROWTH))
 _THETA = Number(rtol=1e-2, unit="токенов", integer=True)
 ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_tokens": _THETA})
 
@@ -115,21 +114,17 @@ def _queue_slips(task: dict, ref: dict) -> dict[str, dict]:
     }
 
 
-def _gives_negative_growth(task: dict, given: dict) -> bool:
-    c = _config_with_sign(task, -1)
-    return _GROWTH.same(_queue_growth(task)[c], get(get(given, "growth_tokens_per_s"), c))
-
-
 _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с ней — _queue_slips
     "stable_if_equal": "При λ = μ очередь не устойчива: средний рост нулевой, но колебания длин ничем не гасятся, и глубина блуждает неограниченно.",
     "negative_growth": "Рост получился отрицательным. При λ < μ очередь не уходит ниже нуля: она ограничена, а тренер часть времени голодает.",
     "ignore_inflight": "Порог равен L·B — забыты роллауты в полёте: уже начатые (по одному на сборщика, до max_tokens) всё равно придут.",
     "count_not_tokens": "Начатые роллауты посчитаны по средней длине. Длины сильно разнятся, и гарантию даёт только предельная длина.",
 }
-_TRAP_BY = ("threshold_tokens",)  # ошибки порога; ошибки устойчивости и роста — по конфигурации:
-_TRAP_MATCH = {
+_TRAP_MATCH = {  # ошибки устойчивости и роста — по конфигурации, порога — по threshold_tokens
     "stable_if_equal": lambda t, g: bool(get(get(g, "stable"), _config_with_sign(t, 0))),
-    "negative_growth": _gives_negative_growth,
+    "negative_growth": lambda t, g: _GROWTH.same(
+        _queue_growth(t)[c := _config_with_sign(t, -1)], get(get(g, "growth_tokens_per_s"), c)
+    ),
 }
 
 STEP = Step(
@@ -139,14 +134,5 @@ STEP = Step(
     solution=queue_stability_solution,
     answer=ANSWER,
     hint="Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика.",
-    traps=tuple(
-        Trap(
-            k,
-            m,
-            wrong=lambda t, r, k=k: _queue_slips(t, r)[k],
-            by=_TRAP_BY,
-            matches=_TRAP_MATCH.get(k),
-        )
-        for k, m in _TRAP_TEXT.items()
-    ),
+    traps=slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",)),
 )

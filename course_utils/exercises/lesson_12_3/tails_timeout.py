@@ -4,9 +4,9 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Fields, IdSet, Share, get, md_table, sig
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.step import Step
 
-from .pipeline_split import SECONDS
+from .pipeline_split import SECONDS, slip_traps
 
 _SHARE = Share(rtol=1e-2)
 _CUT = IdSet(lambda t: range(len(t["rollouts"])), "номеров роллаутов i")
@@ -103,13 +103,13 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
     "conditional_reversed": "Посчитана доля сложных среди обрезанных. Нужно обратное: какая доля роллаутов сложных задач обрезана (и отдельно — лёгких).",
     "old_max_denominator": "В знаменателе U_timeout остался прежний максимум, а с тайм-аутом шаг кончается в момент τ.",
 }
-_TRAP_KW = {  # по каким ключам ответа ошибка узнаётся (по любому); без обрезки — своё правило
-    "mean_not_max": {"by": ("T_group", "U", "U_timeout")},
-    "truncation_free": {
-        "matches": lambda t, g: not get(g, "truncated") or max(get(g, k) for k in _SHARES) <= 1e-9
-    },
-    "conditional_reversed": {"by": ("hard_share_truncated",)},
-    "old_max_denominator": {"by": ("U_timeout",)},
+_TRAP_BY = {  # без обрезки — своё правило
+    "mean_not_max": ("T_group", "U", "U_timeout"),
+    "truncation_free": lambda t, g: (
+        not get(g, "truncated") or max(get(g, k) for k in _SHARES) <= 1e-9
+    ),
+    "conditional_reversed": ("hard_share_truncated",),
+    "old_max_denominator": ("U_timeout",),
 }
 
 STEP = Step(
@@ -119,8 +119,5 @@ STEP = Step(
     solution=tails_timeout_solution,
     answer=ANSWER,
     hint="Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности.",
-    traps=tuple(
-        Trap(k, m, wrong=lambda t, r, k=k: _tails_slips(t, r)[k], **_TRAP_KW[k])
-        for k, m in _TRAP_TEXT.items()
-    ),
+    traps=slip_traps(_tails_slips, _TRAP_TEXT, _TRAP_BY),
 )
