@@ -8,13 +8,13 @@
 
 import copy
 import json
-import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from exercise_helpers import CYRILLIC, _data, _ex, _leaves, _renderings
 
 from course_utils import exercises, grading
 from course_utils.exercises.answers import Fields
@@ -25,46 +25,6 @@ IDS = grading.exercise_ids()
 VARIANTS = range(4)
 # Упражнения, чьи условия по делу содержат не-JSON объекты (таблицы pandas и т. п.); пока нет.
 NOT_JSON = {"12.5.10", "12.5.11"}  # ответы — функции resume и accept: через JSON не переписать
-CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
-
-
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    path = tmp_path / "progress.json"
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
-    return path
-
-
-def _ex(exercise_id):
-    return grading._get(exercise_id)
-
-
-def _data(task):
-    """Данные условия без текста формулировки."""
-    return {k: v for k, v in task.items() if k != "statement"}
-
-
-def _leaves(x):
-    if isinstance(x, dict):
-        for k, v in x.items():
-            yield k
-            yield from _leaves(v)
-    elif isinstance(x, (list, tuple, set)):
-        for v in x:
-            yield from _leaves(v)
-    else:
-        yield x
-
-
-def _renderings(x):
-    if isinstance(x, bool) or x is None:
-        return set()
-    if isinstance(x, str):
-        return {x} if len(x.strip()) >= 3 else set()
-    if isinstance(x, (int, float)) and math.isfinite(x):
-        out = {str(x), f"{x:g}", f"{x:.2f}", f"{x:.3g}", f"{x:.1f}"}
-        return {s for s in out if len(s) >= 2}
-    return set()
 
 
 # ---------------------------------------------------------------- реестр

@@ -17,13 +17,6 @@ VARIANTS = range(4)
 ALL_VARIANTS = range(50)
 
 
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    path = tmp_path / "progress.json"
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
-    return path
-
-
 # ---------------------------------------------------------------- 12.2.6–12.2.8: память (урок 12.2)
 GIB = 2**30
 

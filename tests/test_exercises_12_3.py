@@ -11,13 +11,6 @@ from course_utils import grading
 VARIANTS_0_49 = range(50)
 
 
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    path = tmp_path / "progress.json"
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
-    return path
-
-
 # ---------------------------------------------------------------- 12.3.6–12.3.9: конвейер (урок 12.3)
 def test_lesson_12_3_registered():
     from course_utils import exercises

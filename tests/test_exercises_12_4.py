@@ -15,11 +15,6 @@ VARIANTS = range(50)
 ref_of = grading._reference
 
 
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(tmp_path / "progress.json"))
-
-
 def _named(exercise_id, answer, variant):
     return grading.evaluate(exercise_id, answer, variant).misconception
 

@@ -9,23 +9,12 @@ import math
 
 import numpy as np
 import pytest
+from exercise_helpers import _ex
 
 from course_utils import checkpoint, grading
 
-VARIANTS = range(4)
 ALL = range(50)
 COMPS = list(checkpoint.COMPONENTS)
-
-
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    path = tmp_path / "progress.json"
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(path))
-    return path
-
-
-def _ex(exercise_id):
-    return grading._get(exercise_id)
 
 
 def _key(exercise_id, answer, variant):

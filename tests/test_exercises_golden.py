@@ -10,11 +10,6 @@ import pytest
 from exercises_golden import chosen, golden_path, step_text
 
 
-@pytest.fixture(autouse=True)
-def progress_path(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_PROGRESS_PATH", str(tmp_path / "progress.json"))
-
-
 @pytest.mark.parametrize("exercise_id", chosen([]))
 def test_step_matches_golden(exercise_id):
     path = golden_path(exercise_id)
