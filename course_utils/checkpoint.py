@@ -1393,6 +1393,112 @@ class CrashTestResult:
         return self.summary()
 
 
+@dataclass(frozen=True)
+class CrashRun:
+    """Аварийный запуск до аварии: ветвь continuous, события шагов 1..crash_at и последняя
+    полная контрольная точка s₀ на диске. ``branches(resume)`` доводит ветви full и
+    weights_only из копии этой точки — один аварийный запуск на много resume."""
+
+    factory: Callable[[], ToyRLRun]
+    continuous: list[dict]
+    before: list[dict]
+    checkpoint: Path
+    manifest: dict
+    total_steps: int
+    crash_at: int
+    checkpoint_every: int
+    seed: int
+
+    def branches(self, resume: Callable | None = None) -> CrashTestResult:
+        """Ветви full (resume или resume_full) и weights_only из копии точки s₀; CrashTestResult."""
+        if resume is not None and not callable(resume):
+            raise ValueError(
+                "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
+            )
+        s0 = int(self.manifest["step"])
+        after = {}
+        with tempfile.TemporaryDirectory(prefix="crash_resume_") as tmp:
+            ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
+            shutil.copytree(self.checkpoint, ckpt)
+            for name, fn in (("full", resume or resume_full), ("weights_only", resume_weights_only)):
+                run = fn(self.factory, ckpt)
+                if not isinstance(run, ToyRLRun):
+                    raise ValueError(
+                        f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}"
+                    )
+                after[name] = [run.step() for _ in range(self.total_steps - s0)]
+        lost = self.before[s0 : self.crash_at]
+        return CrashTestResult(
+            branches={
+                "continuous": list(self.continuous),
+                "full": self.before[:s0] + after["full"],
+                "weights_only": self.before[:s0] + after["weights_only"],
+            },
+            crash_at=self.crash_at,
+            restored_step=s0,
+            total_steps=self.total_steps,
+            checkpoint_every=self.checkpoint_every,
+            seed=self.seed,
+            lost_events=lost,
+            recomputed_identical=after["full"][: len(lost)] == lost,
+            checkpoint=self.manifest,
+            custom_resume=resume is not None,
+        )
+
+
+def prepare_crash_run(
+    total_steps: int,
+    crash_at: int,
+    seed: int = 0,
+    checkpoint_every: int = 4,
+    *,
+    workdir: str | os.PathLike,
+    **run_kwargs: Any,
+) -> CrashRun:
+    """Непрерывный запуск ToyRLRun(seed, **run_kwargs) на total_steps шагов и аварийный: точка
+    после каждого шага, кратного checkpoint_every, в workdir, «авария» после шага crash_at.
+
+    Прежние контрольные точки в workdir (каталоги с manifest.json, step-…, .tmp-…, .old-…)
+    удаляются: они сбили бы latest_checkpoint. s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every.
+    """
+    total_steps = integer("total_steps", total_steps, 2)
+    crash_at = integer("crash_at", crash_at, 1)
+    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
+    seed = integer("seed", seed, 0)
+    if crash_at >= total_steps:
+        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    if crash_at < checkpoint_every:
+        raise ValueError(
+            f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
+            f"восстанавливать нечего ({crash_at=}, {checkpoint_every=})"
+        )
+    factory = functools.partial(ToyRLRun, seed, **run_kwargs)
+    ref = factory()
+    continuous = [ref.step() for _ in range(total_steps)]
+    root = _path("workdir", workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        if old.is_dir() and (
+            _NAME_RE.match(old.name) or _kind(old.name) != KIND_MAIN or (old / MANIFEST).exists()
+        ):
+            shutil.rmtree(old)
+    crashing = factory()
+    before: list[dict] = []
+    for t in range(1, crash_at + 1):
+        before.append(crashing.step())
+        if t % checkpoint_every == 0:
+            state = crashing.state_dict()
+            save_checkpoint(state, root / checkpoint_name(t), crashing.config, overwrite=True)
+    del crashing  # авария: всё, что было только в памяти процесса, потеряно
+    ckpt = latest_checkpoint(root, components=COMPONENTS)
+    if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
+        raise RuntimeError(f"в {root} нет полной контрольной точки")
+    return CrashRun(
+        factory, continuous, before, ckpt, read_manifest(ckpt),
+        total_steps, crash_at, checkpoint_every, seed,
+    )  # fmt: skip
+
+
 def run_crash_test(
     total_steps: int,
     crash_at: int,
@@ -1412,84 +1518,20 @@ def run_crash_test(
     Ожидается: full == continuous побитово; weights_only совпадает до s₀ и расходится на s₀ + 1.
 
     Контракт resume(run_factory, checkpoint_path) -> ToyRLRun: run_factory() без аргументов
-    создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога последней
-    полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того же
-    эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
-    прежние контрольные точки в нём — каталоги с manifest.json, step-…, .tmp-… и .old-… —
-    удаляются).
+    создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога (копии)
+    последней полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того
+    же эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
+    прежние контрольные точки в нём удаляются). То же по шагам: prepare_crash_run + branches.
     """
-    total_steps = integer("total_steps", total_steps, 2)
-    crash_at = integer("crash_at", crash_at, 1)
-    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
-    seed = integer("seed", seed, 0)
-    if crash_at >= total_steps:
-        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
-    if crash_at < checkpoint_every:
-        raise ValueError(
-            f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
-            f"восстанавливать нечего ({crash_at=}, {checkpoint_every=})"
-        )
     if resume is not None and not callable(resume):
         raise ValueError(
             "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
         )
-    factory = functools.partial(ToyRLRun, seed, **run_kwargs)
-    ref = factory()
-    continuous = [ref.step() for _ in range(total_steps)]
-
+    args = (total_steps, crash_at, seed, checkpoint_every)
     with contextlib.ExitStack() as stack:
         if workdir is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_")))
-        else:
-            root = _path("workdir", workdir)
-            root.mkdir(parents=True, exist_ok=True)
-            for old in root.iterdir():  # прежние контрольные точки сбили бы latest_checkpoint
-                if old.is_dir() and (
-                    _NAME_RE.match(old.name)
-                    or _kind(old.name) != KIND_MAIN
-                    or (old / MANIFEST).exists()
-                ):
-                    shutil.rmtree(old)
-        crashing = factory()
-        before: list[dict] = []
-        for t in range(1, crash_at + 1):
-            before.append(crashing.step())
-            if t % checkpoint_every == 0:
-                save_checkpoint(
-                    crashing.state_dict(),
-                    root / checkpoint_name(t),
-                    crashing.config,
-                    overwrite=True,
-                )
-        del crashing  # авария: всё, что было только в памяти процесса, потеряно
-        ckpt = latest_checkpoint(root, components=COMPONENTS)
-        if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
-            raise RuntimeError(f"в {root} нет полной контрольной точки")
-        manifest = read_manifest(ckpt)
-        s0 = int(manifest["step"])
-        after = {}
-        for name, fn in (("full", resume or resume_full), ("weights_only", resume_weights_only)):
-            run = fn(factory, ckpt)
-            if not isinstance(run, ToyRLRun):
-                raise ValueError(f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}")
-            after[name] = [run.step() for _ in range(total_steps - s0)]
-    lost = before[s0:]
-    return CrashTestResult(
-        branches={
-            "continuous": continuous,
-            "full": before[:s0] + after["full"],
-            "weights_only": before[:s0] + after["weights_only"],
-        },
-        crash_at=crash_at,
-        restored_step=s0,
-        total_steps=total_steps,
-        checkpoint_every=checkpoint_every,
-        seed=seed,
-        lost_events=lost,
-        recomputed_identical=after["full"][: len(lost)] == lost,
-        checkpoint=manifest,
-        custom_resume=resume is not None,
-    )
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_"))
+        return prepare_crash_run(*args, workdir=workdir, **run_kwargs).branches(resume)
 
 
 _BRANCH_STYLE = {

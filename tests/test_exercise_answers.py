@@ -58,10 +58,13 @@ def test_deadline_outside_main_thread_frees_the_caller():
         except AnswerError as exc:
             out["status"], out["s"] = exc.status, time.monotonic() - start
 
+    before = threading.active_count()
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join(10)
     assert out["status"] == "wrong" and out["s"] < 5
+    # поток с бесконечным циклом остановлен, а не брошен крутиться (он отнимал бы GIL у всего)
+    assert threading.active_count() == before
 
 
 def test_keyboard_interrupt_and_errors_become_feedback():

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import math
 import signal
@@ -355,8 +356,9 @@ class _Deadline(BaseException):
 
 def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
     """fn(*args) не дольше ``seconds`` с, иначе AnswerError. В главном потоке POSIX таймер SIGALRM
-    прерывает и бесконечный цикл; в других — ожидание потока. Исключение, SystemExit и Ctrl+C внутри fn
-    тоже становятся AnswerError (AnswerError самой проверки проходит как есть)."""
+    прерывает и бесконечный цикл; в других fn идёт в потоке, куда по истечении времени бросают
+    останов (цикл на Python прервётся, ожидание в C-вызове вроде sleep — нет). Исключение,
+    SystemExit и Ctrl+C внутри fn — тоже AnswerError (AnswerError самой проверки — как есть)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -384,7 +386,10 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
         worker = threading.Thread(target=target, daemon=True)
         worker.start()
         worker.join(seconds)
-        if worker.is_alive():
+        if worker.is_alive():  # исключение в поток: цикл на Python остановится, а не займёт GIL
+            tid, exc = ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, exc)
+            worker.join(1.0)
             box["error"] = _Deadline()
     error = box.get("error")
     if error is None:

@@ -2,11 +2,13 @@
 resume — с контрольной точкой (checkpoint.run_crash_test, checkpoint.COMPONENTS)."""
 
 import functools
+import hashlib
 import json
 import random
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from course_utils import checkpoint
@@ -80,8 +82,7 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
         return run
 
     try:
-        with tempfile.TemporaryDirectory(prefix="course_12_5_10_") as tmp:
-            res = checkpoint.run_crash_test(**params, resume=wrapped, workdir=tmp)
+        res = _crash_run(json.dumps(params, sort_keys=True)).branches(wrapped)
     except AnswerError:
         raise
     except Exception as exc:
@@ -92,6 +93,16 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
     rec["complete"] = len(res.branches["full"]) == res.total_steps
     rec["restored"], rec["weights_only"] = res.restored_step, res.first_divergence("weights_only")
     return rec
+
+
+_WORKDIR = tempfile.TemporaryDirectory(prefix="course_12_5_10_")  # удалится при выходе
+
+
+@functools.lru_cache(maxsize=64)
+def _crash_run(params_json: str) -> checkpoint.CrashRun:
+    """Аварийный запуск варианта — один на процесс: каждая resume стартует с копии его точки."""
+    path = Path(_WORKDIR.name) / hashlib.sha256(params_json.encode()).hexdigest()[:16]
+    return checkpoint.prepare_crash_run(**json.loads(params_json), workdir=path)
 
 
 @functools.lru_cache(maxsize=512)
