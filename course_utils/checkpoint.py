@@ -1420,7 +1420,10 @@ class CrashRun:
         with tempfile.TemporaryDirectory(prefix="crash_resume_") as tmp:
             ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
             shutil.copytree(self.checkpoint, ckpt)
-            for name, fn in (("full", resume or resume_full), ("weights_only", resume_weights_only)):
+            for name, fn in (
+                ("full", resume or resume_full),
+                ("weights_only", resume_weights_only),
+            ):
                 run = fn(self.factory, ckpt)
                 if not isinstance(run, ToyRLRun):
                     raise ValueError(

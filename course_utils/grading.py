@@ -778,4 +778,3 @@ def progress():
              "последняя попытка": when}
         )  # fmt: skip
     return pd.DataFrame(rows)
-
