@@ -29,7 +29,6 @@ def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> 
         start = max(free[worker], ready)
         if wait and start > free[worker]:  # ожидание — отдельный интервал
             ev.append({"worker": worker, "stage": wait, "start_s": free[worker], "end_s": start})
-            ev[-1]["depends_on"] = []
         ev.append({"worker": worker, "stage": stage, "start_s": start, "end_s": start + length})
         ev[-1]["depends_on"], free[worker] = list(deps), start + length
         return ev[-1]
@@ -52,7 +51,7 @@ def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> 
     ev.sort(key=lambda e: (e["start_s"], e["worker"]))
     row = {id(e): r for r, e in enumerate(ev)}
     for e in ev:  # номера строк вместо ссылок, секунды вместо десятых
-        deps = sorted(row[id(d)] for d in e["depends_on"])
+        deps = sorted(row[id(d)] for d in e.get("depends_on", ()))  # у ожидания зависимостей нет
         e.update(start_s=e["start_s"] / 10, end_s=e["end_s"] / 10, depends_on=deps)
     return [{"row": r, **e} for r, e in enumerate(ev)]
 
@@ -112,14 +111,12 @@ def critical_path_task(variant: int) -> dict:
         a = _trace_analysis(task)
         best, second = sorted(a["gains"].values(), reverse=True)[:2]
         waits = any(r["stage"] == "backpressure" for r in trace)
-        if a["biggest"] == "decode" and waits and "decode" not in {st for _, st in a["chain"]}:
-            if best >= 1.15 * second + 0.1:
-                break
+        off_path = a["biggest"] == "decode" and "decode" not in {st for _, st in a["chain"]}
+        if off_path and waits and best >= 1.15 * second + 0.1:
+            break
     head = ("строка", "исполнитель", "этап", "начало, с", "конец, с", "зависит от строк")
     cells = ("row", "worker", "stage", "start_s", "end_s")
-    rows = [
-        [*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in task["trace"]
-    ]
+    rows = [[*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in trace]
     pool_lines = "; ".join(f"`{p}` ({_POOL_NAMES[p]}) — {', '.join(ws)}" for p, ws in pools.items())
     task["statement"] = (
         "**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт "
