@@ -150,11 +150,10 @@ def sync_audit_solution(task: dict, ref: list[str]) -> str:
     messages, events = import_module(_WEIGHT_SYNC).audit_log(task["events"]), task["events"]
     aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
     replicas = sorted({e["replica"] for e in events} - {"publisher"})
-    decoy = aborted and _DECOY.format(aborted)
     return (
         f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n"
         + "\n".join(f"- {m}" for m in messages)
-        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{decoy}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
+        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and _DECOY.format(aborted)}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
     )
 
 
