@@ -196,14 +196,8 @@ def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / 
 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}
 _TRAP_BY |= {"average_utilization": _gives_flat_utilization, "wait_as_work": ("sum_of_work",)}
-
-
+HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
+TRAPS = slip_traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
 STEP = Step(
-    id="12.3.9",
-    make_task=critical_path_task,
-    solve=critical_path_solve,
-    solution=critical_path_solution,
-    answer=ANSWER,
-    hint="Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути.",
-    traps=slip_traps(_trace_slips, _TRAP_TEXT, _TRAP_BY),
+    "12.3.9", critical_path_task, critical_path_solve, ANSWER, HINT, critical_path_solution, TRAPS
 )
