@@ -122,19 +122,13 @@ def final_diagnosis_task(variant: int) -> dict:
         target, recipe, mode = rng.choice(STAGES[1:]), None, rng.choice(["lag", "ess", "both"])
     task = {"stages": _draw_trace(rng, target), "memory": _draw_memory(rng, recipe)}
     task["queue"] = _draw_queue(rng, mode)
-    run = {
-        "curriculum": rng.random() < 0.5,
-        "running_reward_norm": rng.random() < 0.5,
-        "asynchronous": True,
-    }
+    run = {"curriculum": rng.random() < 0.5, "running_reward_norm": rng.random() < 0.5}
+    run["asynchronous"] = True
     have = [c for c in guarantees.CHECKPOINT_COMPONENTS if _applies(c, run)]
     lost = rng.sample([c for c in have if c not in ("model", "optimizer")], rng.randint(1, 3))
     # crash_tested всегда False: иначе «забыт crash_test» совпал бы с верным ответом
-    task["checkpoint"] = {
-        **run,
-        "components": [c for c in have if c not in lost],
-        "crash_tested": False,
-    }
+    kept = [c for c in have if c not in lost]
+    task["checkpoint"] = {**run, "components": kept, "crash_tested": False}
     return {"statement": _diag_statement(task), **task}
 
 
@@ -143,9 +137,8 @@ def _diag_statement(d: dict) -> str:
     shape, recipe = memory.ModelShape.from_name(mem["model"]), memory.recipe(mem["recipe"])
     cells = ("row", "worker", "stage", "start_s", "end_s")
     rows = [[*map(r.get, cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in d["stages"]]
-    stages = md_table(
-        "строка|исполнитель|этап|начало, с|конец, с|зависит от строк".split("|"), rows
-    )
+    head = "строка|исполнитель|этап|начало, с|конец, с|зависит от строк".split("|")
+    stages = md_table(head, rows)
     ess_rows = [[b["batch"], b["n"], f"{b['ess']:.1f}"] for b in queue["batches"]]
     lags = " · ".join(f"{x['lag']}: {x['rollouts']}" for x in queue["lag_counts"])
     zero = "DDP (ZeRO-0)" if mem["zero_stage"] == 0 else f"ZeRO-{mem['zero_stage']}"
