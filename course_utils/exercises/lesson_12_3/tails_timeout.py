@@ -112,12 +112,8 @@ _TRAP_BY = {  # без обрезки — своё правило
     "old_max_denominator": ("U_timeout",),
 }
 
+HINT = "Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности."
+TRAPS = slip_traps(_tails_slips, _TRAP_TEXT, _TRAP_BY)
 STEP = Step(
-    id="12.3.7",
-    make_task=tails_timeout_task,
-    solve=tails_timeout_solve,
-    solution=tails_timeout_solution,
-    answer=ANSWER,
-    hint="Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности.",
-    traps=slip_traps(_tails_slips, _TRAP_TEXT, _TRAP_BY),
+    "12.3.7", tails_timeout_task, tails_timeout_solve, ANSWER, HINT, tails_timeout_solution, TRAPS
 )
