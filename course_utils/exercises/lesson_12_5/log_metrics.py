@@ -108,26 +108,22 @@ _WRONG = {  # ошибка → {ключ ответа: величина из log
         "informative_groups_per_s": "zero_rate",
     },
 }
-_BY = {"average_of_percentiles": _Q[1:]}  # узнаётся по любому из ключей, а не по всем
-_BY["all_correct_not_degenerate"] = tuple(_WRONG["all_correct_not_degenerate"])
+_BY = {"average_of_percentiles": _Q[1:]}  # узнаётся по любому из ключей (по умолчанию — _WRONG)
+ANSWER = Fields(
+    dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
+    | {"degenerate_share": Share(rtol=RTOL)}
+    | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
+)
+HINT = "Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных)."
+TRAPS = tuple(
+    Trap(
+        key,
+        text,
+        override={f: lambda t, x=x: log_values(t)[x] for f, x in _WRONG[key].items()},
+        by=_BY.get(key, tuple(_WRONG[key])),
+    )
+    for key, text in _MESSAGES.items()
+)
 STEP = Step(
-    id="12.5.9",
-    make_task=log_metrics_task,
-    solve=log_metrics_solve,
-    solution=log_metrics_solution,
-    answer=Fields(
-        dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
-        | {"degenerate_share": Share(rtol=RTOL)}
-        | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
-    ),
-    hint="Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных).",
-    traps=tuple(
-        Trap(
-            key,
-            text,
-            override={f: lambda t, x=x: log_values(t)[x] for f, x in _WRONG[key].items()},
-            by=_BY.get(key, ()),
-        )
-        for key, text in _MESSAGES.items()
-    ),
+    "12.5.9", log_metrics_task, log_metrics_solve, ANSWER, HINT, log_metrics_solution, TRAPS
 )
