@@ -129,12 +129,9 @@ _RULES = {  # ответ с ошибкой (override верного) и как �
         "matches": lambda t, g: bool(listed(g) - set(absent_components(t))),
     },
 }
+ANSWER = Fields({"missing": IdSet(lambda t: COMPONENTS, "компонентов"), "can_resume": Bool()})
+HINT = "Для каждого компонента, которого нет в манифесте, спросите, есть ли у этого запуска такое состояние (учебная программа и скользящая нормировка — только если описаны). Размер файла не важен: генераторы и курсор данных весят килобайты."
+TRAPS = tuple(Trap(key, text, **_RULES[key]) for key, text in _MESSAGES.items())
 STEP = Step(
-    id="12.5.6",
-    make_task=manifest_gaps_task,
-    solve=manifest_gaps_solve,
-    solution=manifest_gaps_solution,
-    answer=Fields({"missing": IdSet(lambda t: COMPONENTS, "компонентов"), "can_resume": Bool()}),
-    hint="Для каждого компонента, которого нет в манифесте, спросите, есть ли у этого запуска такое состояние (учебная программа и скользящая нормировка — только если описаны). Размер файла не важен: генераторы и курсор данных весят килобайты.",
-    traps=tuple(Trap(key, text, **_RULES[key]) for key, text in _MESSAGES.items()),
+    "12.5.6", manifest_gaps_task, manifest_gaps_solve, ANSWER, HINT, manifest_gaps_solution, TRAPS
 )
