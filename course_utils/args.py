@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 
+def is_int(x: Any) -> bool:
+    """Целое число (int, numpy-целое), но не bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_number(x: Any) -> bool:
+    """Вещественное число, в том числе inf и nan (int, float, numpy-скаляр), но не bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def is_real(x: Any) -> bool:
     """Конечное вещественное число (int, float, numpy-скаляр), но не bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)

@@ -57,7 +57,16 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.args import integer, is_real, optional_integer, path as _path, positive, real
+from course_utils import atomic
+from course_utils.args import (
+    integer,
+    is_int,
+    is_real,
+    optional_integer,
+    path as _path,
+    positive,
+    real,
+)
 from course_utils.fmt import count
 
 FORMAT = "course_utils.checkpoint/1"
@@ -150,10 +159,6 @@ class CheckpointError(ValueError):
 
 
 # ----------------------------------------------------------------------------- проверки входа
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _steps(n: int) -> str:
@@ -595,7 +600,7 @@ def _encode(obj: Any, where: str, tensors: dict) -> Any:
         return {_TENSOR: name}
     if obj is None or isinstance(obj, bool | str):
         return obj
-    if _is_int(obj):
+    if is_int(obj):
         return int(obj)
     if isinstance(obj, numbers.Real):
         value = float(obj)
@@ -672,22 +677,6 @@ def config_hash(config: Any) -> str | None:
 # ----------------------------------------------------------------------------- запись
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _software() -> dict:
     import safetensors
     import torch
@@ -741,15 +730,15 @@ def _publish(src: Path, target: Path) -> None:
         while aside.exists():
             aside = target.with_name(f"{_OLD_PREFIX}{target.name}-{secrets.token_hex(4)}")
         os.replace(target, aside)
-        _fsync_dir(target.parent)
+        atomic.fsync_dir(target.parent)
     try:
         os.replace(src, target)
     except BaseException:
         if aside is not None and not target.exists():
             os.replace(aside, target)
-            _fsync_dir(target.parent)
+            atomic.fsync_dir(target.parent)
         raise
-    _fsync_dir(target.parent)
+    atomic.fsync_dir(target.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)  # недоудалённую добьёт remove_incomplete
 
@@ -823,7 +812,7 @@ def save_checkpoint(
             for fname, data in ((f"{comp}.safetensors", st), (f"{comp}.json", js)):
                 if data is None:
                     continue
-                _write_file(tmp / fname, data)
+                atomic.write_synced(tmp / fname, data)
                 files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                 names.append(fname)
                 if after_file is not None:
@@ -850,8 +839,10 @@ def save_checkpoint(
             "total_bytes": sum(f["bytes"] for f in files.values()),
         }
         manifest["manifest_sha256"] = _manifest_self_hash(manifest)
-        _write_file(tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode())
-        _fsync_dir(tmp)
+        atomic.write_synced(
+            tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode()
+        )
+        atomic.fsync_dir(tmp)
         _publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -913,7 +904,7 @@ def _read_manifest(path: Path) -> dict:
     for fname, meta in files.items():
         if (
             not isinstance(meta, dict)
-            or not _is_int(meta.get("bytes"))
+            or not is_int(meta.get("bytes"))
             or not isinstance(meta.get("sha256"), str)
         ):
             raise _fail(path, f"файл {MANIFEST}: для {fname} нет размера и SHA-256", MANIFEST)
@@ -1085,7 +1076,7 @@ def _order_key(entry: Path, manifest: Mapping | None) -> tuple[int, bool, float,
     """
     manifest = manifest or {}
     step = manifest.get("step")
-    if not _is_int(step):
+    if not is_int(step):
         m = _NAME_RE.match(entry.name) or _NAME_RE.match(str(manifest.get("name", "")))
         step = int(m.group(1)) if m else -1
     return int(step), _kind(entry.name) == KIND_MAIN, _created(manifest), entry.name
@@ -1992,8 +1983,8 @@ def _kill_self_once(run_dir: Path, tag: str) -> None:
     marker = run_dir / f".killed-{tag}"
     if marker.exists():
         return
-    _write_file(marker, str(os.getpid()).encode())
-    _fsync_dir(run_dir)
+    atomic.write_synced(marker, str(os.getpid()).encode())
+    atomic.fsync_dir(run_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)

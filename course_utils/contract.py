@@ -17,10 +17,8 @@ import hashlib
 import io
 import json
 import math
-import numbers
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from course_utils.args import path as check_path
+from course_utils import atomic
+from course_utils.args import is_int, is_number, path as check_path
 
 REQUIRED_FIELDS = (
     "sample_id",
@@ -120,22 +119,14 @@ class RolloutRecord:
         return list(self.policy_mask[len(self.prompt_tokens) :])
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _is_nonneg_int(x) -> bool:
-    return _is_int(x) and x >= 0
+    return is_int(x) and x >= 0
 
 
 def _count_ones(mask) -> int | None:
     if not isinstance(mask, list | tuple):
         return None
-    return sum(1 for m in mask if _is_int(m) and m == 1)
+    return sum(1 for m in mask if is_int(m) and m == 1)
 
 
 def _positions(idx: list[int], limit: int = 5) -> str:
@@ -202,7 +193,7 @@ def _validate(record) -> list[str]:
             f"[field_type] policy_mask должна быть списком из 0 и 1, получено {_short(mask)}"
         )
     elif "policy_mask" in rec:
-        bad = [i for i, m in enumerate(mask) if not (_is_int(m) and m in (0, 1))]
+        bad = [i for i, m in enumerate(mask) if not (is_int(m) and m in (0, 1))]
         if bad:
             out.append(f"[mask_values] маска политики не 0/1 на позициях {_positions(bad)}")
         else:
@@ -231,9 +222,9 @@ def _validate(record) -> list[str]:
                 f"[logprob_count] токенов политики (маска = 1): {n_policy}, "
                 f"а логарифмов вероятностей: {len(lps)}"
             )
-        not_num = [i for i, x in enumerate(lps) if not _is_real(x)]
-        nonfinite = [i for i, x in enumerate(lps) if _is_real(x) and not math.isfinite(x)]
-        positive = [i for i, x in enumerate(lps) if _is_real(x) and math.isfinite(x) and x > 0]
+        not_num = [i for i, x in enumerate(lps) if not is_number(x)]
+        nonfinite = [i for i, x in enumerate(lps) if is_number(x) and not math.isfinite(x)]
+        positive = [i for i, x in enumerate(lps) if is_number(x) and math.isfinite(x) and x > 0]
         if not_num:
             out.append(
                 f"[field_type] behavior_logprobs: не числа на позициях {_positions(not_num)}"
@@ -304,9 +295,9 @@ def _check_dicts(rec) -> list[str]:
             out.append(f"[decoding] decoding должен быть словарём, получено {_short(dec)}")
         else:
             t, p = dec.get("temperature"), dec.get("top_p")
-            if not (_is_real(t) and math.isfinite(t) and t > 0):
+            if not (is_number(t) and math.isfinite(t) and t > 0):
                 out.append(f"[decoding] temperature должна быть конечным числом > 0: {_short(t)}")
-            if not (_is_real(p) and 0 < p <= 1):
+            if not (is_number(p) and 0 < p <= 1):
                 out.append(f"[decoding] top_p должен лежать в (0, 1]: {_short(p)}")
     if "reward" in rec:
         rew = rec["reward"]
@@ -316,7 +307,7 @@ def _check_dicts(rec) -> list[str]:
             bad = [
                 _short(k)
                 for k, v in rew.items()
-                if not (isinstance(k, str) and _is_real(v) and math.isfinite(v))
+                if not (isinstance(k, str) and is_number(v) and math.isfinite(v))
             ]
             if bad:
                 out.append(f"[reward] компоненты награды не конечные числа: {', '.join(bad)}")
@@ -361,21 +352,6 @@ CHECKSUM_SUFFIX = ".sha256"
 _CHECKSUM_LINE = re.compile(rb"([0-9a-fA-F]{64}) [ *][^\r\n]+\r?\n?")
 
 
-def _temp_file(directory: str, base: str, write) -> str:
-    """Временный файл рядом с целью: write(f), fsync; при ошибке он удаляется."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
 def _sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -393,9 +369,9 @@ def _atomic_write(path: str, write) -> None:
     base = os.path.basename(path)
     temps = []
     try:
-        temps.append(_temp_file(directory, base, write))
+        temps.append(atomic.temp_file(directory, base, write))
         line = f"{_sha256_file(temps[0])}  {base}\n".encode()  # сумма того, что уже на диске
-        temps.append(_temp_file(directory, base + CHECKSUM_SUFFIX, lambda f: f.write(line)))
+        temps.append(atomic.temp_file(directory, base + CHECKSUM_SUFFIX, lambda f: f.write(line)))
         os.replace(temps[0], path)
         temps.pop(0)
         try:
@@ -529,10 +505,8 @@ def _parquet_cell(name: str, value, i: int):
     if name in ("decoding", "reward"):
         return json.dumps(value, ensure_ascii=False, default=_json_default)
     # pyarrow молча усекает 1.5 до 1 в целочисленном столбце: проверяем сами
-    bad = (name == "policy_version" and value is not None and not _is_int(value)) or (
-        name in _INT_LISTS
-        and isinstance(value, list | tuple)
-        and not all(_is_int(x) for x in value)
+    bad = (name == "policy_version" and value is not None and not is_int(value)) or (
+        name in _INT_LISTS and isinstance(value, list | tuple) and not all(is_int(x) for x in value)
     )
     if bad:
         raise ValueError(f"records[{i}].{name}: нужны целые для Parquet, получено {_short(value)}")

@@ -20,7 +20,6 @@ import math
 import numbers
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -28,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from course_utils import atomic
 
 try:
     import fcntl as _fcntl
@@ -719,34 +720,13 @@ def _remove_stale_temps(path: Path) -> None:
                 tmp.unlink()
 
 
-def _fsync_dir(folder: Path) -> None:
-    """fsync папки: переименование переживёт сбой питания (где папку можно открыть)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _save(data: dict) -> None:
-    """Атомарная запись: временный файл в той же папке, fsync, os.replace, fsync папки."""
+    """Прогресс на диск атомарно (atomic.write_text); не вышло — в памяти и одно предупреждение."""
     path = _progress_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, ensure_ascii=False, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(path.parent)
+        atomic.write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
     except OSError as exc:
         _memory[str(path)] = data
         _warn(

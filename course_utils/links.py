@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from course_utils import atomic
 
 ORG = "rl-llm-course"
 REPO = "module12-rl-infra"
@@ -65,19 +65,6 @@ def lessons_table(root: Path = REPO_ROOT) -> str:
     return "\n".join(rows)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def render_readme(text: str, root: Path = REPO_ROOT) -> str:
     """README с обновлённым блоком между метками ``lessons:start`` и ``lessons:end``."""
     if _START not in text or _END not in text:
@@ -100,7 +87,7 @@ def sync(root: Path = REPO_ROOT) -> list[Path]:
     readme = root / "README.md"
     new = render_readme(readme.read_text(encoding="utf-8"), root)
     if new != readme.read_text(encoding="utf-8"):
-        _atomic_write(readme, new)
+        atomic.write_text(readme, new)
         changed.append(readme)
     for _, nb_name, _ in LESSONS:
         path = root / "notebooks" / nb_name
@@ -115,7 +102,7 @@ def sync(root: Path = REPO_ROOT) -> list[Path]:
                 cell["source"] = upd.splitlines(keepends=True)
                 dirty = True
         if dirty:
-            _atomic_write(path, json.dumps(nb, ensure_ascii=False, indent=1) + "\n")
+            atomic.write_text(path, json.dumps(nb, ensure_ascii=False, indent=1) + "\n")
             changed.append(path)
     return changed
 

@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_utils import atomic
+
 from .args import choice, integer
 from .fmt import count
 
@@ -623,29 +625,6 @@ def launch(
 # ----------------------------------------------------------------------------- дочерний процесс
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Пишет файл атомарно: временный файл в том же каталоге, fsync, os.replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp создаёт 0600; результат должны читать и другие
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
     try:
@@ -749,7 +728,7 @@ def _child_main(ns: argparse.Namespace) -> int:
     if ns.result_dir:
         out_dir = Path(ns.result_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(out_dir / f"rank_{rank}.json", text)
+        atomic.write_text(out_dir / f"rank_{rank}.json", text)
     else:
         print(json.dumps(result, ensure_ascii=False), flush=True)
     dist.destroy_process_group()
@@ -893,7 +872,7 @@ def sleep_forever(rank: int, world_size: int, backend: str, spawn_grandchild: bo
             stdin=subprocess.DEVNULL,
         )
         if run_dir:
-            _atomic_write_text(Path(run_dir) / f"grandchild_{rank}.pid", str(child.pid))
+            atomic.write_text(Path(run_dir) / f"grandchild_{rank}.pid", str(child.pid))
     while True:
         time.sleep(1.0)
 

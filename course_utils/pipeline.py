@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_utils.args import is_int
+
 __all__ = [
     "LENGTH_DISTS",
     "WAIT_STAGES",
@@ -66,10 +68,6 @@ _EPS = 1e-9
 # --------------------------------------------------------------------------- проверки входа
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def _real(name: str, value: Any, low: float = 0.0, strict: bool = False) -> float:
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     ok = ok and math.isfinite(float(value))
@@ -80,7 +78,7 @@ def _real(name: str, value: Any, low: float = 0.0, strict: bool = False) -> floa
 
 
 def _int(name: str, value: Any, low: int) -> int:
-    if not _is_int(value) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{name} должно быть целым числом ≥ {low}, получено {value!r}")
     return int(value)
 
@@ -709,7 +707,7 @@ def critical_path(
     preds: dict[int, list[int]] = {}
     for i, d in deps.items():
         d = list(d) if isinstance(d, Iterable) else [d]
-        bad = [j for j in [i, *d] if not _is_int(j) or j not in df.index]
+        bad = [j for j in [i, *d] if not is_int(j) or j not in df.index]
         if bad:
             raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
         preds[i] = d

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from course_utils.args import is_number
+
 __all__ = [
     "DEFAULT_MEDIANS_S",
     "NOISE_SIGMA",
@@ -108,10 +110,6 @@ def stage_columns() -> list[str]:
 
 
 # ---------------------------------------------------------------- проверка входа
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _label(stage: str) -> str:
     return STAGE_LABELS_RU.get(stage, stage)
 
@@ -140,7 +138,7 @@ def _stage_times(stage_times: Any, name: str = "stage_times") -> dict[str, float
     for key, value in items:
         if not isinstance(key, str) or not key.strip():
             raise ValueError(f"{name}: имя этапа должно быть непустой строкой, получено {key!r}")
-        if not _is_real(value) or not math.isfinite(float(value)) or value < 0:
+        if not is_number(value) or not math.isfinite(float(value)) or value < 0:
             raise ValueError(
                 f"{name}[{key!r}]: время этапа должно быть конечным числом ≥ 0 с, "
                 f"получено {value!r}"
@@ -187,7 +185,7 @@ def synthetic_profile(
         for stage, factor in scale.items():
             if stage not in factors:
                 raise ValueError(f"scale: неизвестный этап {stage!r}; этапы: {list(STAGES)}")
-            if not _is_real(factor) or not math.isfinite(float(factor)) or factor <= 0:
+            if not is_number(factor) or not math.isfinite(float(factor)) or factor <= 0:
                 raise ValueError(
                     f"scale[{stage!r}]: множитель должен быть конечным числом > 0, "
                     f"получено {factor!r}"
@@ -271,7 +269,7 @@ def speedup(stage_times: Mapping[str, float] | pd.Series, stage: str, factor: fl
     times = _stage_times(stage_times)
     total = _positive_total(times)
     stage = _known_stage(times, stage)
-    if not _is_real(factor) or math.isnan(float(factor)) or not factor > 0:
+    if not is_number(factor) or math.isnan(float(factor)) or not factor > 0:
         raise ValueError(f"factor: ускорение этапа должно быть числом > 0, получено {factor!r}")
     rest = math.fsum(t for s, t in times.items() if s != stage)
     new_total = rest + times[stage] / float(factor)
@@ -313,7 +311,7 @@ def profile_table(
         for key, value in tokens.items():
             if key not in _TOKEN_KEYS:
                 raise ValueError(f"tokens: ключ {key!r} неизвестен; допустимы {list(_TOKEN_KEYS)}")
-            if not _is_real(value) or not math.isfinite(float(value)) or value < 0:
+            if not is_number(value) or not math.isfinite(float(value)) or value < 0:
                 raise ValueError(f"tokens[{key!r}]: нужно число токенов ≥ 0, получено {value!r}")
             stage = _TOKEN_KEYS[key]
             if stage in times and times[stage] > 0:

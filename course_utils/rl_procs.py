@@ -43,7 +43,6 @@ import contextlib
 import hashlib
 import json
 import math
-import numbers
 import os
 import socket
 import threading
@@ -52,6 +51,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from course_utils.args import is_int, is_number
 
 GENERATOR_RANK = 0
 TRAINER_RANK = 1
@@ -111,14 +112,6 @@ class RecvStats:
     transfer_s: float
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _check_peer(name: str, peer: Any) -> int:
     """Проверяет номер ранга-собеседника: группа создана, 0 ≤ peer < world_size, peer ≠ свой."""
     import torch.distributed as dist
@@ -129,7 +122,7 @@ def _check_peer(name: str, peer: Any) -> int:
             "запущенного multiproc.launch или torchrun"
         )
     world, me = dist.get_world_size(), dist.get_rank()
-    if not _is_int(peer) or not 0 <= peer < world:
+    if not is_int(peer) or not 0 <= peer < world:
         raise ValueError(f"{name} должно быть целым в [0, {world - 1}], получено {peer!r}")
     if peer == me:
         raise ValueError(f"{name}={peer} совпадает с собственным рангом: отправить себе нельзя")
@@ -388,7 +381,7 @@ def _shared_time_ref(device) -> float:
 
 
 def _check_int(name: str, value: Any, low: int) -> None:
-    if not _is_int(value) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{name} должно быть целым ≥ {low}, получено {value!r}")
 
 
@@ -403,7 +396,7 @@ def _check_sync_args(world_size, steps, prompts_per_step, group_size, max_new_to
     _check_int("group_size", group_size, 1)
     _check_int("max_new_tokens", max_new_tokens, 1)
     _check_int("seed", seed, 0)
-    if not _is_real(lr) or not math.isfinite(lr) or lr <= 0:
+    if not is_number(lr) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"lr должно быть конечным числом > 0, получено {lr!r}")
 
 
@@ -452,7 +445,7 @@ def sync_generator_trainer(
     (для диаграммы Ганта, см. ``CLOCK_NOTE``), weights_checksum итоговых весов и др.
     """
     _check_sync_args(world_size, steps, prompts_per_step, group_size, max_new_tokens, lr, seed)
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature <= 0:
+    if not is_number(temperature) or not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"temperature должна быть конечным числом > 0, получено {temperature!r}")
     if not isinstance(verify, bool):
         raise ValueError(f"verify должно быть True или False, получено {verify!r}")
@@ -708,7 +701,7 @@ def _generator_worker(rank: int) -> str:
 
 
 def _check_real(name: str, value: Any, low: float, strict: bool) -> None:
-    bad = not _is_real(value) or not math.isfinite(value)
+    bad = not is_number(value) or not math.isfinite(value)
     bad = bad or (value <= low if strict else value < low)
     if bad:
         sign = ">" if strict else "≥"
@@ -737,7 +730,7 @@ def _check_queue_args(
             f"тренер с очередью, ранги {QUEUE_GENERATOR_RANKS[0]} и {QUEUE_GENERATOR_RANKS[1]} — "
             f"генераторы), а world_size={world_size}; запустите nprocs=3"
         )
-    if not _is_int(rank) or not 0 <= rank < 3:
+    if not is_int(rank) or not 0 <= rank < 3:
         raise ValueError(f"rank должно быть 0 (тренер) или 1, 2 (генераторы), получено {rank!r}")
     _check_real("duration_s", duration_s, 0.0, strict=True)
     _check_int("max_queue_tokens", max_queue_tokens, 1)

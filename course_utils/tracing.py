@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from course_utils.args import is_number
 from course_utils.arith_task import is_informative_group, scalar_reward
 from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
 
@@ -42,12 +43,8 @@ BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}
 
 
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _check_time(name: str, value: Any) -> float:
-    if not _is_real(value) or not math.isfinite(float(value)):
+    if not is_number(value) or not math.isfinite(float(value)):
         raise ValueError(f"{name} должно быть конечным числом секунд, получено {value!r}")
     return float(value)
 
@@ -231,7 +228,7 @@ def percentiles(values: Iterable[float], qs: Iterable[float] = (50, 95, 99)) -> 
     xs = sorted(_as_float_list("values", values))
     if not xs:
         raise ValueError("values не должно быть пустым: перцентиль пустой выборки не определён")
-    if _is_real(qs):
+    if is_number(qs):
         qs = (qs,)
     q_list = _as_float_list("qs", qs)
     if not q_list:
@@ -1312,7 +1309,7 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None):
         m["время в очереди, p95"] = _pooled_percentiles(wait)["p95"]
     else:
         m["время в очереди, среднее"] = m["время в очереди, p95"] = math.nan
-    h = float(tables.horizon_s) if _is_real(tables.horizon_s) else math.nan
+    h = float(tables.horizon_s) if is_number(tables.horizon_s) else math.nan
     done_tokens = float(b.loc[b["complete"].astype(bool), "tokens"].sum())
     m["пропускная способность обучения"] = done_tokens / h if h > 0 else math.nan
     ready = r["enqueue_time"].notna() if "enqueue_time" in r else pd.Series(True, index=r.index)

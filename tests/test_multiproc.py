@@ -406,11 +406,3 @@ Current thread 0x00007f00 (most recent call first):
     ]
     text = RankFailure(rank=0, exitcode=-9, stderr_tail=dump, killed=True).describe()
     assert "где он ждал" in text and "in barrier" in text
-
-
-def test_atomic_write_leaves_no_temp_files(tmp_path):
-    target = tmp_path / "rank_0.json"
-    multiproc._atomic_write_text(target, '{"a": 1}')
-    multiproc._atomic_write_text(target, '{"a": 2}')
-    assert json.loads(target.read_text()) == {"a": 2}
-    assert [p.name for p in tmp_path.iterdir()] == ["rank_0.json"]
