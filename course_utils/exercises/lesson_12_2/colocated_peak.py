@@ -116,6 +116,20 @@ def _no_base_peak(task: dict) -> float:  # пик LoRA без базовых в�
     return memory.colocation_peak(no_base)[0]
 
 
+_WRONG = {  # ошибка → {ключ ответа: величина с ней}; узнаётся по любому из ключей
+    "sum_of_maxima": {
+        "peak_gib": lambda t: memory.sum_of_component_maxima(t["phases"]),
+        "peak_lora_gib": lambda t: memory.sum_of_component_maxima(t["phases_lora"]),
+    },
+    "lora_no_base": {"peak_lora_gib": _no_base_peak},
+    "groups_not_informative": {"informative_groups_per_s": _groups_per_s},
+}
+_MESSAGES = {
+    "sum_of_maxima": "Сложены максимумы статей всех фаз, а KV-кэш и активации не бывают на GPU вместе.",
+    "lora_no_base": "С LoRA убраны базовые веса, а они лишь заморожены: тренеру и движку они нужны.",
+    "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
+}
+TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
 STEP = Step(
     id="12.2.8",
     make_task=colocated_peak_task,
@@ -124,25 +138,5 @@ STEP = Step(
     answer=Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с"))))),
     hint="Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. "
     "Информативные группы/с = группы/с × (1 − доля групп, где все награды равны).",
-    traps=(
-        Trap(
-            "sum_of_maxima",
-            "Сложены максимумы статей всех фаз, а KV-кэш и активации не бывают на GPU вместе.",
-            override={
-                "peak_gib": lambda t: memory.sum_of_component_maxima(t["phases"]),
-                "peak_lora_gib": lambda t: memory.sum_of_component_maxima(t["phases_lora"]),
-            },
-            by=("peak_gib", "peak_lora_gib"),
-        ),
-        Trap(
-            "lora_no_base",
-            "С LoRA убраны базовые веса, а они лишь заморожены: тренеру и движку они нужны.",
-            override={"peak_lora_gib": _no_base_peak},
-        ),
-        Trap(
-            "groups_not_informative",
-            "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
-            override={"informative_groups_per_s": _groups_per_s},
-        ),
-    ),
+    traps=TRAPS,
 )
