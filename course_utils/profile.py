@@ -37,7 +37,7 @@ __all__ = [
     "plot_stage_bar",
     "profile_table",
     "sequential_time",
-    "speedup",
+    "amdahl_speedup",
     "speedup_bound",
     "stage_columns",
     "stage_medians",
@@ -260,7 +260,9 @@ def speedup_bound(stage_times: Mapping[str, float] | pd.Series, stage: str) -> f
     return math.inf if rest == 0 else total / rest
 
 
-def speedup(stage_times: Mapping[str, float] | pd.Series, stage: str, factor: float) -> float:
+def amdahl_speedup(
+    stage_times: Mapping[str, float] | pd.Series, stage: str, factor: float
+) -> float:
     """Ускорение шага по Амдалу, если этап ``stage`` стал быстрее в ``factor`` раз (безразмерное).
 
     S = T_seq / (T_seq − T_stage + T_stage / factor); factor = 1 → 1, factor → ∞ → S_max

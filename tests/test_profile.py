@@ -18,11 +18,11 @@ from course_utils import profile  # noqa: E402
 from course_utils.profile import (  # noqa: E402
     STAGE_LABELS_RU,
     STAGES,
+    amdahl_speedup,
     dominant_stage,
     plot_stage_bar,
     profile_table,
     sequential_time,
-    speedup,
     speedup_bound,
     stage_medians,
     synthetic_profile,
@@ -100,24 +100,24 @@ def test_speedup_bound_by_hand():
 
 def test_speedup_by_hand():
     # decode вдвое быстрее: 4.5 + 2.75 = 7.25 с
-    assert speedup(HAND, "decode", 2) == pytest.approx(10 / 7.25, rel=1e-12)
-    assert speedup(HAND, "forward_backward", 3) == pytest.approx(10 / (8.5 + 0.5), rel=1e-12)
+    assert amdahl_speedup(HAND, "decode", 2) == pytest.approx(10 / 7.25, rel=1e-12)
+    assert amdahl_speedup(HAND, "forward_backward", 3) == pytest.approx(10 / (8.5 + 0.5), rel=1e-12)
     # замедление этапа (factor < 1) даёт S < 1
-    assert speedup(HAND, "reward", 0.5) == pytest.approx(10 / 11, rel=1e-12)
+    assert amdahl_speedup(HAND, "reward", 0.5) == pytest.approx(10 / 11, rel=1e-12)
 
 
 def test_amdahl_limits():
     assert speedup_bound({**HAND, "reward": 0.0}, "reward") == 1.0
-    assert speedup({**HAND, "reward": 0.0}, "reward", 10) == 1.0
+    assert amdahl_speedup({**HAND, "reward": 0.0}, "reward", 10) == 1.0
     assert speedup_bound({"decode": 4.0, "reward": 0.0}, "decode") == math.inf
-    assert speedup({"decode": 4.0, "reward": 0.0}, "decode", math.inf) == math.inf
-    assert speedup({"decode": 4.0, "reward": 0.0}, "decode", 8) == pytest.approx(8.0)
+    assert amdahl_speedup({"decode": 4.0, "reward": 0.0}, "decode", math.inf) == math.inf
+    assert amdahl_speedup({"decode": 4.0, "reward": 0.0}, "decode", 8) == pytest.approx(8.0)
     for stage in HAND:
-        assert speedup(HAND, stage, 1) == pytest.approx(1.0, rel=1e-12)
+        assert amdahl_speedup(HAND, stage, 1) == pytest.approx(1.0, rel=1e-12)
         bound = speedup_bound(HAND, stage)
-        assert speedup(HAND, stage, math.inf) == pytest.approx(bound, rel=1e-12)
-        assert speedup(HAND, stage, 1e12) == pytest.approx(bound, rel=1e-9)
-        values = [speedup(HAND, stage, f) for f in (1, 2, 4, 16, 256)]
+        assert amdahl_speedup(HAND, stage, math.inf) == pytest.approx(bound, rel=1e-12)
+        assert amdahl_speedup(HAND, stage, 1e12) == pytest.approx(bound, rel=1e-9)
+        values = [amdahl_speedup(HAND, stage, f) for f in (1, 2, 4, 16, 256)]
         assert values == sorted(values) and all(v <= bound for v in values)
 
 
@@ -138,10 +138,10 @@ def test_bad_stage_and_factor():
     with pytest.raises(ValueError, match="stage"):
         speedup_bound(HAND, "generate")
     with pytest.raises(ValueError, match="stage"):
-        speedup(HAND, None, 2)
+        amdahl_speedup(HAND, None, 2)
     for factor in (0, -2, float("nan"), "2", None):
         with pytest.raises(ValueError, match="factor"):
-            speedup(HAND, "decode", factor)
+            amdahl_speedup(HAND, "decode", factor)
     zeros = dict.fromkeys(HAND, 0.0)
     for call in (lambda: dominant_stage(zeros), lambda: speedup_bound(zeros, "decode"),
                  lambda: profile_table(zeros)):  # fmt: skip
