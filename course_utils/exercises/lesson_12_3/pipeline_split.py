@@ -70,8 +70,7 @@ def pipeline_split_solve(task: dict) -> dict:
 
 
 def pipeline_split_solution(task: dict, ref: dict) -> str:
-    G, T, n, K = (task[k] for k in ("G_s", "T_s", "n_batches", "K"))
-    r_g, r_t = (task[k] for k in _RATES)
+    G, T, n, K, r_g, r_t = (task[k] for k in ("G_s", "T_s", "n_batches", "K", *_RATES))
     C, P, Tn, k = tex_num(ref["C_seq"]), tex_num(ref["C_pipe"]), tex_num(ref["T_n"]), ref["k_gen"]
     rows = [
         (kg, K - kg, sig(kg * r_g), sig((K - kg) * r_t), sig(min(kg * r_g, (K - kg) * r_t)))
@@ -115,9 +114,7 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
 _TRAP_BY = {"sum_not_max": ("C_pipe", "T_n"), "first_batch_free": ("T_n", "speedup")}
 
 
-def slip_traps(
-    slips, texts: dict, rules: dict, default=()
-) -> tuple[Trap, ...]:  # и в 12.3.7–12.3.9
+def slip_traps(slips, texts: dict, rules: dict, default=()) -> tuple[Trap, ...]:  # и 12.3.7–9
     # ответ ошибки k — slips(task, ref)[k]; узнаётся по полям rules[k] (любому) или правилу matches
     kw = {k: {"matches" if callable(x) else "by": x} for k, x in rules.items()}
     return tuple(
