@@ -18,11 +18,9 @@ ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_
 
 def queue_stability_task(variant: int) -> dict:
     rng = random.Random(12_3_8_000 + 7919 * variant)
-    while True:
-        c_eq = rng.choice([4, 5, 6, 8, 10])
-        mean_len = rng.choice([256, 384, 512, 640, 768, 1024])
-        rho = rng.choice([0.125, 0.2, 0.25, 0.4, 0.5])  # роллаутов/с на сборщика
-        batch = rng.choice([8192, 16384, 32768])
+    while True:  # ρ — роллаутов/с на сборщика
+        c_eq, mean_len = rng.choice([4, 5, 6, 8, 10]), rng.choice([256, 384, 512, 640, 768, 1024])
+        rho, batch = rng.choice([0.125, 0.2, 0.25, 0.4, 0.5]), rng.choice([8192, 16384, 32768])
         step = batch / (c_eq * Fraction(str(rho)) * mean_len)  # λ = μ ровно при c_eq сборщиках
         if step.denominator in (1, 2, 4, 5, 10, 20, 25, 50, 100) and 1 <= step <= 30:
             break
