@@ -52,8 +52,7 @@ def tails_timeout_task(variant: int) -> dict:
 
 
 def tails_timeout_solve(task: dict) -> dict:
-    rows = task["rollouts"]
-    d = [r["duration_s"] for r in rows]
+    rows, d = task["rollouts"], [r["duration_s"] for r in task["rollouts"]]
     capped, mask = pipeline.truncate_durations(d, task["timeout_s"])
     cut = [[bool(m) for m, r in zip(mask, rows) if r["difficulty"] == k] for k in ("hard", "easy")]
     U, U_timeout = pipeline.group_utilization(d), pipeline.group_utilization(capped)
