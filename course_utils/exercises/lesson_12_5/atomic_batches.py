@@ -113,8 +113,7 @@ class _Verdicts(AnswerType):
 
     def mismatch(self, expected: dict, given: dict) -> str:
         extra = sum(given[k] and not v for k, v in expected.items())
-        lost = sum(v and not given[k] for k, v in expected.items())
-        n = len(expected)
+        lost, n = sum(v and not given[k] for k, v in expected.items()), len(expected)
         return f"Верно решено скрытых пакетов: {n - extra - lost} из {n}. Принято пакетов, которые нужно отклонить: {extra}; отклонено пакетов, которые можно принять: {lost}."
 
 
@@ -180,9 +179,8 @@ def _flip(key: str) -> Trap:
 
     def matches(task: dict, given: dict) -> bool:
         ref = _accept_outcome(checkpoint.accept_batch, task)
-        flipped = [b for b in _hidden_batches(task) if given[b["batch_id"]] != ref[b["batch_id"]]]
-        ok = all(b["kind"] in kinds and given[b["batch_id"]] is to for b in flipped)
-        return bool(flipped) and ok
+        diff = [b for b in _hidden_batches(task) if given[b["batch_id"]] != ref[b["batch_id"]]]
+        return bool(diff) and all(b["kind"] in kinds and given[b["batch_id"]] is to for b in diff)
 
     return Trap(key, _FLIP_TEXT[key], wrong=wrong, matches=matches)
 
