@@ -162,13 +162,11 @@ def stack_choice_solution(task: dict, ref: list) -> str:
     loose = dict(zip(*(_stack_table(task, True)[c] for c in ("stack", "matches"))))
     rows = []
     for _, r in _stack_table(task).iterrows():
-        verdict = "нет (только с неподтверждённым)" if loose[r["stack"]] else "нет"
+        no = "нет (только с неподтверждённым)" if loose[r["stack"]] else "нет"
         failed = "; ".join(x for x in r["failed"] if not x.endswith(_ONLY_LOOSE)) or "—"
         notes = _map_cell("; ".join(r["unconfirmed"]) or "—")
         age = f"{r['snapshot_date']} ({r['age_days']} дн.)"
-        rows.append(
-            [r["stack"], "**да**" if r["matches"] else verdict, _map_cell(failed), notes, age]
-        )
+        rows.append([r["stack"], "**да**" if r["matches"] else no, _map_cell(failed), notes, age])
     top = (speed := stack_map.load_speedups()).loc[speed["speedup_high"].idxmax()]
     args = ", ".join(_req_arg(k, v) for k, v in task["requirements"].items())
     extra = ", ".join(sorted(set(_matching(task, True)) - set(ref)))
@@ -186,8 +184,7 @@ def stack_choice_solution(task: dict, ref: list) -> str:
 
 
 def _fastest_matches(task: dict, given: Any) -> bool:
-    g = {_stack_key(x) for x in given}
-    fastest = [{_stack_key(s)} for s in _fastest_stacks()]
+    g, fastest = {_stack_key(x) for x in given}, [{_stack_key(s)} for s in _fastest_stacks()]
     return g != {_stack_key(s) for s in _matching(task)} and g in fastest
 
 
