@@ -138,7 +138,8 @@ def _device(device: Any):
         raise ValueError(f"device: не понимаю устройство {device!r}") from exc
 
 
-def _sync(device) -> None:
+def device_sync(device) -> None:
+    """Ждёт завершения работы CUDA на device (до замера времени); на CPU ничего не делает."""
     if device.type == "cuda":
         import torch
 
@@ -164,7 +165,7 @@ def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> i
     dist.send(torch.tensor([len(data)], dtype=torch.int64, device=dev), dst=dst, group=group)
     payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
     dist.send(payload, dst=dst, group=group)
-    _sync(dev)
+    device_sync(dev)
     return len(data)
 
 
@@ -258,7 +259,7 @@ def send_tensors(
     with torch.no_grad():
         for t in named.values():
             dist.send(t.detach().to(device=dev, dtype=wire or t.dtype).contiguous(), dst=dst)
-    _sync(dev)
+    device_sync(dev)
     return int(total)
 
 
@@ -293,7 +294,7 @@ def recv_tensors(
             )
     for name, _, _ in specs:
         dist.recv(out[name], src=src)
-    _sync(dev)
+    device_sync(dev)
     stats = RecvStats(
         nbytes=int(header["nbytes"]),
         wait_s=head_stats.wait_s,
@@ -357,17 +358,17 @@ class _Stages:
         self, stage: str, step: int | None = None, worker: str | None = None
     ) -> Iterator[_Span]:
         span = _Span()
-        _sync(self.device)
+        device_sync(self.device)
         wall0, t0 = time.time(), time.perf_counter()
         try:
             yield span
         finally:
-            _sync(self.device)
+            device_sync(self.device)
             span.duration_s = time.perf_counter() - t0
             self.add(stage, step, wall0, span.duration_s, worker)
 
 
-def _shared_time_ref(device) -> float:
+def shared_time_ref(device) -> float:
     """Общая точка отсчёта времени: time.time() ранга 0, разосланная всем (broadcast), с."""
     import torch
     import torch.distributed as dist
@@ -460,7 +461,7 @@ def sync_generator_trainer(
     from course_utils.policy import load_policy
 
     device = local_device(backend)
-    t_ref = _shared_time_ref(device)
+    t_ref = shared_time_ref(device)
     stages = _Stages(t_ref, device)
     torch.manual_seed(seed)
     with stages.stage("load_model"):
@@ -858,7 +859,7 @@ def queue_generators_trainer(
     # Управляющие сообщения — на CPU: на gloo через основную группу, на NCCL — через
     # отдельную группу gloo (NCCL не умеет «принять от любого»). Веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
-    t_ref = _shared_time_ref(device)
+    t_ref = shared_time_ref(device)
     stages = _Stages(t_ref, device)
     torch.manual_seed(seed)
     with stages.stage("load_model"):

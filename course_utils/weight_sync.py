@@ -50,7 +50,13 @@ from typing import Any
 import torch
 
 from course_utils.args import integer, is_count, is_real, nonnegative, optional_integer, positive
-from course_utils.rl_procs import ROLE_GENERATOR, ROLE_TRAINER, state_checksum
+from course_utils.rl_procs import (
+    ROLE_GENERATOR,
+    ROLE_TRAINER,
+    device_sync,
+    shared_time_ref,
+    state_checksum,
+)
 
 __all__ = [
     "EVENT_FIELDS",
@@ -1402,19 +1408,6 @@ def audit_log(events: Any) -> list[str]:
 # ----------------------------------------------------------------------------- уровень C
 
 
-def _shared_time_ref(device) -> float:
-    import torch.distributed as dist
-
-    ref = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    dist.broadcast(ref, src=0)
-    return float(ref.item())
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _hex_tensor(checksum: str, device) -> torch.Tensor:
     return torch.tensor(list(bytes.fromhex(checksum)), dtype=torch.uint8, device=device)
 
@@ -1497,7 +1490,7 @@ def broadcast_weights(
     corrupt_rank = integer("corrupt_rank", corrupt_rank, 1, world_size - 1)
 
     device = local_device(backend)
-    t_ref = _shared_time_ref(device)
+    t_ref = shared_time_ref(device)
     log = EventLog(clock=time.time, t0=t_ref)
     torch.manual_seed(seed)
     net, _, info = load_policy(model, device=device)
@@ -1538,7 +1531,7 @@ def broadcast_weights(
             ref.copy_(_logits(net, probe))
             header.copy_(torch.tensor([v, len(names)], device=device))
             digest.copy_(_hex_tensor(expected, device))
-            _sync(device)
+            device_sync(device)
             row["update_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
         dist.broadcast(header, src=0)
@@ -1556,12 +1549,12 @@ def broadcast_weights(
         if is_trainer:
             for p in net.parameters():
                 dist.broadcast(p.data, src=0)
-            _sync(device)
+            device_sync(device)
         else:
             with engine.staging(got_version) as buffers:
                 for name in names:
                     dist.broadcast(buffers[name], src=0)
-                _sync(device)
+                device_sync(device)
         row["broadcast_s"] = time.perf_counter() - t0
 
         ok = True
@@ -1624,10 +1617,10 @@ def broadcast_weights(
         times = []
         for _ in range(repeats):
             dist.barrier()
-            _sync(device)
+            device_sync(device)
             t0 = time.perf_counter()
             dist.broadcast(buf, src=0)
-            _sync(device)
+            device_sync(device)
             times.append(time.perf_counter() - t0)
         size_rows.append(
             {
