@@ -105,9 +105,7 @@ _MESSAGES = {
     "ess_not_normalized": "В ess_norm записан сам ESS, а нужна нормированная величина ESS/n ∈ (0, 1] — её сравнивают между пакетами разного размера.",
     "mean_abs_not_max": "Это среднее |log w|, а спрашивается максимум: среднее сглаживает выброс, а градиент тянет уже один ответ с большим |log w_i|.",
 }
-_BY = dict(
-    zip(_MESSAGES, [("clip_fraction",), (), ("ess_norm",), ("max_abs_log_w",)])
-)  # по порядку
+_BY = dict(zip(_MESSAGES, [("clip_fraction",), (), ("ess_norm",), ("max_abs_log_w",)]))
 HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
 TRAPS = traps_from(ess_clip_solve, _MESSAGES, _BY, matches=_MATCHES)
 STEP = Step("12.4.7", ess_clip_task, ess_clip_solve, ANSWER, HINT, ess_clip_solution, TRAPS)
