@@ -114,7 +114,6 @@ _MESSAGES = {
     "w_seq_not_log": "Это само отношение w_seq, а спрашивается его логарифм log w_seq — сумма разностей в натах, без экспоненты.",
 }
 _BY = dict.fromkeys(("env_tokens_included", "ratio_inverted"), ("ratios", "seq_log_ratio"))
-
 HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
 TRAPS = traps_from(token_ratios_solve, _MESSAGES, _BY, default=("seq_log_ratio",))
 STEP = Step(
