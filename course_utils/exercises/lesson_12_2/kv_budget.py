@@ -18,10 +18,6 @@ _SHAPE = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidd
 _KEYS = ("kv_bytes_per_token", "max_sequences", "max_groups")
 
 
-def _tokens(n: int) -> str:
-    return fmt.count(n, "токен", "токена", "токенов")
-
-
 def kv_budget_task(variant: int) -> dict:
     rng = random.Random(12_2_7_000 + 7919 * variant)
     while True:  # заново, пока ошибки в max_sequences не разойдутся с верным и между собой
@@ -69,12 +65,13 @@ def kv_budget_solution(task: dict, ref: dict) -> str:
     (per_tok, seqs, groups), g, w = ref.values(), task["group_size"], task["weights_bytes"]
     h = task["num_attention_heads"]
     prompt, response = task["prompt_tokens"], task["response_tokens"]
+    tokens = fmt.count(prompt + response, "токен", "токена", "токенов")
     per_seq, free = per_tok * (prompt + response), task["budget_gib"] * memory.GIB - w
     return (
         f"**1.** $B_{{KV}} = 2 L H_{{kv}} d_h b$ на токен: 2 — ключи и значения, головы — "
         f"KV-головы ($H_{{kv}} = {hkv}$, а не H = {h}: GQA):\n\n$$2 \\cdot {L} "
         f"\\cdot {hkv} \\cdot {dh} \\cdot {b} = {tex_num(per_tok)}\\ \\text{{Б}}.$$\n\n**2.** "
-        f"Последовательность: {prompt} + {response} = {_tokens(prompt + response)}, "
+        f"Последовательность: {prompt} + {response} = {tokens}, "
         f"{fmt.num(per_seq)} Б. После весов: {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
         f"{fmt.num(free)} Б;\n\n$$\\left\\lfloor \\frac{{{tex_num(free)}}}{{{tex_num(per_seq)}}} "
         f"\\right\\rfloor = {seqs}.$$\n\n**3.** ⌊{seqs} / {g}⌋ = "
