@@ -74,6 +74,17 @@ def _shard_all(task: dict) -> float:  # «ZeRO-1/2 делят всё»: B_state 
     return optimizer_state_solve(task)["zero3"]
 
 
+_MESSAGES = {
+    "sixteen_law": "«16 Б на параметр» — лишь bf16 с Adam в fp32; у этого рецепта Σb по таблице другая.",
+    "shard_everything_at_zero1": "ZeRO-1 делит на D только состояния оптимизатора, а не веса и градиенты.",
+    "ddp_divides": "DDP делит между рангами данные, а не модель: каждый ранг хранит всё B_state.",
+}
+_RULES = {  # ответ с ошибкой: целиком или заменой ключей; _BY — ключи, по любому из которых видна
+    "sixteen_law": {"wrong": lambda t, ref: optimizer_state_solve(t, "bf16_mixed_adam")},
+    "shard_everything_at_zero1": {"override": {"zero1": _shard_all, "zero2": _shard_all}},
+    "ddp_divides": {"override": {"ddp": _shard_all}},
+}
+_BY = {"sixteen_law": ("B_state",), "shard_everything_at_zero1": ("zero1",)}
 STEP = Step(
     id="12.2.6",
     make_task=optimizer_state_task,
@@ -82,23 +93,5 @@ STEP = Step(
     answer=Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)}),
     hint="B_state = N·Σb по таблице рецепта. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 "
     "+ мастер-копию; ZeRO-2 — ещё градиенты; ZeRO-3 — всё. Байты в ГиБ — деление на 2³⁰.",
-    traps=(
-        Trap(
-            "sixteen_law",
-            "«16 Б на параметр» — лишь bf16 с Adam в fp32; у этого рецепта Σb по таблице другая.",
-            wrong=lambda t, ref: optimizer_state_solve(t, "bf16_mixed_adam"),
-            by=("B_state",),
-        ),
-        Trap(
-            "shard_everything_at_zero1",
-            "ZeRO-1 делит на D только состояния оптимизатора, а не веса и градиенты.",
-            override={"zero1": _shard_all, "zero2": _shard_all},
-            by=("zero1",),
-        ),
-        Trap(
-            "ddp_divides",
-            "DDP делит между рангами данные, а не модель: каждый ранг хранит всё B_state.",
-            override={"ddp": _shard_all},
-        ),
-    ),
+    traps=tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items()),
 )
