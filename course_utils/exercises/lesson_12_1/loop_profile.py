@@ -97,6 +97,22 @@ def _all_split_async(task: dict, given: dict) -> bool:  # раздельные �
 
 _STAGE = Choice(lambda t: t["stage_times"])
 _SCHEMES = Keyed(lambda t: t["setups"], _Cell(SETUP_CLASSES), noun="схем")
+_MESSAGES = {
+    "amdahl_ratio": "T_seq / T_этапа — обратная доля этапа; без этапа шаг длится T_seq − T_этапа.",
+    "separate_server_async": "Все раздельные схемы отнесены к асинхронным, но отдельный сервер не "
+    "делает цикл асинхронным: тренер, ждущий пакет текущей версии, — sync (шаг 12.1.3).",
+    "mean_not_sum": "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
+}
+_RULES = {  # ответ с ошибкой: заменой ключей верного или целиком (и своё правило)
+    "amdahl_ratio": {"override": {"speedup_bound": _inverse_share}},
+    "separate_server_async": {
+        "wrong": lambda t, ref: {**ref, "setups": dict.fromkeys(ref["setups"], _DA)},
+        "matches": _all_split_async,
+    },
+    "mean_not_sum": {
+        "override": {"T_seq": lambda t: profile.sequential_time(s := t["stage_times"]) / len(s)}
+    },
+}
 STEP = Step(
     id="12.1.7",
     make_task=loop_profile_task,
@@ -105,23 +121,5 @@ STEP = Step(
     answer=Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES)))),
     hint="Этапы шага идут по очереди: T_seq — сумма; без этапа шаг длится T_seq − T_этапа (Амдал). "
     "Для схем два вопроса: на одних ли GPU роли; ждёт ли тренер пакет текущих весов.",
-    traps=(
-        Trap(
-            "amdahl_ratio",
-            "T_seq / T_этапа — обратная доля этапа; без этапа шаг длится T_seq − T_этапа.",
-            override={"speedup_bound": _inverse_share},
-        ),
-        Trap(
-            "separate_server_async",
-            "Все раздельные схемы отнесены к асинхронным, но отдельный сервер не делает цикл "
-            "асинхронным: тренер, ждущий пакет текущей версии, — sync (шаг 12.1.3).",
-            wrong=lambda t, ref: {**ref, "setups": dict.fromkeys(ref["setups"], _DA)},
-            matches=_all_split_async,
-        ),
-        Trap(
-            "mean_not_sum",
-            "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
-            override={"T_seq": lambda t: profile.sequential_time(s := t["stage_times"]) / len(s)},
-        ),
-    ),
+    traps=tuple(Trap(k, m, **_RULES[k]) for k, m in _MESSAGES.items()),
 )
