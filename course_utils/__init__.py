@@ -6,11 +6,6 @@
 
 __version__ = "0.1.0"
 
+from course_utils.environment import setup_notebook  # noqa: E402 — строка окружения ноутбука
+
 __all__ = ["__version__", "setup_notebook"]
-
-
-def setup_notebook(*args, **kwargs):
-    """Печатает одну строку окружения (см. course_utils.environment.setup_notebook)."""
-    from course_utils.environment import setup_notebook as _setup
-
-    return _setup(*args, **kwargs)

@@ -697,7 +697,7 @@ def _manifest_self_hash(manifest: Mapping) -> str:
     return hashlib.sha256(_canonical(body)).hexdigest()
 
 
-def _kind(name: str) -> str:
+def _dir_kind(name: str) -> str:
     """Вид каталога в root по имени: KIND_TMP (".tmp-…"), KIND_OLD (".old-…") или KIND_MAIN."""
     if name.startswith(_TMP_PREFIX):
         return KIND_TMP
@@ -988,7 +988,7 @@ def _read_verified(
     return manifest, blobs
 
 
-def _load(
+def _load_state(
     path: Path, config: Mapping | None, components: tuple[str, ...] | None
 ) -> tuple[dict, dict[str, Any]]:
     """Всё, что проверяет load_checkpoint, и разобранное состояние: (manifest, state)."""
@@ -1036,7 +1036,7 @@ def verify_checkpoint(
     разбираются, ссылки на тензоры целы; если задан config — его хэш совпадает с записанным
     (в сообщении — какие ключи различаются); если заданы components — все они есть.
     """
-    manifest, _ = _load(_path("path", path), config, _required(components))
+    manifest, _ = _load_state(_path("path", path), config, _required(components))
     return manifest
 
 
@@ -1059,7 +1059,7 @@ def load_checkpoint(
     неполное состояние. pickle и torch.load не используются: произвольные объекты из файла не
     создаются. Весь каталог читается в память — для учебных размеров.
     """
-    _, state = _load(_path("path", path), config, _required(components))
+    _, state = _load_state(_path("path", path), config, _required(components))
     return state
 
 
@@ -1079,7 +1079,7 @@ def _order_key(entry: Path, manifest: Mapping | None) -> tuple[int, bool, float,
     if not is_int(step):
         m = _NAME_RE.match(entry.name) or _NAME_RE.match(str(manifest.get("name", "")))
         step = int(m.group(1)) if m else -1
-    return int(step), _kind(entry.name) == KIND_MAIN, _created(manifest), entry.name
+    return int(step), _dir_kind(entry.name) == KIND_MAIN, _created(manifest), entry.name
 
 
 def _candidates(root: Path) -> list[Path]:
@@ -1124,14 +1124,14 @@ def scan_checkpoints(
     components = _required(components)
     rows = []
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        kind = _kind(entry.name)
+        kind = _dir_kind(entry.name)
         if not entry.is_dir() or (
             kind == KIND_MAIN and not _NAME_RE.match(entry.name) and not (entry / MANIFEST).exists()
         ):
             continue
         manifest, ok, problem = None, True, ""
         try:
-            manifest, _ = _load(entry, config, components)
+            manifest, _ = _load_state(entry, config, components)
         except CheckpointError as exc:
             ok, problem = False, str(exc)
             with contextlib.suppress(CheckpointError):
@@ -1176,7 +1176,7 @@ def latest_checkpoint(
     components = _required(components)
     for entry in _candidates(root):
         try:
-            _load(entry, config, components)
+            _load_state(entry, config, components)
         except CheckpointError:
             continue
         return entry
@@ -1202,7 +1202,7 @@ def remove_incomplete(root: str | os.PathLike) -> list[str]:
     removed: list[str] = []
     copies: dict[str, list[tuple[float, Path]]] = {}
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        if not entry.is_dir() or _kind(entry.name) == KIND_MAIN:
+        if not entry.is_dir() or _dir_kind(entry.name) == KIND_MAIN:
             continue
         try:
             manifest = verify_checkpoint(entry)
@@ -1473,7 +1473,9 @@ def prepare_crash_run(
     root.mkdir(parents=True, exist_ok=True)
     for old in root.iterdir():
         if old.is_dir() and (
-            _NAME_RE.match(old.name) or _kind(old.name) != KIND_MAIN or (old / MANIFEST).exists()
+            _NAME_RE.match(old.name)
+            or _dir_kind(old.name) != KIND_MAIN
+            or (old / MANIFEST).exists()
         ):
             shutil.rmtree(old)
     crashing = factory()

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from course_utils import atomic
+from course_utils import atomic, fmt
 from course_utils.args import is_int, is_number, path as check_path
 
 REQUIRED_FIELDS = (
@@ -134,11 +134,6 @@ def _positions(idx: list[int], limit: int = 5) -> str:
     return shown + (f" … (всего {len(idx)})" if len(idx) > limit else "")
 
 
-def _short(x) -> str:
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def validate_rollout(record) -> list[str]:
     """Нарушения контракта роллаута (сообщения на русском); пустой список — запись пригодна.
 
@@ -158,7 +153,7 @@ def _validate(record) -> list[str]:
     elif isinstance(record, Mapping):
         rec = record
     else:
-        return [f"[field_type] ожидается словарь или RolloutRecord, получено {_short(record)}"]
+        return [f"[field_type] ожидается словарь или RolloutRecord, получено {fmt.short(record)}"]
     out: list[str] = []
     out += [
         f"[missing_field] в записи нет обязательного поля {k!r}"
@@ -168,10 +163,12 @@ def _validate(record) -> list[str]:
 
     sid = rec.get("sample_id", "")
     if not isinstance(sid, str) or ("sample_id" in rec and not sid.strip()):
-        out.append(f"[field_type] sample_id должен быть непустой строкой, получено {_short(sid)}")
+        out.append(
+            f"[field_type] sample_id должен быть непустой строкой, получено {fmt.short(sid)}"
+        )
     for k in _OPTIONAL_STR:
         if not isinstance(rec.get(k, ""), str):
-            out.append(f"[field_type] {k} должен быть строкой, получено {_short(rec[k])}")
+            out.append(f"[field_type] {k} должен быть строкой, получено {fmt.short(rec[k])}")
 
     lengths = {}
     for k in ("prompt_tokens", "response_tokens"):
@@ -179,7 +176,7 @@ def _validate(record) -> list[str]:
             continue
         toks = rec[k]
         if not isinstance(toks, list):
-            out.append(f"[field_type] {k} должен быть списком целых, получено {_short(toks)}")
+            out.append(f"[field_type] {k} должен быть списком целых, получено {fmt.short(toks)}")
             continue
         lengths[k] = len(toks)
         bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
@@ -190,7 +187,7 @@ def _validate(record) -> list[str]:
     mask = rec.get("policy_mask")
     if "policy_mask" in rec and not isinstance(mask, list):
         out.append(
-            f"[field_type] policy_mask должна быть списком из 0 и 1, получено {_short(mask)}"
+            f"[field_type] policy_mask должна быть списком из 0 и 1, получено {fmt.short(mask)}"
         )
     elif "policy_mask" in rec:
         bad = [i for i, m in enumerate(mask) if not (is_int(m) and m in (0, 1))]
@@ -214,7 +211,7 @@ def _validate(record) -> list[str]:
     lps = rec.get("behavior_logprobs")
     if "behavior_logprobs" in rec and not isinstance(lps, list):
         out.append(
-            f"[field_type] behavior_logprobs должен быть списком чисел, получено {_short(lps)}"
+            f"[field_type] behavior_logprobs должен быть списком чисел, получено {fmt.short(lps)}"
         )
     elif "behavior_logprobs" in rec:
         if n_policy is not None and n_policy != len(lps):
@@ -244,7 +241,7 @@ def _validate(record) -> list[str]:
     out += _check_dicts(rec)
     for k in ("stop_reason", "verifier_version"):
         if k in rec and not (isinstance(rec[k], str) and rec[k].strip()):
-            out.append(f"[{k}] {k} должен быть непустой строкой, получено {_short(rec[k])}")
+            out.append(f"[{k}] {k} должен быть непустой строкой, получено {fmt.short(rec[k])}")
     return out
 
 
@@ -253,7 +250,7 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
     distinct: list[int] = []
     if tpv is not None and not isinstance(tpv, list):
         out.append(
-            f"[field_type] token_policy_versions должен быть списком или None: {_short(tpv)}"
+            f"[field_type] token_policy_versions должен быть списком или None: {fmt.short(tpv)}"
         )
     elif tpv is not None:
         bad = [i for i, v in enumerate(tpv) if not _is_nonneg_int(v)]
@@ -279,7 +276,7 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
         if not distinct:
             out.append("[policy_version] policy_version = None, а поточечных версий нет")
     elif not _is_nonneg_int(pv):
-        out.append(f"[policy_version] ожидается неотрицательное целое, получено {_short(pv)}")
+        out.append(f"[policy_version] ожидается неотрицательное целое, получено {fmt.short(pv)}")
     elif distinct and pv != distinct[0]:
         out.append(
             f"[policy_version] policy_version = {pv}, а все поточечные версии = {distinct[0]}"
@@ -292,20 +289,22 @@ def _check_dicts(rec) -> list[str]:
     if "decoding" in rec:
         dec = rec["decoding"]
         if not isinstance(dec, Mapping):
-            out.append(f"[decoding] decoding должен быть словарём, получено {_short(dec)}")
+            out.append(f"[decoding] decoding должен быть словарём, получено {fmt.short(dec)}")
         else:
             t, p = dec.get("temperature"), dec.get("top_p")
             if not (is_number(t) and math.isfinite(t) and t > 0):
-                out.append(f"[decoding] temperature должна быть конечным числом > 0: {_short(t)}")
+                out.append(
+                    f"[decoding] temperature должна быть конечным числом > 0: {fmt.short(t)}"
+                )
             if not (is_number(p) and 0 < p <= 1):
-                out.append(f"[decoding] top_p должен лежать в (0, 1]: {_short(p)}")
+                out.append(f"[decoding] top_p должен лежать в (0, 1]: {fmt.short(p)}")
     if "reward" in rec:
         rew = rec["reward"]
         if not isinstance(rew, Mapping) or not rew:
-            out.append(f"[reward] reward должен быть непустым словарём, получено {_short(rew)}")
+            out.append(f"[reward] reward должен быть непустым словарём, получено {fmt.short(rew)}")
         else:
             bad = [
-                _short(k)
+                fmt.short(k)
                 for k, v in rew.items()
                 if not (isinstance(k, str) and is_number(v) and math.isfinite(v))
             ]
@@ -343,7 +342,7 @@ def _as_records(records, path) -> tuple[str, list[RolloutRecord]]:
             except ValueError as exc:
                 raise ValueError(f"records[{i}]: {exc}") from None
         else:
-            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {_short(r)}")
+            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {fmt.short(r)}")
     return os.fspath(path), out
 
 
@@ -398,7 +397,7 @@ def _atomic_write(path: str, write) -> None:
 def _json_default(obj):
     if hasattr(obj, "item"):  # скаляры numpy
         return obj.item()
-    raise TypeError(f"значение {_short(obj)} не сериализуется в JSON")
+    raise TypeError(f"значение {fmt.short(obj)} не сериализуется в JSON")
 
 
 def write_jsonl(records, path) -> None:
@@ -509,7 +508,9 @@ def _parquet_cell(name: str, value, i: int):
         name in _INT_LISTS and isinstance(value, list | tuple) and not all(is_int(x) for x in value)
     )
     if bad:
-        raise ValueError(f"records[{i}].{name}: нужны целые для Parquet, получено {_short(value)}")
+        raise ValueError(
+            f"records[{i}].{name}: нужны целые для Parquet, получено {fmt.short(value)}"
+        )
     return value
 
 
@@ -550,7 +551,9 @@ def read_parquet(path) -> list[RolloutRecord]:
         try:
             for k in ("decoding", "reward"):
                 if not isinstance(d[k], str):
-                    raise ValueError(f"поле {k} должно быть строкой JSON, получено {_short(d[k])}")
+                    raise ValueError(
+                        f"поле {k} должно быть строкой JSON, получено {fmt.short(d[k])}"
+                    )
                 d[k] = json.loads(d[k])
             out.append(RolloutRecord.from_dict(d))
         except ValueError as exc:
@@ -572,7 +575,7 @@ def records_to_frame(records):
     rows = []
     for i, r in enumerate(records):
         if not isinstance(r, RolloutRecord | Mapping):
-            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {_short(r)}")
+            raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {fmt.short(r)}")
         d = r.to_dict() if isinstance(r, RolloutRecord) else dict(r)
         row = {k: d.get(k) for k in names}
         for col, k in (("n_prompt", "prompt_tokens"), ("n_response", "response_tokens")):

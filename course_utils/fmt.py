@@ -44,3 +44,12 @@ def plural(n: Any, one: str, few: str, many: str) -> str:
 def count(n: Any, one: str, few: str, many: str) -> str:
     """Число и слово в нужной форме: count(53, "группа", "группы", "групп") → "53 группы"."""
     return f"{num(int(n))}{NBSP}{plural(n, one, few, many)}"
+
+
+def short(x: Any, width: int = 60) -> str:
+    """repr(x) для сообщения об ошибке: не длиннее width символов (обрезка — «…»)."""
+    try:
+        text = repr(x)
+    except Exception:
+        text = type(x).__name__
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
+from course_utils.args import is_number
 
 try:
     import fcntl as _fcntl
@@ -265,10 +266,6 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _norm_key(x: Any) -> Any:
     x = _plain(x)
     return " ".join(x.split()).casefold().replace("ё", "е") if isinstance(x, str) else x
@@ -287,8 +284,8 @@ def _match(e: Any, g: Any, rtol: float) -> bool:
     e, g = _plain(e), _plain(g)
     if isinstance(e, bool) or isinstance(g, bool):
         return isinstance(e, bool) and isinstance(g, bool) and e == g
-    if _is_number(e):
-        return _is_number(g) and _close(e, g, rtol)
+    if is_number(e):
+        return is_number(g) and _close(e, g, rtol)
     if isinstance(e, str):
         return isinstance(g, str) and _norm_key(e) == _norm_key(g)
     if isinstance(e, dict):
@@ -340,9 +337,9 @@ def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> 
     e, g = _plain(e), _plain(g)
     if _kind(e) != _kind(g) and not (isinstance(e, (set, frozenset)) and _kind(g) == "список"):
         return f"Ожидается {_kind(e)}, а получено: {_kind(g)}."
-    if _is_number(e) and not math.isfinite(g):
+    if is_number(e) and not math.isfinite(g):
         return "Ответ — NaN или бесконечность: проверьте деление на ноль и log(0)."
-    if _is_number(e) and e != 0:
+    if is_number(e) and e != 0:
         ratio = g / e
         if ratio < 0 and abs(ratio + 1) <= rtol:
             return "Модуль верный, а знак — нет."

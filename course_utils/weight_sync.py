@@ -177,7 +177,7 @@ COLUMN_NAMES = {
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 
 
-def _short(checksum: Any) -> str:
+def _short_checksum(checksum: Any) -> str:
     return (
         f"{checksum[:10]}…" if isinstance(checksum, str) and len(checksum) > 10 else str(checksum)
     )
@@ -696,7 +696,7 @@ class InProcessEngine:
             checksum_ok = checksum == expected_checksum
             if not checksum_ok:
                 reasons.append(
-                    f"сумма буфера {_short(checksum)} ≠ ожидаемой {_short(expected_checksum)}"
+                    f"сумма буфера {_short_checksum(checksum)} ≠ ожидаемой {_short_checksum(expected_checksum)}"
                 )
         max_diff = logits_ok = None
         if probe_ids is not None:
@@ -1102,7 +1102,7 @@ class Publisher:
                 request_id=res.request_id,
                 detail=(
                     f"ответ помечен версией {res.version}, но прочитанные веса "
-                    f"({_short(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
+                    f"({_short_checksum(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
                     "ни со старым, ни с новым эталоном"
                     if not (matches_old or matches_new)
                     else f"ответ помечен версией {res.version}, а прочитаны веса другой версии"
@@ -1291,8 +1291,8 @@ def audit_log(events: Any) -> list[str]:
                     "checksum_mismatch",
                     r,
                     v,
-                    f"реплика {r}, версия {v}: verify_ok, но сумма {_short(checksum)} ≠ "
-                    f"ожидаемой {_short(expected)} ({where})",
+                    f"реплика {r}, версия {v}: verify_ok, но сумма {_short_checksum(checksum)} ≠ "
+                    f"ожидаемой {_short_checksum(expected)} ({where})",
                 )
         elif kind == "ready":
             ready.setdefault(v, set()).add(r)
@@ -1338,8 +1338,8 @@ def audit_log(events: Any) -> list[str]:
                     "checksum_mismatch",
                     r,
                     v,
-                    f"реплика {r} переключилась на версию {v} с суммой {_short(checksum)}, "
-                    f"эталон версии — {_short(ref)} ({where})",
+                    f"реплика {r} переключилась на версию {v} с суммой {_short_checksum(checksum)}, "
+                    f"эталон версии — {_short_checksum(ref)} ({where})",
                 )
             current[r] = v
             switched.add(v)
@@ -1390,8 +1390,8 @@ def audit_log(events: Any) -> list[str]:
                     "checksum_mismatch",
                     r,
                     v,
-                    f"реплика {r} обслуживает версию {v} с суммой {_short(checksum)}, "
-                    f"эталон версии — {_short(ref)} ({where})",
+                    f"реплика {r} обслуживает версию {v} с суммой {_short_checksum(checksum)}, "
+                    f"эталон версии — {_short_checksum(ref)} ({where})",
                 )
         elif kind == "torn_read":
             rid = ev.get("request_id")

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils import fmt
-from course_utils.grading import AnswerError, _describe_mismatch, _is_number, _kind, _plain
+from course_utils.args import is_number
+from course_utils.grading import AnswerError, _describe_mismatch, _kind, _plain
 
 __all__ = [
     "AnswerType", "Bool", "Choice", "Fields", "Function", "IdSet", "Keyed", "Number", "Numbers",
@@ -24,6 +25,11 @@ __all__ = [
 ]  # fmt: skip
 
 _BYTE_UNITS = ("", "Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "КБ", "МБ", "ГБ", "ТБ", "байт")
+
+
+def _shown(x: Any) -> str:
+    """Ответ студента в отзыве: repr не длиннее 60 символов (fmt.short)."""
+    return fmt.short(_plain(x))
 
 
 def norm(x: Any) -> Any:
@@ -37,14 +43,6 @@ def norm(x: Any) -> Any:
 def get(given: Mapping, key: str) -> Any:
     """Значение ответа-словаря по ключу без учёта регистра; None, если ключа нет."""
     return {norm(k): v for k, v in given.items()}.get(norm(key))
-
-
-def _short(x: Any) -> str:
-    try:
-        text = repr(_plain(x))
-    except Exception:
-        text = type(x).__name__
-    return text if len(text) <= 60 else text[:59] + "…"
 
 
 class AnswerType:
@@ -77,7 +75,7 @@ class Number(AnswerType):
 
     def problem(self, given: Any, task: dict) -> str | None:
         g, what = _plain(given), f"число{f' ({self.unit})' if self.unit else ''}"
-        if not _is_number(g):
+        if not is_number(g):
             return f"Ожидается {what}, а получено: {_kind(g)}."
         if not math.isfinite(g):
             return "Ответ — NaN или бесконечность: проверьте деление на ноль и log(0)."
@@ -106,7 +104,7 @@ class Share(Number):
 
     def problem(self, given: Any, task: dict) -> str | None:
         bad, g = super().problem(given, task), _plain(given)
-        if bad and _is_number(g) and 1 < g <= 100:
+        if bad and is_number(g) and 1 < g <= 100:
             return f"Доля — число от 0 до 1, а получено {g}: похоже на проценты, а нужна доля."
         return bad
 
@@ -123,7 +121,7 @@ class Numbers(AnswerType):
         if not isinstance(g, (list, tuple)) or not g:
             return f"Нужен непустой список чисел, а получено: {_kind(g)}."
         bad = next((x for x in g if self.item.problem(x, task)), None)
-        return None if bad is None else f"Все элементы — конечные числа, а есть {_short(bad)}."
+        return None if bad is None else f"Все элементы — конечные числа, а есть {_shown(bad)}."
 
     def same(self, expected: Any, given: Any) -> bool:
         e, g = _plain(expected), _plain(given)
@@ -171,7 +169,7 @@ class Choice(AnswerType):
         if isinstance(_plain(given), str) and self.canon(given) in {norm(o) for o in allowed}:
             return None
         shown = ", ".join(f"«{o}»" for o in allowed)
-        return f"Ожидается одна строка из: {shown}; получено: {_short(given)}."
+        return f"Ожидается одна строка из: {shown}; получено: {_shown(given)}."
 
     def same(self, expected: Any, given: Any) -> bool:
         return self.canon(expected) == self.canon(given)
@@ -197,7 +195,7 @@ class IdSet(AnswerType):
         if unknown:
             allowed = f" Допустимы: {', '.join(map(str, known))}." if len(known) <= 12 else ""
             return (
-                f"Таких {self.noun} нет в условии: {', '.join(map(_short, unknown[:5]))}.{allowed}"
+                f"Таких {self.noun} нет в условии: {', '.join(map(_shown, unknown[:5]))}.{allowed}"
             )
         if not self.repeats and len({norm(x) for x in g}) != len(g):
             return f"В списке есть повторы: каждый из {self.noun} — один раз."
@@ -290,7 +288,7 @@ class Keyed(AnswerType):
         known = {norm(k) for k in allowed}
         unknown = [k for k in given if not isinstance(k, str) or norm(k) not in known]
         if unknown:
-            return f"Таких {self.noun} нет в условии: {', '.join(map(_short, unknown[:5]))}."
+            return f"Таких {self.noun} нет в условии: {', '.join(map(_shown, unknown[:5]))}."
         if self.complete and len(_by_norm(given)) != len(known):
             missing = [str(k) for k in allowed if norm(k) not in _by_norm(given)]
             return f"Нужны значения для всех {self.noun}; не хватает: {', '.join(missing)}."
