@@ -19,10 +19,7 @@ from course_utils.grading import AnswerError
 _SIG = "resume(run_factory, checkpoint_path)"
 _ALL = set(checkpoint.COMPONENTS)
 _KEY = {c: f"forgot_{'cursor' if c == 'data_cursor' else c}" for c in checkpoint.COMPONENTS}
-_FRESH = {
-    "ignores_checkpoint": _ALL,
-    "weights_only": _ALL - {"policy"},
-}  # ошибка → что как у нового
+_FRESH = {"ignores_checkpoint": _ALL, "weights_only": _ALL - {"policy"}}  # ошибка → как у нового
 _FRESH |= {_KEY[c]: {c} for c in checkpoint.COMPONENTS}
 _LABEL = {"ignores_checkpoint": "новый запуск", "weights_only": "только веса (`load_weights_only`)"}
 _RESUME_TEXT = {
@@ -66,9 +63,7 @@ def _state_same(a: Any, b: Any) -> bool:
 
 def _resume_crash(fn: Callable, params: dict) -> dict:
     """Проверка аварией со своей resume: где ветвь full расходится, что не восстановлено (diff).
-
-    Сбой проверки — AnswerError; Ctrl+C и остановку по времени разбирает call_with_deadline.
-    """
+    Сбой проверки — AnswerError; Ctrl+C и остановку по времени разбирает call_with_deadline."""
     rec: dict[str, Any] = {"stage": "внутри вашей resume"}
 
     def wrapped(run_factory: Callable, checkpoint_path: Any) -> Any:
@@ -88,8 +83,7 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
     except Exception as exc:
         why = f"{type(exc).__name__}: {exc}"[:300]
         raise AnswerError("wrong", f"Проверка аварией упала {rec['stage']}: {why}.") from None
-    rec["diverges"] = step = res.first_divergence("full")
-    rec["fields"] = res.diverged_fields("full", step) if step else []
+    rec["diverges"], rec["fields"] = res.first_divergence("full"), res.diverged_fields("full")
     rec["complete"] = len(res.branches["full"]) == res.total_steps
     rec["restored"], rec["weights_only"] = res.restored_step, res.first_divergence("weights_only")
     return rec
@@ -174,23 +168,16 @@ def resume(run_factory, checkpoint_path):
 ```"""
 
 
-def _resume_row(label: str, rec: dict) -> list[str]:
-    step, diff = rec["diverges"], ", ".join(f"`{c}`" for c in rec["diff"]) or "—"
-    full = (
-        f"расходится на шаге {step} ({', '.join(rec['fields'])})" if step else "совпадает на всех"
-    )
-    return [label, full, diff]
-
-
 def resume_fn_solution(task: dict, ref: Callable) -> str:
     p, s0 = task["crash_test"], task["restored_step"]
     level, verifier = _state_at(json.dumps(p, sort_keys=True))
-    good = _resume_outcome(ref, task)
-    rows = [_resume_row("`resume_full` (эталон)", good)]
-    rows += [
-        _resume_row(_LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`", _resume_outcome(f, task))
-        for k, f in WRONG.items()
-    ]
+    good, rows = _resume_outcome(ref, task), []
+    labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in WRONG.items()}
+    for fn, label in {ref: "`resume_full` (эталон)", **labels}.items():
+        rec = _resume_outcome(fn, task)
+        step, fields = rec["diverges"], ", ".join(rec["fields"])
+        full = f"расходится на шаге {step} ({fields})" if step else "совпадает на всех"
+        rows.append([label, full, ", ".join(f"`{c}`" for c in rec["diff"]) or "—"])
     return (
         "Восстановление — продолжение **того же** эксперимента, а не перезапуск с тёплыми весами: "
         f"загрузить нужно всё состояние.\n\n{_CODE}\n\n"
@@ -233,11 +220,9 @@ def _resume_trap(key: str) -> Trap:
     """Узнаётся по компонентам, не совпавшим сразу после resume (drop очереди задевает counters)."""
     queue = key == "forgot_queue"
     diffs = [_FRESH[key], {"queue", "counters"}] if queue else [_FRESH[key]]
+    text = _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else "")
     return Trap(
-        key,
-        _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else ""),
-        wrong=lambda t, ref: WRONG[key],
-        matches=lambda t, rec: set(rec["diff"]) in diffs,
+        key, text, wrong=lambda t, ref: WRONG[key], matches=lambda t, rec: set(rec["diff"]) in diffs
     )
 
 
