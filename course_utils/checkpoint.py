@@ -68,6 +68,7 @@ from course_utils.args import (
     real,
 )
 from course_utils.fmt import count
+from course_utils.offpolicy import grpo_loss
 
 FORMAT = "course_utils.checkpoint/1"
 MANIFEST = "manifest.json"
@@ -385,9 +386,7 @@ class ToyRLRun:
             old = torch.tensor([batch[i]["behavior_logprob"] for i in idx])
             a = torch.tensor([adv[i] for i in idx])
             logp = torch.log_softmax(self.policy(x), dim=-1).gather(1, actions[:, None])
-            ratio = torch.exp(logp.squeeze(1) - old)
-            clipped = torch.clamp(ratio, 1 - c["clip_eps"], 1 + c["clip_eps"])
-            loss = -torch.minimum(ratio * a, clipped * a).mean()
+            loss = grpo_loss(logp.squeeze(1), old, a, clip_eps=c["clip_eps"])
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()

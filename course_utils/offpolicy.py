@@ -57,6 +57,7 @@ __all__ = [
     "effective_sample_size",
     "normalized_ess",
     "clip_fraction",
+    "grpo_loss",
     "log_ratio_stats",
     "log_weight_stats",
     "behavior_logprob",
@@ -335,6 +336,23 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
     ρ < 1−ε при A < 0. Поэлементно для массивов numpy и тензоров torch одной формы (булев)."""
     eps_high = eps if eps_high is None else eps_high
     return ((ratio > 1 + eps_high) & (advantages > 0)) | ((ratio < 1 - eps) & (advantages < 0))
+
+
+def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
+    """Клиппированная потеря PPO/GRPO по токенам (тензоры torch одной формы), нат·ед. A.
+
+    ρ_t = exp(log π_θ − log π_old), L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t).
+    N — num_tokens, если задано (накопление по микропакетам: N всего пакета), иначе Σ m_t
+    (без маски — число токенов). Одна формула для policy.grpo_step и учебного запуска ToyRLRun.
+    """
+    ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
+    surr = ratio * advantages
+    surr = surr.minimum(ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
+    if mask is not None:
+        surr = surr * mask
+    if num_tokens is not None:
+        return -surr.sum() / num_tokens
+    return -surr.mean() if mask is None else -surr.sum() / mask.sum().clamp(min=1)
 
 
 def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high=None) -> float:

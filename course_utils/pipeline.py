@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from course_utils.args import is_int
+from course_utils.offpolicy import normalized_ess
 
 __all__ = [
     "LENGTH_DISTS",
@@ -467,8 +468,7 @@ class _Loop:
                 yield env.timeout(dt)
             lags = np.array([s - r["behavior_version"] for r in batch], dtype=float)
             logw = np.array([r["log_weight"] for r in batch])
-            w = np.exp(logw - logw.max())
-            ess_norm = float(w.sum() ** 2 / (w**2).sum() / len(w))
+            ess_norm = normalized_ess(logw, log=True)  # ESS/n пакета
             values = (s, collect_start, train_start, env.now, tokens, len(batch), lags.mean())
             self.steps.append(dict(zip(_STEP_COLUMNS, (*values, lags.max(), ess_norm, s + 1))))
             self.version += 1

@@ -47,7 +47,7 @@ from course_utils.arith_task import (
     verify,
 )
 from course_utils.contract import RolloutRecord
-from course_utils.offpolicy import clipped
+from course_utils.offpolicy import clipped, grpo_loss
 from course_utils.profile import STAGES
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
 from course_utils.tracing import StageTimer
@@ -807,12 +807,10 @@ def grpo_step(
                 a_c = torch.cat(
                     [torch.full((len(t),), a, device=device) for t, a in zip(new, adv[start:])]
                 ).float()
-                ratio = torch.exp(new_c - old_c)
-                surr = torch.minimum(ratio * a_c, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a_c)
-                part = -surr.sum() / n_tok
+                part = grpo_loss(new_c, old_c, a_c, clip_eps=clip_eps, num_tokens=n_tok)
                 (part if scaler is None else scaler.scale(part)).backward()
                 loss += float(part.detach())
-                ratios.append(ratio.detach())
+                ratios.append(torch.exp(new_c.detach() - old_c))  # ρ_t для доли клиппирования
                 advs.append(a_c)
                 news.append(new_c.detach())
             if scaler is not None:
