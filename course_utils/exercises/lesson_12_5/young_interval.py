@@ -3,7 +3,11 @@
 import math
 import random
 
-from course_utils.checkpoint import checkpoint_overhead as overhead, daly_interval, young_interval
+from course_utils.checkpoint_interval import (
+    checkpoint_overhead as overhead,
+    daly_interval,
+    young_interval,
+)
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
 from course_utils.exercises.step import Step, Trap
 
@@ -71,7 +75,7 @@ def young_interval_solution(task: dict, ref: dict) -> str:
     lost = (ref["H_current"] - ref["H_star"]) * 24 * 60  # мин в сутки
     saving = f"около {lost:.0f} мин" if lost >= 1 else "меньше минуты"
     answer = {k: (round(x, 4) if isinstance(x, float) else x) for k, x in ref.items()}
-    return f"В секундах: C = {c} с, M = {m_h} · 3600 = {sig(m)} с, I = {i_min} · 60 = {sig(i)} с.\n\n$$I^* = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = {ref['I_star_min']:.2f}\\ \\text{{мин}},\\qquad H(I) = \\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = {ref['H_current']:.4f},$$\n\n$$H(I^*) = \\sqrt{{2C/M}} = {ref['H_star']:.4f}$$ (в оптимуме слагаемые равны).\n\n**{ref['recommend'].capitalize()}**: I/I* = {i / star:.2f} — {_VERDICT.get(ref['recommend'], 'в пределах 10 %, а H у минимума плоская')}; переход на I* сберёг бы {saving} в сутки.\n\n**Ответ:** `{answer}`.\n\nПоправка Дейли (`checkpoint.daly_interval`) даёт {daly_interval(c, m) / 60:.2f} мин; время перезапуска и коррелированные отказы модель не учитывает."
+    return f"В секундах: C = {c} с, M = {m_h} · 3600 = {sig(m)} с, I = {i_min} · 60 = {sig(i)} с.\n\n$$I^* = \\sqrt{{2 \\cdot {c} \\cdot {m}}} = {star:.1f}\\ \\text{{с}} = {ref['I_star_min']:.2f}\\ \\text{{мин}},\\qquad H(I) = \\frac{{{c}}}{{{i}}} + \\frac{{{i}}}{{2 \\cdot {m}}} = {c / i:.4f} + {ref['H_current'] - c / i:.4f} = {ref['H_current']:.4f},$$\n\n$$H(I^*) = \\sqrt{{2C/M}} = {ref['H_star']:.4f}$$ (в оптимуме слагаемые равны).\n\n**{ref['recommend'].capitalize()}**: I/I* = {i / star:.2f} — {_VERDICT.get(ref['recommend'], 'в пределах 10 %, а H у минимума плоская')}; переход на I* сберёг бы {saving} в сутки.\n\n**Ответ:** `{answer}`.\n\nПоправка Дейли (`checkpoint_interval.daly_interval`) даёт {daly_interval(c, m) / 60:.2f} мин; время перезапуска и коррелированные отказы модель не учитывает."
 
 
 _MESSAGES = {
