@@ -13,19 +13,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-# Обязательные компоненты полной контрольной точки (шаг 12.5.1).
-CHECKPOINT_COMPONENTS = (
-    "model",
-    "optimizer",
-    "lr_scheduler",
-    "step_and_version",
-    "rng_states",
-    "data_cursor",
-    "curriculum",
-    "reward_normalizer",
-    "component_versions",
-    "queue_policy",
-)
+from course_utils.checkpoint import COMPONENTS as CHECKPOINT_VOCABULARY
+
 TRACE_IDS = (
     "prompt_id",
     "rollout_id",
@@ -99,7 +88,7 @@ def _check(run: Mapping) -> dict[str, list[str]]:
     ]
     gaps = [
         f"контрольная точка не хранит {c}"
-        for c in _missing(run.get("checkpoint_components"), CHECKPOINT_COMPONENTS)
+        for c in _missing(run.get("checkpoint_components"), CHECKPOINT_VOCABULARY)
     ]
     if not run.get("crash_tested"):
         gaps.append("восстановление не проверено принудительным сбоем")
@@ -114,7 +103,7 @@ def preflight(run: Mapping) -> pd.DataFrame:
     ``run`` — словарь с ключами: decoding_logged, weights_can_change_mid_response,
     per_token_versions, record_fields, asynchronous, queue_limit ("tokens"/"rollouts"/None),
     variable_lengths, max_policy_lag, logs_ratio_diagnostics, off_policy_correction,
-    sync (список из ``SYNC_PROPERTIES``), checkpoint_components (из ``CHECKPOINT_COMPONENTS``),
+    sync (список из ``SYNC_PROPERTIES``), checkpoint_components (из ``checkpoint.COMPONENTS``),
     crash_tested, trace_ids (из ``TRACE_IDS``). Отсутствующий ключ = «не заявлено».
     """
     if not isinstance(run, Mapping):
@@ -156,7 +145,7 @@ def example_runs() -> dict[str, dict]:
         "logs_ratio_diagnostics": True,
         "off_policy_correction": True,
         "sync": list(SYNC_PROPERTIES),
-        "checkpoint_components": list(CHECKPOINT_COMPONENTS),
+        "checkpoint_components": list(CHECKPOINT_VOCABULARY),
         "crash_tested": True,
         "trace_ids": list(TRACE_IDS),
     }
@@ -169,7 +158,7 @@ def example_runs() -> dict[str, dict]:
         "queue_limit": "rollouts",
         "logs_ratio_diagnostics": False,
         "sync": ["version_id"],
-        "checkpoint_components": ["model", "optimizer"],
+        "checkpoint_components": ["policy", "optimizer"],
         "crash_tested": False,
         "trace_ids": ["prompt_id", "rollout_id"],
     }

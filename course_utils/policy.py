@@ -607,7 +607,7 @@ def _records_to_batch(records, device):
     return ids.to(device), attn.to(device), pol.to(device)
 
 
-def _as_records(records) -> list[RolloutRecord]:
+def _checked_records(records) -> list[RolloutRecord]:
     if not isinstance(records, (list, tuple)) or not records:
         raise ValueError("records должен быть непустым списком записей роллаутов")
     out = [r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r) for r in records]
@@ -641,7 +641,7 @@ def recompute_logprobs(
     токен t. Возвращает список тензоров float32, по одному на запись, длиной = числу токенов
     политики.
     """
-    recs = _as_records(records)
+    recs = _checked_records(records)
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch должно быть целым ≥ 1, получено {micro_batch!r}")
     device = next(model.parameters()).device
@@ -681,7 +681,7 @@ def group_advantages(records, reward_weights: dict[str, float] | None = None) ->
     (``is_informative_group``: все награды равны, или ответ один и std не определено) даёт
     A = 0 (verl для группы из одного ответа берёт mean = 0, std = 1, то есть A = r).
     """
-    recs = _as_records(records)
+    recs = _checked_records(records)
     rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
     adv = [0.0] * len(recs)
     for idx in _group_indices(recs).values():
@@ -701,7 +701,7 @@ def informative_group_fraction(records, reward_weights: dict[str, float] | None 
     Награда та же, что у ``group_advantages``: ``scalar_reward(reward, reward_weights)``,
     с формат-наградой. Группа с одинаковой правильностью, но разным форматом — информативна.
     """
-    recs = _as_records(records)
+    recs = _checked_records(records)
     rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
     groups = _group_indices(recs).values()
     return sum(is_informative_group([rewards[i] for i in idx]) for idx in groups) / len(groups)
@@ -763,7 +763,7 @@ def grpo_step(
     ``scaler`` — ``grad_scaler_for(...)`` при fp16 на CUDA. ``after_stage(name)`` (если задан)
     вызывается после «forward_backward» (градиенты ещё живы) и после «optimizer_step».
     """
-    recs = _as_records(records)
+    recs = _checked_records(records)
     if not 0 < clip_eps < 1:
         raise ValueError(f"clip_eps должно лежать в (0, 1), получено {clip_eps!r}")
     if not max_grad_norm > 0:

@@ -412,7 +412,7 @@ def test_12_5_13_reference_by_hand(variant):
     ck = task["checkpoint"]
     declared = list(ck["components"])
     declared += [c for c, on in (("curriculum", ck["curriculum"]),
-                                 ("reward_normalizer", ck["running_reward_norm"])) if not on]  # fmt: skip
+                                 ("normalizer", ck["running_reward_norm"])) if not on]  # fmt: skip
     table = guarantees.preflight({"checkpoint_components": declared,
                                   "crash_tested": ck["crash_tested"]})  # fmt: skip
     row = table[table["гарантия"].str.startswith("6.")].iloc[0]

@@ -23,7 +23,7 @@ def test_quick_prototype_gaps_are_named():
         "порог в записях",
         "нет ограничения задержки",
         "нет свойства синхронизации: atomic_switch",
-        "не хранит rng_states",
+        "не хранит rng",
         "принудительным сбоем",
         "в трассе нет optimizer_step",
     ):

@@ -27,7 +27,7 @@ __all__ = [
 _BYTE_UNITS = ("", "Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "КБ", "МБ", "ГБ", "ТБ", "байт")
 
 
-def _shown(x: Any) -> str:
+def _given_text(x: Any) -> str:
     """Ответ студента в отзыве: repr не длиннее 60 символов (fmt.short)."""
     return fmt.short(_plain(x))
 
@@ -121,7 +121,7 @@ class Numbers(AnswerType):
         if not isinstance(g, (list, tuple)) or not g:
             return f"Нужен непустой список чисел, а получено: {_kind(g)}."
         bad = next((x for x in g if self.item.problem(x, task)), None)
-        return None if bad is None else f"Все элементы — конечные числа, а есть {_shown(bad)}."
+        return None if bad is None else f"Все элементы — конечные числа, а есть {_given_text(bad)}."
 
     def same(self, expected: Any, given: Any) -> bool:
         e, g = _plain(expected), _plain(given)
@@ -169,7 +169,7 @@ class Choice(AnswerType):
         if isinstance(_plain(given), str) and self.canon(given) in {norm(o) for o in allowed}:
             return None
         shown = ", ".join(f"«{o}»" for o in allowed)
-        return f"Ожидается одна строка из: {shown}; получено: {_shown(given)}."
+        return f"Ожидается одна строка из: {shown}; получено: {_given_text(given)}."
 
     def same(self, expected: Any, given: Any) -> bool:
         return self.canon(expected) == self.canon(given)
@@ -195,7 +195,7 @@ class IdSet(AnswerType):
         if unknown:
             allowed = f" Допустимы: {', '.join(map(str, known))}." if len(known) <= 12 else ""
             return (
-                f"Таких {self.noun} нет в условии: {', '.join(map(_shown, unknown[:5]))}.{allowed}"
+                f"Таких {self.noun} нет в условии: {', '.join(map(_given_text, unknown[:5]))}.{allowed}"
             )
         if not self.repeats and len({norm(x) for x in g}) != len(g):
             return f"В списке есть повторы: каждый из {self.noun} — один раз."
@@ -288,7 +288,7 @@ class Keyed(AnswerType):
         known = {norm(k) for k in allowed}
         unknown = [k for k in given if not isinstance(k, str) or norm(k) not in known]
         if unknown:
-            return f"Таких {self.noun} нет в условии: {', '.join(map(_shown, unknown[:5]))}."
+            return f"Таких {self.noun} нет в условии: {', '.join(map(_given_text, unknown[:5]))}."
         if self.complete and len(_by_norm(given)) != len(known):
             missing = [str(k) for k in allowed if norm(k) not in _by_norm(given)]
             return f"Нужны значения для всех {self.noun}; не хватает: {', '.join(missing)}."

@@ -3,15 +3,15 @@
 import math
 import random
 
-from course_utils import fmt, guarantees, memory, pipeline
+from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
 from course_utils.exercises.step import Step, Trap
 
 STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
 _ESS_FLOOR, _CRASH, _RISKS = 0.5, "crash_test", ("высокий", "низкий")
 _MODELS = ("Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
-_FEATURE = {"queue_policy": "asynchronous", "curriculum": "curriculum"}
-_FEATURE["reward_normalizer"] = "running_reward_norm"  # компонент нужен, только если есть функция
+_FEATURE = {"queue": "asynchronous", "curriculum": "curriculum"}
+_FEATURE["normalizer"] = "running_reward_norm"  # компонент нужен, только если есть функция
 
 
 def _applies(component: str, run: dict) -> bool:
@@ -124,8 +124,8 @@ def final_diagnosis_task(variant: int) -> dict:
     task["queue"] = _draw_queue(rng, mode)
     run = {"curriculum": rng.random() < 0.5, "running_reward_norm": rng.random() < 0.5}
     run["asynchronous"] = True
-    have = [c for c in guarantees.CHECKPOINT_COMPONENTS if _applies(c, run)]
-    lost = rng.sample([c for c in have if c not in ("model", "optimizer")], rng.randint(1, 3))
+    have = [c for c in checkpoint.COMPONENTS if _applies(c, run)]
+    lost = rng.sample([c for c in have if c not in ("policy", "optimizer")], rng.randint(1, 3))
     # crash_tested всегда False: иначе «забыт crash_test» совпал бы с верным ответом
     kept = [c for c in have if c not in lost]
     task["checkpoint"] = {**run, "components": kept, "crash_tested": False}
@@ -160,7 +160,7 @@ def _diag_statement(d: dict) -> str:
         f"{md_table(['пакет', 'n', 'ESS'], ess_rows)}\n\n"
         f"**4. Восстановление.** У запуска: {extras}. "
         f"Манифест содержит {', '.join(f'`{c}`' for c in ck['components'])} (все компоненты — "
-        "`guarantees.CHECKPOINT_COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"
+        "`checkpoint.COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"
         "Ответ: `bottleneck` — этап с наибольшим вкладом (суммой длительностей) в **критический "
         f"путь** — самую длинную цепочку зависимых интервалов, одно из {', '.join(STAGES)}; "
         "`memory_fits` — помещаются ли состояние на ранг (`memory.per_rank_state_bytes`) + KV "
@@ -185,7 +185,7 @@ def _diagnosis(task: dict) -> dict:
     high = v["max_lag"] > q["max_lag"] or min(shares) < _ESS_FLOOR
     high_by_mean = v["mean_lag"] > q["max_lag"] or v["mean_share"] < _ESS_FLOOR
     v |= {"risk": _RISKS[not high], "mean_risk": _RISKS[not high_by_mean]}
-    needed = (c for c in guarantees.CHECKPOINT_COMPONENTS if _applies(c, ck))
+    needed = (c for c in checkpoint.COMPONENTS if _applies(c, ck))
     v["missing"] = [c for c in needed if c not in ck["components"]]
     v["gaps"] = v["missing"] + ([] if ck["crash_tested"] else [_CRASH])
     return v
@@ -206,7 +206,7 @@ def final_diagnosis_solution(task: dict, ref: dict) -> str:
     fits = ("помещается" if v["fits"] else "**не** помещается", "да" if v["fits16"] else "нет")
     lag_sign = ">" if v["max_lag"] > q["max_lag"] else "≤"
     ess_sign = "<" if min(v["shares"]) < _ESS_FLOOR else "≥"
-    na = ", ".join(f"`{c}`" for c in guarantees.CHECKPOINT_COMPONENTS if not _applies(c, ck)) or "—"
+    na = ", ".join(f"`{c}`" for c in checkpoint.COMPONENTS if not _applies(c, ck)) or "—"
     return (
         f"**1. Узкое место.** Длиннейшая цепочка (`pipeline.critical_path`): {chain}, "
         f"{path['length']:.1f} с. У генерации на пути только самый медленный сборщик.\n\n{contrib}\n\n"
@@ -243,7 +243,7 @@ _DIAG_TEXT = {
     "weights_only_ok": "Пробелов не найдено, раз веса и оптимизатор сохраняются, но продолжение того же эксперимента требует и остальных компонентов, и проверки аварией.",
     "no_crash_test": "Недостающие компоненты названы, но восстановление не проверено аварией: каталог контрольной точки на месте ещё не доказывает, что запуск можно продолжить.",
 }
-_ALLOWED_GAPS = (*guarantees.CHECKPOINT_COMPONENTS, _CRASH)
+_ALLOWED_GAPS = (*checkpoint.COMPONENTS, _CRASH)
 _DIAG_FIELDS = {"bottleneck": Choice(STAGES), "memory_fits": Bool()}
 _DIAG_FIELDS["staleness_risk"] = Choice(_RISKS, {"high": "высокий", "low": "низкий"})
 _DIAG_FIELDS["recovery_gaps"] = IdSet(lambda t: _ALLOWED_GAPS, "имён компонентов (или crash_test)")
