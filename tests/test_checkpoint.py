@@ -21,7 +21,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from course_utils import checkpoint as ck
+from course_utils import checkpoint as ck, crash_test
 from course_utils.checkpoint import CheckpointError, ToyRLRun
 from course_utils.multiproc import launch
 from course_utils.rl_procs import state_checksum
@@ -156,7 +156,7 @@ def test_toy_run_bad_arguments(kwargs, word):
     "seed, crash_at, every", [(0, 12, 4), (1, 10, 4), (2, 13, 5), (3, 7, 3), (5, 9, 9)]
 )
 def test_crash_test_semantics(seed, crash_at, every):
-    res = ck.run_crash_test(20, crash_at, seed=seed, checkpoint_every=every)
+    res = crash_test.run_crash_test(20, crash_at, seed=seed, checkpoint_every=every)
     s0 = crash_at // every * every
     assert res.restored_step == s0 and res.checkpoint["step"] == s0
     cont = res.branches["continuous"]
@@ -171,7 +171,7 @@ def test_crash_test_semantics(seed, crash_at, every):
     text = res.summary()
     assert f"расходится на шаге {s0 + 1}" in text and "совпадает с непрерывной" in text
     frame = res.frame()
-    assert len(frame) == 60 and set(frame["branch"]) == set(ck.BRANCHES)
+    assert len(frame) == 60 and set(frame["branch"]) == set(crash_test.BRANCHES)
     wo = frame[frame["branch"] == "weights_only"]
     assert wo["same_as_continuous"].tolist() == [True] * s0 + [False] * (20 - s0)
 
@@ -185,7 +185,9 @@ def test_crash_test_with_custom_resume(tmp_path):
         run.load_state_dict(ck.load_checkpoint(checkpoint_path))
         return run
 
-    res = ck.run_crash_test(16, 9, seed=1, checkpoint_every=4, resume=good, workdir=tmp_path)
+    res = crash_test.run_crash_test(
+        16, 9, seed=1, checkpoint_every=4, resume=good, workdir=tmp_path
+    )
     assert calls == ["step-000008"] and res.passed and res.custom_resume
     assert (tmp_path / "step-000008" / "manifest.json").is_file()  # workdir сохраняется
 
@@ -196,14 +198,14 @@ def test_crash_test_with_custom_resume(tmp_path):
         run.load_state_dict(state)
         return run
 
-    bad = ck.run_crash_test(16, 9, seed=1, checkpoint_every=4, resume=forgets_rng)
+    bad = crash_test.run_crash_test(16, 9, seed=1, checkpoint_every=4, resume=forgets_rng)
     assert not bad.passed and bad.first_divergence("full") == 9
     # Пакет шага 9 пришёл из восстановленной очереди: отличается только порядок мини-пакетов.
     assert bad.diverged_fields("full") == ["loss"]
     assert "actions" in bad.diverged_fields("full", 10)
 
     with pytest.raises(ValueError, match="ToyRLRun"):
-        ck.run_crash_test(16, 9, resume=lambda f, p: "не запуск")
+        crash_test.run_crash_test(16, 9, resume=lambda f, p: "не запуск")
 
 
 @pytest.mark.parametrize(
@@ -212,27 +214,27 @@ def test_crash_test_with_custom_resume(tmp_path):
 )
 def test_crash_test_bad_arguments(args, word):
     with pytest.raises(ValueError, match=word):
-        ck.run_crash_test(*args, checkpoint_every=4)
+        crash_test.run_crash_test(*args, checkpoint_every=4)
 
 
 def test_plot_crash_test(tmp_path):
-    res = ck.run_crash_test(14, 9, seed=0, checkpoint_every=4)
-    ax = ck.plot_crash_test(res, "lr")
+    res = crash_test.run_crash_test(14, 9, seed=0, checkpoint_every=4)
+    ax = crash_test.plot_crash_test(res, "lr")
     assert len(ax.get_lines()) == 5  # три ветви и две вертикальные линии
     ax.figure.savefig(tmp_path / "crash.png")
     assert (tmp_path / "crash.png").stat().st_size > 0
     with pytest.raises(ValueError, match="metric"):
-        ck.plot_crash_test(res, "accuracy")
+        crash_test.plot_crash_test(res, "accuracy")
 
 
 def test_plot_crash_test_panels_are_distinct_with_units_and_integer_ticks():
     """Две панели ноутбука 12.5 различаются заголовком; у шага и уровня — целые деления."""
     import matplotlib.pyplot as plt
 
-    res = ck.run_crash_test(14, 9, seed=0, checkpoint_every=4)
+    res = crash_test.run_crash_test(14, 9, seed=0, checkpoint_every=4)
     _, axes = plt.subplots(1, 2)
-    left = ck.plot_crash_test(res, "cumulative_reward", ax=axes[0])
-    right = ck.plot_crash_test(res, "curriculum_level", ax=axes[1])
+    left = crash_test.plot_crash_test(res, "cumulative_reward", ax=axes[0])
+    right = crash_test.plot_crash_test(res, "curriculum_level", ax=axes[1])
     assert left.get_title() != right.get_title()
     assert "награда" in left.get_title() and "учебной программы" in right.get_title()
     assert left.get_ylabel().endswith("у. е.") and "номер" in left.get_xlabel()
@@ -251,7 +253,7 @@ def test_components_frame_headers_are_russian():
 
 
 def test_crash_summary_names_branches_in_russian():
-    res = ck.run_crash_test(12, 7, seed=0, checkpoint_every=4)
+    res = crash_test.run_crash_test(12, 7, seed=0, checkpoint_every=4)
     text = res.summary()
     assert "полное восстановление: совпадает" in text and "только веса: совпадает до шага 4" in text
     assert "full:" not in text and "weights_only:" not in text
@@ -262,7 +264,7 @@ def test_crash_summary_names_branches_in_russian():
     "n, word", [(1, "роллаут"), (3, "роллаута"), (11, "роллаутов"), (21, "роллаут")]
 )
 def test_batch_verdict_plural_through_fmt(n, word):
-    verdict = ck.BatchVerdict(True, [], tuple(range(n)))
+    verdict = crash_test.BatchVerdict(True, [], tuple(range(n)))
     assert str(verdict) == f"Пакет принят целиком: {n}\u00a0{word}."
 
 
@@ -562,7 +564,7 @@ def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
 
 
 def test_collector_crash_loses_in_flight_and_continues():
-    res = ck.simulate_collector_crash(total_steps=10, crash_at=4, seed=0)
+    res = crash_test.simulate_collector_crash(total_steps=10, crash_at=4, seed=0)
     assert res["lost_rollouts"] == 8 and len(res["lost_rollout_ids"]) == 8
     assert res["steps_completed"] == 10 and res["versions_monotonic"] and res["losses_finite"]
     ev = res["events"]
@@ -573,7 +575,7 @@ def test_collector_crash_loses_in_flight_and_continues():
 
 
 def test_trainer_crash_recomputes_identically():
-    res = ck.simulate_trainer_crash(crash_at=7, checkpoint_every=5, seed=0)
+    res = crash_test.simulate_trainer_crash(crash_at=7, checkpoint_every=5, seed=0)
     assert res == {
         "checkpoint_step": 5,
         "crash_at": 7,
@@ -595,7 +597,7 @@ def _ids(n=4):
 
 
 def test_accept_batch_accepts_whole_batch():
-    verdict = ck.accept_batch(_batch(), _ids(), "verifier-1")
+    verdict = crash_test.accept_batch(_batch(), _ids(), "verifier-1")
     assert verdict and verdict.reasons == [] and len(verdict.rollouts) == 4
     assert "принят целиком" in str(verdict)
 
@@ -618,24 +620,24 @@ def test_accept_batch_accepts_whole_batch():
 def test_accept_batch_rejects_whole_batch(mutate, word):
     batch = _batch()
     mutate(batch)
-    verdict = ck.accept_batch(batch, _ids(), "verifier-1")
+    verdict = crash_test.accept_batch(batch, _ids(), "verifier-1")
     assert not verdict and verdict.rollouts == ()
     assert any(word in r for r in verdict.reasons), verdict.reasons
     assert "отклонён целиком" in str(verdict)
 
 
 def test_accept_batch_wrong_version_and_bad_input():
-    verdict = ck.accept_batch(_batch(version="verifier-2"), _ids(), "verifier-1")
+    verdict = crash_test.accept_batch(_batch(version="verifier-2"), _ids(), "verifier-1")
     assert not verdict and "вместо ожидаемой verifier-1" in verdict.reasons[0]
-    assert not ck.accept_batch("не пакет", _ids())
+    assert not crash_test.accept_batch("не пакет", _ids())
     with pytest.raises(ValueError, match="expected_ids"):
-        ck.accept_batch(_batch(), "r0")
+        crash_test.accept_batch(_batch(), "r0")
     with pytest.raises(ValueError, match="expected_ids"):
-        ck.accept_batch(_batch(), ["r0", "r0"])
+        crash_test.accept_batch(_batch(), ["r0", "r0"])
 
 
 def test_verifier_crash_partial_batch_rejected_then_accepted():
-    res = ck.simulate_verifier_crash(scored=5, seed=0)
+    res = crash_test.simulate_verifier_crash(scored=5, seed=0)
     assert not res["partial_verdict"] and res["partial_verdict"].rollouts == ()
     assert any("нет награды" in r for r in res["partial_verdict"].reasons)
     assert res["retry_verdict"] and len(res["retry_verdict"].rollouts) == 8
@@ -667,7 +669,7 @@ def _run_events(run_dir) -> tuple[list[dict], dict]:
 _OVERWRITE_AND_DIE = """
 import os, shutil, signal, sys
 from pathlib import Path
-from course_utils import checkpoint as ck
+from course_utils import checkpoint as ck, crash_test
 
 point, root = sys.argv[1], Path(sys.argv[2])
 run = ck.ToyRLRun(0)

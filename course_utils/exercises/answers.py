@@ -194,9 +194,7 @@ class IdSet(AnswerType):
         unknown = [x for x in g if isinstance(x, bool) or norm(x) not in {norm(u) for u in known}]
         if unknown:
             allowed = f" Допустимы: {', '.join(map(str, known))}." if len(known) <= 12 else ""
-            return (
-                f"Таких {self.noun} нет в условии: {', '.join(map(_given_text, unknown[:5]))}.{allowed}"
-            )
+            return f"Таких {self.noun} нет в условии: {', '.join(map(_given_text, unknown[:5]))}.{allowed}"
         if not self.repeats and len({norm(x) for x in g}) != len(g):
             return f"В списке есть повторы: каждый из {self.noun} — один раз."
         return None

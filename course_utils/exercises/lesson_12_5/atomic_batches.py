@@ -1,12 +1,12 @@
 """12.5.11 — пакет целиком или никак: функция accept(batch, expected_ids, verifier_version) на
-скрытых пакетах всех видов; верные вердикты — checkpoint.accept_batch."""
+скрытых пакетах всех видов; верные вердикты — crash_test.accept_batch."""
 
 import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from course_utils import checkpoint, fmt
+from course_utils import crash_test, fmt
 from course_utils.exercises.answers import AnswerType, Function, md_table
 from course_utils.exercises.step import Step, Trap
 
@@ -91,7 +91,7 @@ def atomic_batches_task(variant: int) -> dict:
         "Пакет принимают **целиком** или **целиком** отклоняют (шаг 12.5.3). Напишите "
         f"`{_SIG}` → `True` (отдать тренеру как есть) или `False` (пересобрать или переоценить); "
         "`batch` — список роллаутов, как в примере. Её вызовут на скрытых пакетах варианта всех "
-        f"видов с `verifier_version = '{current}'`; сверка — `checkpoint.accept_batch` с теми же "
+        f"видов с `verifier_version = '{current}'`; сверка — `crash_test.accept_batch` с теми же "
         "аргументами."
     )
     task["example"] = {k: example[k] for k in ("expected_ids", "rollouts")}
@@ -142,7 +142,7 @@ def atomic_batches_solution(task: dict, ref: Callable) -> str:
     return (
         "Пакет принимают целиком, поэтому проверяют весь: ровно ожидаемые `rollout_id`, каждый "
         f"один раз, у каждого конечная награда, и вся она от текущего `{current}`.\n\n{_CODE}\n\n"
-        f"Скрытые пакеты и вердикты `checkpoint.accept_batch`:\n\n{md_table(head.split('|'), rows)}"
+        f"Скрытые пакеты и вердикты `crash_test.accept_batch`:\n\n{md_table(head.split('|'), rows)}"
         f"\n\nРазные версии **политики** (задержка до {lags}) законны: их учитывает отношение "
         "вероятностей (урок 12.4). Несравнимы награды разных версий **верификатора**; «оценённая "
         "часть» пакета смещает выборку к быстрым роллаутам, дубликат удваивает вес ответа."
@@ -178,7 +178,7 @@ def _flip(key: str) -> Trap:
         return accept
 
     def matches(task: dict, given: dict) -> bool:
-        ref = _accept_outcome(checkpoint.accept_batch, task)
+        ref = _accept_outcome(crash_test.accept_batch, task)
         diff = [b for b in _hidden_batches(task) if given[b["batch_id"]] != ref[b["batch_id"]]]
         return bool(diff) and all(b["kind"] in kinds and given[b["batch_id"]] is to for b in diff)
 
@@ -188,7 +188,7 @@ def _flip(key: str) -> Trap:
 STEP = Step(
     id="12.5.11",
     make_task=atomic_batches_task,
-    solve=lambda task: checkpoint.accept_batch,
+    solve=lambda task: crash_test.accept_batch,
     solution=atomic_batches_solution,
     answer=Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=60.0),
     hint="Сравните rollout_id с expected_ids (ни лишних, ни недостающих, ни повторов), проверьте конечную награду у каждого роллаута и что все оценены именно verifier_version. Версия политики — не критерий: задержка в пределах допуска — норма.",

@@ -1,5 +1,5 @@
 """12.5.10 — функция resume: ветвь после аварии совпадает с непрерывной, а состояние сразу после
-resume — с контрольной точкой (checkpoint.run_crash_test, checkpoint.COMPONENTS)."""
+resume — с контрольной точкой (crash_test.run_crash_test, checkpoint.COMPONENTS)."""
 
 import functools
 import hashlib
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_utils import checkpoint
+from course_utils import checkpoint, crash_test
 from course_utils.exercises.answers import AnswerType, Function, md_table
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import AnswerError
@@ -93,10 +93,10 @@ _WORKDIR = tempfile.TemporaryDirectory(prefix="course_12_5_10_")  # удалит
 
 
 @functools.lru_cache(maxsize=64)
-def _crash_run(params_json: str) -> checkpoint.CrashRun:
+def _crash_run(params_json: str) -> crash_test.CrashRun:
     """Аварийный запуск варианта — один на процесс: каждая resume стартует с копии его точки."""
     path = Path(_WORKDIR.name) / hashlib.sha256(params_json.encode()).hexdigest()[:16]
-    return checkpoint.prepare_crash_run(**json.loads(params_json), workdir=path)
+    return crash_test.prepare_crash_run(**json.loads(params_json), workdir=path)
 
 
 @functools.lru_cache(maxsize=512)
@@ -147,7 +147,7 @@ def resume_fn_task(variant: int) -> dict:
         "эксперимента. Под рукой: `checkpoint.load_checkpoint(path, config=run.config)`, "
         "`checkpoint.COMPONENTS`, `run.state_dict()`, `run.load_state_dict(state, queue=None)`, "
         "`run.load_weights_only(state)`.\n\n"
-        f"Проверка — `checkpoint.run_crash_test({args}, resume=resume)` (параметры — "
+        f"Проверка — `crash_test.run_crash_test({args}, resume=resume)` (параметры — "
         "`task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный "
         "запуск однопроцессный и детерминированный; от распределённого требуют той же семантики "
         "эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной "
@@ -157,7 +157,7 @@ def resume_fn_task(variant: int) -> dict:
 
 
 _CODE = """```python
-from course_utils import checkpoint
+from course_utils import checkpoint, crash_test
 
 
 def resume(run_factory, checkpoint_path):
@@ -232,6 +232,6 @@ STEP = Step(
     solve=lambda task: checkpoint.resume_full,
     solution=resume_fn_solution,
     answer=Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0),
-    hint="run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(checkpoint.run_crash_test(**task_12_5_10['crash_test'], resume=resume)).",
+    hint="run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume)).",
     traps=tuple(_resume_trap(key) for key in _FRESH),
 )

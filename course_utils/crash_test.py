@@ -1,0 +1,569 @@
+"""Урок 12.5: проверка аварией — три ветви одного запуска ToyRLRun (непрерывная, полное
+восстановление, «только веса») и три вида отказов шага 12.5.3 (сборщик, тренер, верификатор).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import numbers
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from course_utils.args import (
+    integer,
+    path as _path,
+)
+from course_utils.checkpoint import (
+    COMPONENTS,
+    ToyRLRun,
+    checkpoint_name,
+    count_steps,
+    latest_checkpoint,
+    read_manifest,
+    remove_checkpoints,
+    resume_full,
+    resume_weights_only,
+    save_checkpoint,
+)
+from course_utils.fmt import count
+
+BRANCHES = ("continuous", "full", "weights_only")
+
+
+# ----------------------------------------------------------------------------- проверка аварией
+
+
+def _diff_fields(a: Mapping, b: Mapping) -> list[str]:
+    return [k for k in sorted(set(a) | set(b)) if a.get(k, None) != b.get(k, None)]
+
+
+@dataclass
+class CrashTestResult:
+    """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N.
+
+    restored_step — шаг контрольной точки, с которой восстанавливались (≤ crash_at);
+    lost_events — события шагов restored_step+1..crash_at, вычисленные до аварии (их работа
+    потеряна); recomputed_identical — ветвь full пересчитала их точно так же;
+    checkpoint — manifest этой контрольной точки.
+    """
+
+    branches: dict[str, list[dict]]
+    crash_at: int
+    restored_step: int
+    total_steps: int
+    checkpoint_every: int
+    seed: int
+    lost_events: list[dict] = field(default_factory=list)
+    recomputed_identical: bool = True
+    checkpoint: dict = field(default_factory=dict)
+    custom_resume: bool = False
+
+    def first_divergence(self, branch: str, reference: str = "continuous") -> int | None:
+        """Первый шаг, на котором событие ветви branch отличается от reference; None — не отличается."""
+        a, b = self._branch(branch), self._branch(reference)
+        for i in range(max(len(a), len(b))):
+            if i >= len(a) or i >= len(b) or a[i] != b[i]:
+                return i + 1
+        return None
+
+    def diverged_fields(self, branch: str, step: int | None = None) -> list[str]:
+        """Поля события, которыми ветвь отличается от continuous на шаге step (по умолчанию — первом)."""
+        step = self.first_divergence(branch) if step is None else step
+        if step is None:
+            return []
+        a, b = self._branch(branch), self._branch("continuous")
+        if step > len(a) or step > len(b):
+            return ["<нет события>"]
+        return _diff_fields(a[step - 1], b[step - 1])
+
+    def _branch(self, name: str) -> list[dict]:
+        if name not in self.branches:
+            raise ValueError(
+                f"branch должно быть одним из {list(self.branches)}, получено {name!r}"
+            )
+        return self.branches[name]
+
+    @property
+    def passed(self) -> bool:
+        """full совпала с continuous на всех шагах, а weights_only разошлась сразу после восстановления."""
+        return (
+            self.first_divergence("full") is None
+            and len(self.branches["full"]) == self.total_steps
+            and self.first_divergence("weights_only") == self.restored_step + 1
+        )
+
+    def frame(self):
+        """Таблица pandas для графика: строка на (ветвь, шаг).
+
+        Столбцы: branch, step, mean_reward, cumulative_reward (сумма средних наград с шага 1),
+        loss, lr, policy_version, verifier_version, curriculum_level, same_as_continuous.
+        """
+        import pandas as pd
+
+        ref = self.branches.get("continuous", [])
+        rows = []
+        for name, events in self.branches.items():
+            total = 0.0
+            for i, ev in enumerate(events):
+                total += ev["mean_reward"]
+                rows.append(
+                    {
+                        "branch": name,
+                        "step": i + 1,
+                        "mean_reward": ev["mean_reward"],
+                        "cumulative_reward": total,
+                        "loss": ev["loss"],
+                        "lr": ev["lr"],
+                        "policy_version": ev["policy_version"],
+                        "verifier_version": ev["verifier_version"],
+                        "curriculum_level": ev["curriculum_level"],
+                        "same_as_continuous": i < len(ref) and ev == ref[i],
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def summary(self) -> str:
+        """Сводка по-русски: где авария, откуда восстановление, где расходится каждая ветвь."""
+        n = self.checkpoint_every
+        every = "после каждого шага" if n == 1 else f"каждые {count_steps(n)}"
+        lines = [
+            f"Проверка аварией: seed={self.seed}, {count_steps(self.total_steps)}, контрольная точка "
+            f"{every}, авария после шага {self.crash_at}, восстановление "
+            f"с {checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
+        ]
+        for name in self.branches:
+            if name == "continuous":
+                continue
+            label = _BRANCH_STYLE.get(name, {}).get("label", name)
+            if name == "full" and self.custom_resume:
+                label = "полное восстановление (ваша resume)"
+            step = self.first_divergence(name)
+            if step is None:
+                lines.append(
+                    f"  {label}: совпадает с непрерывной ветвью на всех {self.total_steps} шагах."
+                )
+            else:
+                fields = ", ".join(self.diverged_fields(name, step))
+                lines.append(
+                    f"  {label}: совпадает до шага {step - 1}, расходится на шаге {step} "
+                    f"(различаются: {fields})."
+                )
+        n = len(self.lost_events)
+        same = "да" if self.recomputed_identical else "НЕТ"
+        lines.append(
+            f"  Шагов после контрольной точки, потерянных при аварии и пересчитанных: {n} "
+            f"(пересчёт совпал: {same})."
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+@dataclass(frozen=True)
+class CrashRun:
+    """Аварийный запуск до аварии: ветвь continuous, события шагов 1..crash_at и последняя
+    полная контрольная точка s₀ на диске. ``branches(resume)`` доводит ветви full и
+    weights_only из копии этой точки — один аварийный запуск на много resume."""
+
+    factory: Callable[[], ToyRLRun]
+    continuous: list[dict]
+    before: list[dict]
+    checkpoint: Path
+    manifest: dict
+    total_steps: int
+    crash_at: int
+    checkpoint_every: int
+    seed: int
+
+    def branches(self, resume: Callable | None = None) -> CrashTestResult:
+        """Ветви full (resume или resume_full) и weights_only из копии точки s₀; CrashTestResult."""
+        if resume is not None and not callable(resume):
+            raise ValueError(
+                "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
+            )
+        s0 = int(self.manifest["step"])
+        after = {}
+        with tempfile.TemporaryDirectory(prefix="crash_resume_") as tmp:
+            ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
+            shutil.copytree(self.checkpoint, ckpt)
+            for name, fn in (
+                ("full", resume or resume_full),
+                ("weights_only", resume_weights_only),
+            ):
+                run = fn(self.factory, ckpt)
+                if not isinstance(run, ToyRLRun):
+                    raise ValueError(
+                        f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}"
+                    )
+                after[name] = [run.step() for _ in range(self.total_steps - s0)]
+        lost = self.before[s0 : self.crash_at]
+        return CrashTestResult(
+            branches={
+                "continuous": list(self.continuous),
+                "full": self.before[:s0] + after["full"],
+                "weights_only": self.before[:s0] + after["weights_only"],
+            },
+            crash_at=self.crash_at,
+            restored_step=s0,
+            total_steps=self.total_steps,
+            checkpoint_every=self.checkpoint_every,
+            seed=self.seed,
+            lost_events=lost,
+            recomputed_identical=after["full"][: len(lost)] == lost,
+            checkpoint=self.manifest,
+            custom_resume=resume is not None,
+        )
+
+
+def prepare_crash_run(
+    total_steps: int,
+    crash_at: int,
+    seed: int = 0,
+    checkpoint_every: int = 4,
+    *,
+    workdir: str | os.PathLike,
+    **run_kwargs: Any,
+) -> CrashRun:
+    """Непрерывный запуск ToyRLRun(seed, **run_kwargs) на total_steps шагов и аварийный: точка
+    после каждого шага, кратного checkpoint_every, в workdir, «авария» после шага crash_at.
+
+    Прежние контрольные точки в workdir (каталоги с manifest.json, step-…, .tmp-…, .old-…)
+    удаляются: они сбили бы latest_checkpoint. s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every.
+    """
+    total_steps = integer("total_steps", total_steps, 2)
+    crash_at = integer("crash_at", crash_at, 1)
+    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
+    seed = integer("seed", seed, 0)
+    if crash_at >= total_steps:
+        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    if crash_at < checkpoint_every:
+        raise ValueError(
+            f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
+            f"восстанавливать нечего ({crash_at=}, {checkpoint_every=})"
+        )
+    factory = functools.partial(ToyRLRun, seed, **run_kwargs)
+    ref = factory()
+    continuous = [ref.step() for _ in range(total_steps)]
+    root = _path("workdir", workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_checkpoints(root)  # прежние сбили бы latest_checkpoint
+    crashing = factory()
+    before: list[dict] = []
+    for t in range(1, crash_at + 1):
+        before.append(crashing.step())
+        if t % checkpoint_every == 0:
+            state = crashing.state_dict()
+            save_checkpoint(state, root / checkpoint_name(t), crashing.config, overwrite=True)
+    del crashing  # авария: всё, что было только в памяти процесса, потеряно
+    ckpt = latest_checkpoint(root, components=COMPONENTS)
+    if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
+        raise RuntimeError(f"в {root} нет полной контрольной точки")
+    return CrashRun(
+        factory, continuous, before, ckpt, read_manifest(ckpt),
+        total_steps, crash_at, checkpoint_every, seed,
+    )  # fmt: skip
+
+
+def run_crash_test(
+    total_steps: int,
+    crash_at: int,
+    seed: int = 0,
+    checkpoint_every: int = 4,
+    resume: Callable[[Callable[[], ToyRLRun], Path], ToyRLRun] | None = None,
+    workdir: str | os.PathLike | None = None,
+    **run_kwargs: Any,
+) -> CrashTestResult:
+    """Три ветви одного запуска ToyRLRun(seed, **run_kwargs), по событию на шаг 1..total_steps.
+
+    continuous — без аварии. Аварийный запуск пишет контрольную точку после каждого шага,
+    кратного checkpoint_every, и «падает» после шага crash_at; затем из последней полной
+    контрольной точки s₀ ≤ crash_at (s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every)
+    ветвь full восстанавливает всё (или своей resume), weights_only — только веса, и обе
+    доучиваются до total_steps. Шаги 1..s₀ ветвей — события аварийного запуска.
+    Ожидается: full == continuous побитово; weights_only совпадает до s₀ и расходится на s₀ + 1.
+
+    Контракт resume(run_factory, checkpoint_path) -> ToyRLRun: run_factory() без аргументов
+    создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога (копии)
+    последней полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того
+    же эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
+    прежние контрольные точки в нём удаляются). То же по шагам: prepare_crash_run + branches.
+    """
+    if resume is not None and not callable(resume):
+        raise ValueError(
+            "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
+        )
+    args = (total_steps, crash_at, seed, checkpoint_every)
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_"))
+        return prepare_crash_run(*args, workdir=workdir, **run_kwargs).branches(resume)
+
+
+_BRANCH_STYLE = {
+    "continuous": {"color": "black", "lw": 3.0, "alpha": 0.35, "label": "непрерывная"},
+    "full": {"color": "tab:green", "lw": 1.6, "ls": "--", "label": "полное восстановление"},
+    "weights_only": {"color": "tab:red", "lw": 1.6, "label": "только веса"},
+}
+# столбец frame() → (подпись оси с единицами, заголовок панели, целые деления оси y)
+_METRIC_LABEL = {
+    "cumulative_reward": ("накопленная средняя награда, у. е.", "накопленная награда", False),
+    "mean_reward": ("средняя награда пакета, у. е.", "средняя награда пакета", False),
+    "loss": ("потеря PPO-клип, у. е.", "потеря", False),
+    "lr": ("скорость обучения (безразмерная)", "скорость обучения", False),
+    "curriculum_level": ("уровень учебной программы, номер", "уровень учебной программы", True),
+    "policy_version": ("версия политики, номер", "версия политики", True),
+}
+
+
+def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", ax=None):
+    """График метрики по шагам для трёх ветвей; отмечены авария и точка восстановления.
+
+    metric — столбец CrashTestResult.frame(): cumulative_reward, mean_reward, loss, lr,
+    curriculum_level или policy_version; заголовок панели называет метрику. Возвращает Axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    if not isinstance(result, CrashTestResult):
+        raise ValueError(f"result должно быть CrashTestResult, получено {type(result)}")
+    if metric not in _METRIC_LABEL:
+        raise ValueError(f"metric должно быть одним из {list(_METRIC_LABEL)}, получено {metric!r}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    frame = result.frame()
+    for name in result.branches:
+        part = frame[frame["branch"] == name]
+        style = dict(_BRANCH_STYLE.get(name, {"label": name}))
+        if name == "full" and result.custom_resume:
+            style["label"] = "ваша resume"
+        ax.plot(part["step"], part[metric], marker=".", ms=4, **style)
+    ax.axvline(
+        result.crash_at + 0.5,
+        color="tab:orange",
+        ls=":",
+        lw=1.5,
+        label=f"авария после шага {result.crash_at}",
+    )
+    ax.axvline(
+        result.restored_step + 0.5,
+        color="tab:blue",
+        ls=":",
+        lw=1.2,
+        label=f"контрольная точка: шаг {result.restored_step}",
+    )
+    ylabel, title, integer_y = _METRIC_LABEL[metric]
+    ax.set_xlabel("шаг обучения, номер")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"Три ветви одного запуска: {title}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if integer_y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(linestyle=":", alpha=0.6)
+    ax.legend(fontsize="small", frameon=False)
+    if ax.figure is not None:
+        ax.figure.tight_layout()
+    return ax
+
+
+# ----------------------------------------------------------------------------- три вида отказов
+
+
+def simulate_collector_crash(
+    total_steps: int = 12, crash_at: int = 5, seed: int = 0, **run_kwargs: Any
+) -> dict:
+    """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян, запуск продолжается.
+
+    Возвращает словарь: lost_rollouts (сколько потеряно, = batch_size), lost_rollout_ids,
+    events (все total_steps событий), steps_completed, versions_monotonic (версия политики
+    росла на 1 каждый шаг), losses_finite.
+    """
+    total_steps = integer("total_steps", total_steps, 2)
+    crash_at = integer("crash_at", crash_at, 1)
+    if crash_at >= total_steps:
+        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    run = ToyRLRun(seed, **run_kwargs)
+    events, lost = [], []
+    for t in range(1, total_steps + 1):
+        events.append(run.step())
+        if t == crash_at:
+            lost = run.drop_in_flight()
+    versions = [e["policy_version"] for e in events]
+    return {
+        "lost_rollouts": run.lost_rollouts,
+        "lost_rollout_ids": lost,
+        "events": events,
+        "steps_completed": len(events),
+        "versions_monotonic": versions == list(range(1, total_steps + 1)),
+        "losses_finite": all(math.isfinite(e["loss"]) for e in events),
+    }
+
+
+def simulate_trainer_crash(
+    crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0, **run_kwargs: Any
+) -> dict:
+    """Отказ тренера после шага crash_at: восстановление с последней контрольной точки s₀.
+
+    Шаги s₀+1..crash_at вычисляются заново. Возвращает: checkpoint_step (s₀), crash_at,
+    recomputed_steps, identical (пересчёт побитово совпал с потерянным), lost_work_steps
+    (= crash_at − s₀, работа, которую пришлось повторить).
+    """
+    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every, **run_kwargs)
+    return {
+        "checkpoint_step": res.restored_step,
+        "crash_at": crash_at,
+        "recomputed_steps": [e["step"] for e in res.lost_events],
+        "identical": res.recomputed_identical and res.first_divergence("full") is None,
+        "lost_work_steps": crash_at - res.restored_step,
+    }
+
+
+@dataclass
+class BatchVerdict:
+    """Решение по пакету: accepted — принят целиком; reasons — почему отклонён (по-русски).
+
+    rollouts — принятые роллауты: весь пакет или пусто, частичного принятия не бывает.
+    """
+
+    accepted: bool
+    reasons: list[str]
+    rollouts: tuple = ()
+
+    def __bool__(self) -> bool:
+        return self.accepted
+
+    def __str__(self) -> str:
+        if self.accepted:
+            n = len(self.rollouts)
+            return f"Пакет принят целиком: {count(n, 'роллаут', 'роллаута', 'роллаутов')}."
+        return "Пакет отклонён целиком:\n" + "\n".join(f"  • {r}" for r in self.reasons)
+
+
+def _ids(ids: list, limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" … (всего {len(ids)})" if len(ids) > limit else "")
+
+
+def accept_batch(
+    batch: Any, expected_ids: Sequence, verifier_version: str | None = None
+) -> BatchVerdict:
+    """Принимает пакет роллаутов целиком или отклоняет целиком (шаг 12.5.3); не бросает на данных.
+
+    Отклоняется, если: пакет не список словарей; у роллаута нет rollout_id; id повторяются; есть
+    id не из expected_ids или не хватает ожидаемых; награда отсутствует, не число или не
+    конечна; версии верификатора нет, она не совпадает с verifier_version (если задана) или
+    в пакете смешаны версии. expected_ids — ожидаемые id (ValueError, если это не список
+    уникальных строк или целых).
+    """
+    if isinstance(expected_ids, str | bytes) or not isinstance(
+        expected_ids, Sequence | set | frozenset
+    ):
+        raise ValueError(
+            f"expected_ids должно быть списком id, получено {type(expected_ids).__name__}"
+        )
+    expected = list(expected_ids)
+    if any(not isinstance(i, str | int) or isinstance(i, bool) for i in expected):
+        raise ValueError("expected_ids: id должны быть строками или целыми")
+    if len(set(expected)) != len(expected):
+        raise ValueError("expected_ids: id повторяются")
+    if verifier_version is not None and (
+        not isinstance(verifier_version, str) or not verifier_version
+    ):
+        raise ValueError(
+            f"verifier_version должно быть непустой строкой или None, получено {verifier_version!r}"
+        )
+    if not isinstance(batch, list | tuple):
+        return BatchVerdict(
+            False, [f"пакет должен быть списком роллаутов, получено {type(batch).__name__}"]
+        )
+    reasons: list[str] = []
+    not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
+    if not_dict:
+        reasons.append(f"элементы пакета не словари (позиции {_ids(not_dict)})")
+    items = [r for r in batch if isinstance(r, Mapping)]
+    no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
+    if no_id:
+        reasons.append(f"у роллаутов нет rollout_id (позиции {_ids(no_id)})")
+    ids = [r["rollout_id"] for r in items if "rollout_id" in r]
+    seen, dup = set(), []
+    for i in ids:
+        with contextlib.suppress(TypeError):
+            if i in seen and i not in dup:
+                dup.append(i)
+            seen.add(i)
+    if dup:
+        reasons.append(f"повторяются роллауты: {_ids(dup)}")
+    exp_set = set(expected)
+    unknown = [i for i in ids if not isinstance(i, str | int) or i not in exp_set]
+    if unknown:
+        reasons.append(f"неизвестные роллауты (не из этого пакета): {_ids(unknown)}")
+    missing = [i for i in expected if i not in seen]
+    if missing:
+        reasons.append(f"не хватает {len(missing)} из {len(expected)} роллаутов: {_ids(missing)}")
+    bad_reward = []
+    for r in items:
+        rew = r.get("reward")
+        if not isinstance(rew, numbers.Real) or isinstance(rew, bool) or not math.isfinite(rew):
+            bad_reward.append(r.get("rollout_id", "?"))
+    if bad_reward:
+        reasons.append(f"нет награды или она не конечное число: {_ids(bad_reward)}")
+    bad_ver = [
+        r.get("rollout_id", "?")
+        for r in items
+        if not isinstance(r.get("verifier_version"), str) or not r.get("verifier_version")
+    ]
+    if bad_ver:
+        reasons.append(f"нет версии верификатора: {_ids(bad_ver)}")
+    versions = sorted(
+        {
+            r["verifier_version"]
+            for r in items
+            if isinstance(r.get("verifier_version"), str) and r.get("verifier_version")
+        }
+    )
+    if len(versions) > 1:
+        reasons.append(f"в пакете смешаны версии верификатора: {', '.join(versions)}")
+    if verifier_version is not None and versions and versions != [verifier_version]:
+        other = [v for v in versions if v != verifier_version]
+        reasons.append(
+            f"версия верификатора {', '.join(other)} вместо ожидаемой {verifier_version}"
+        )
+    if not batch and not expected:
+        reasons.append("пакет пуст")
+    if reasons:
+        return BatchVerdict(False, reasons)
+    return BatchVerdict(True, [], tuple(copy.deepcopy(list(batch))))
+
+
+def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
+    """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды.
+
+    Возвращает: expected_ids, partial (частичный пакет), partial_verdict (отклонён целиком),
+    retry_verdict (верификатор перезапущен и оценил весь пакет заново — принят целиком).
+    """
+    run = ToyRLRun(seed, **run_kwargs)
+    batch = run.generate_batch()
+    scored = integer("scored", scored, 0)
+    if scored >= len(batch):
+        raise ValueError(
+            f"scored должно быть меньше размера пакета {len(batch)}, получено {scored}"
+        )
+    expected = [r["rollout_id"] for r in batch]
+    partial = copy.deepcopy(batch)
+    for ro in partial[scored:]:
+        ro.pop("reward")
+        ro.pop("verifier_version")
+    return {
+        "expected_ids": expected,
+        "partial": partial,
+        "partial_verdict": accept_batch(partial, expected, run.verifier_version),
+        "retry_verdict": accept_batch(batch, expected, run.verifier_version),
+    }
