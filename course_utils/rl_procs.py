@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.args import is_int, is_number
+from course_utils.args import integer, is_int, nonnegative, positive
 
 GENERATOR_RANK = 0
 TRAINER_RANK = 1
@@ -381,26 +381,6 @@ def shared_time_ref(device) -> float:
 # ----------------------------------------------------------------------------- урок 12.1
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if not is_int(value) or value < low:
-        raise ValueError(f"{name} должно быть целым ≥ {low}, получено {value!r}")
-
-
-def _check_sync_args(world_size, steps, prompts_per_step, group_size, max_new_tokens, lr, seed):
-    if world_size != 2:
-        raise ValueError(
-            f"sync_generator_trainer: нужно ровно 2 процесса (ранг {GENERATOR_RANK} — генератор, "
-            f"ранг {TRAINER_RANK} — тренер), а world_size={world_size}; запустите nprocs=2"
-        )
-    _check_int("steps", steps, 1)
-    _check_int("prompts_per_step", prompts_per_step, 1)
-    _check_int("group_size", group_size, 1)
-    _check_int("max_new_tokens", max_new_tokens, 1)
-    _check_int("seed", seed, 0)
-    if not is_number(lr) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr должно быть конечным числом > 0, получено {lr!r}")
-
-
 def _behavior_version(records) -> int:
     versions = {r.policy_version for r in records}
     if len(versions) != 1:
@@ -445,9 +425,16 @@ def sync_generator_trainer(
     Возвращает словарь: role, pid, device, model, steps (строка на шаг), events
     (для диаграммы Ганта, см. ``CLOCK_NOTE``), weights_checksum итоговых весов и др.
     """
-    _check_sync_args(world_size, steps, prompts_per_step, group_size, max_new_tokens, lr, seed)
-    if not is_number(temperature) or not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature должна быть конечным числом > 0, получено {temperature!r}")
+    if world_size != 2:
+        raise ValueError(
+            f"sync_generator_trainer: нужно ровно 2 процесса (ранг {GENERATOR_RANK} — генератор, "
+            f"ранг {TRAINER_RANK} — тренер), а world_size={world_size}; запустите nprocs=2"
+        )
+    steps, seed = integer("steps", steps, 1), integer("seed", seed, 0)
+    prompts_per_step = integer("prompts_per_step", prompts_per_step, 1)
+    group_size = integer("group_size", group_size, 1)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    lr, temperature = positive("lr", lr), positive("temperature", temperature)
     if not isinstance(verify, bool):
         raise ValueError(f"verify должно быть True или False, получено {verify!r}")
     if not isinstance(model, str) or not model.strip():
@@ -701,59 +688,6 @@ def _generator_worker(rank: int) -> str:
     return f"{ROLE_GENERATOR} {rank}"
 
 
-def _check_real(name: str, value: Any, low: float, strict: bool) -> None:
-    bad = not is_number(value) or not math.isfinite(value)
-    bad = bad or (value <= low if strict else value < low)
-    if bad:
-        sign = ">" if strict else "≥"
-        raise ValueError(f"{name} должно быть конечным числом {sign} {low:g}, получено {value!r}")
-
-
-def _check_queue_args(
-    rank,
-    world_size,
-    duration_s,
-    max_queue_tokens,
-    batch_tokens,
-    prompts_per_request,
-    group_size,
-    max_new_tokens,
-    train_delay_s,
-    seed,
-    model,
-    temperature,
-    lr,
-    retry_s,
-) -> None:
-    if world_size != 3:
-        raise ValueError(
-            f"queue_generators_trainer: нужно ровно 3 процесса (ранг {QUEUE_TRAINER_RANK} — "
-            f"тренер с очередью, ранги {QUEUE_GENERATOR_RANKS[0]} и {QUEUE_GENERATOR_RANKS[1]} — "
-            f"генераторы), а world_size={world_size}; запустите nprocs=3"
-        )
-    if not is_int(rank) or not 0 <= rank < 3:
-        raise ValueError(f"rank должно быть 0 (тренер) или 1, 2 (генераторы), получено {rank!r}")
-    _check_real("duration_s", duration_s, 0.0, strict=True)
-    _check_int("max_queue_tokens", max_queue_tokens, 1)
-    _check_int("batch_tokens", batch_tokens, 1)
-    if batch_tokens > max_queue_tokens:
-        raise ValueError(
-            f"batch_tokens={batch_tokens} больше max_queue_tokens={max_queue_tokens}: порог "
-            f"остановит генераторы раньше, чем очередь наберёт пакет, и тренер будет ждать "
-            f"вечно; нужно batch_tokens ≤ max_queue_tokens"
-        )
-    _check_int("prompts_per_request", prompts_per_request, 1)
-    _check_int("group_size", group_size, 1)
-    _check_int("max_new_tokens", max_new_tokens, 1)
-    _check_real("train_delay_s", train_delay_s, 0.0, strict=False)
-    _check_int("seed", seed, 0)
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
-    _check_real("temperature", temperature, 0.0, strict=True)
-    _check_real("lr", lr, 0.0, strict=True)
-    _check_real("retry_s", retry_s, 0.0, strict=True)
-
-
 def rollout_tokens(records) -> int:
     """Стоимость группы роллаутов в очереди: Σ (токены запроса + токены ответа) по записям.
 
@@ -833,22 +767,24 @@ def queue_generators_trainer(
     генератора, grant/deny/stop от тренера); тренер принимает от того генератора, который
     прислал раньше (``dist.recv(src=None)``, на NCCL — через отдельную группу gloo).
     """
-    _check_queue_args(
-        rank,
-        world_size,
-        duration_s,
-        max_queue_tokens,
-        batch_tokens,
-        prompts_per_request,
-        group_size,
-        max_new_tokens,
-        train_delay_s,
-        seed,
-        model,
-        temperature,
-        lr,
-        retry_s,
-    )
+    if world_size != 3:
+        raise ValueError(
+            f"queue_generators_trainer: нужно ровно 3 процесса (ранг {QUEUE_TRAINER_RANK} — "
+            f"тренер с очередью, ранги {QUEUE_GENERATOR_RANKS[0]} и {QUEUE_GENERATOR_RANKS[1]} — "
+            f"генераторы), а world_size={world_size}; запустите nprocs=3"
+        )
+    if not is_int(rank) or not 0 <= rank < 3:
+        raise ValueError(f"rank должно быть 0 (тренер) или 1, 2 (генераторы), получено {rank!r}")
+    duration_s, retry_s = positive("duration_s", duration_s), positive("retry_s", retry_s)
+    max_queue_tokens = integer("max_queue_tokens", max_queue_tokens, 1)
+    batch_tokens = integer("batch_tokens", batch_tokens, 1, max_queue_tokens)  # иначе ждать вечно
+    prompts_per_request = integer("prompts_per_request", prompts_per_request, 1)
+    group_size = integer("group_size", group_size, 1)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    train_delay_s, seed = nonnegative("train_delay_s", train_delay_s), integer("seed", seed, 0)
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
+    temperature, lr = positive("temperature", temperature), positive("lr", lr)
     import torch
     import torch.distributed as dist
 
