@@ -115,6 +115,20 @@ def fraction(name: str, value: Any) -> float:
     return real(name, value, 0.0, 1.0)
 
 
+def flag(name: str, value: Any) -> bool:
+    """True или False (не 0/1 и не строка)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} должно быть True или False, получено {value!r}")
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    """Непустая строка (не из одних пробелов)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} должно быть непустой строкой, получено {value!r}")
+    return value
+
+
 def choice(name: str, value: Any, allowed) -> Any:
     """Одно из допустимых значений allowed (сравнение ==)."""
     allowed = tuple(allowed)

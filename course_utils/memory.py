@@ -34,7 +34,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from course_utils.args import choice, integer, is_real, nonnegative, positive, real
+from course_utils.args import choice, flag, integer, is_real, nonnegative, positive, real
 from course_utils.fmt import NBSP, count, num
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -994,8 +994,7 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
             "optimizer должно быть оптимизатором torch (torch.optim.Optimizer со словарём state), "
             f"получено {optimizer!r}"
         )
-    if not isinstance(include_step, bool):
-        raise ValueError(f"include_step должно быть True или False, получено {include_step!r}")
+    include_step = flag("include_step", include_step)
     total = 0
     for state in optimizer.state.values():
         for key, value in state.items():

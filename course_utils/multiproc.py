@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
+from course_utils.args import text
 
 from .args import choice, integer
 from .fmt import count
@@ -291,8 +292,7 @@ def _check_env(env: Any) -> dict[str, str]:
         raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
     out = {}
     for key, value in env.items():
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"env: имя переменной должно быть непустой строкой, получено {key!r}")
+        key = text("env: имя переменной", key)
         if key in _RESERVED_ENV:
             raise ValueError(f"env: переменную {key} задаёт запускатель, её нельзя переопределить")
         if not isinstance(value, str | int | float) or isinstance(value, bool):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from course_utils.args import is_number
+from course_utils.args import is_number, text
 
 __all__ = [
     "DEFAULT_MEDIANS_S",
@@ -136,8 +136,7 @@ def _stage_times(stage_times: Any, name: str = "stage_times") -> dict[str, float
         raise ValueError(f"{name} пуст: нужен хотя бы один этап со временем ≥ 0 с")
     out: dict[str, float] = {}
     for key, value in items:
-        if not isinstance(key, str) or not key.strip():
-            raise ValueError(f"{name}: имя этапа должно быть непустой строкой, получено {key!r}")
+        key = text(f"{name}: имя этапа", key)
         if not is_number(value) or not math.isfinite(float(value)) or value < 0:
             raise ValueError(
                 f"{name}[{key!r}]: время этапа должно быть конечным числом ≥ 0 с, "

@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.args import integer, is_int, nonnegative, positive
+from course_utils.args import flag, integer, is_int, nonnegative, positive, text
 
 GENERATOR_RANK = 0
 TRAINER_RANK = 1
@@ -435,10 +435,8 @@ def sync_generator_trainer(
     group_size = integer("group_size", group_size, 1)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     lr, temperature = positive("lr", lr), positive("temperature", temperature)
-    if not isinstance(verify, bool):
-        raise ValueError(f"verify должно быть True или False, получено {verify!r}")
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
+    verify = flag("verify", verify)
+    model = text("model", model)
     if rank not in (GENERATOR_RANK, TRAINER_RANK):
         raise ValueError(f"rank должно быть 0 (генератор) или 1 (тренер), получено {rank!r}")
 
@@ -782,8 +780,7 @@ def queue_generators_trainer(
     group_size = integer("group_size", group_size, 1)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     train_delay_s, seed = nonnegative("train_delay_s", train_delay_s), integer("seed", seed, 0)
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
+    model = text("model", model)
     temperature, lr = positive("temperature", temperature), positive("lr", lr)
     import torch
     import torch.distributed as dist

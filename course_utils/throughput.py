@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from course_utils.args import integer, nonnegative, positive
+from course_utils.args import integer, nonnegative, positive, text
 from course_utils.arith_task import is_informative_group, scalar_reward
 
 # Пиковая пропускная способность памяти GPU, байт/с (паспортные значения, 1 ГБ/с = 10^9 Б/с).
@@ -43,8 +43,7 @@ def gpu_bandwidth(device_name: str) -> float | None:
 
     Имя сравнивается по вхождению: «Tesla T4» → T4 (320 ГБ/с); самое длинное совпадение побеждает.
     """
-    if not isinstance(device_name, str) or not device_name.strip():
-        raise ValueError(f"device_name должно быть непустой строкой, получено {device_name!r}")
+    device_name = text("device_name", device_name)
     name = device_name.upper().replace(" ", "-")
     hits = [k for k in GPU_BANDWIDTH_BYTES_PER_S if k.upper() in name]
     return GPU_BANDWIDTH_BYTES_PER_S[max(hits, key=len)] if hits else None

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from course_utils.args import is_number
+from course_utils.args import is_number, text
 from course_utils.arith_task import is_informative_group, scalar_reward
 from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
 
@@ -72,8 +72,7 @@ class StageTimer:
         sync: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if not isinstance(worker, str) or not worker:
-            raise ValueError(f"worker должен быть непустой строкой, получено {worker!r}")
+        worker = text("worker", worker)
         if sync is not None and not callable(sync):
             raise ValueError(
                 f"sync должен быть функцией без аргументов или None, получено {sync!r}"
@@ -114,8 +113,7 @@ class StageTimer:
 
         Событие записывается и тогда, когда блок завершился исключением: время потрачено.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name (имя этапа) должно быть непустой строкой, получено {name!r}")
+        name = text("name (имя этапа)", name)
         _check_extra(extra)
         key = self._reserve_key()
         start = self._now()
@@ -140,8 +138,7 @@ class StageTimer:
 
         start_s и end_s — секунды в той же шкале, что и у таймера (от t0); нужно end_s ≥ start_s.
         """
-        if not isinstance(stage, str) or not stage:
-            raise ValueError(f"stage (имя этапа) должно быть непустой строкой, получено {stage!r}")
+        stage = text("stage (имя этапа)", stage)
         start = _check_time("start_s", start_s)
         end = _check_time("end_s", end_s)
         if end < start:

@@ -49,7 +49,16 @@ from typing import Any
 
 import torch
 
-from course_utils.args import integer, is_count, is_real, nonnegative, optional_integer, positive
+from course_utils.args import (
+    flag,
+    integer,
+    is_count,
+    is_real,
+    nonnegative,
+    optional_integer,
+    positive,
+    text,
+)
 from course_utils.rl_procs import (
     ROLE_GENERATOR,
     ROLE_TRAINER,
@@ -210,8 +219,7 @@ class EventLog:
             raise ValueError(
                 f"event должно быть одним из {sorted(EVENT_TYPES)}, получено {event!r}"
             )
-        if not isinstance(replica, str) or not replica:
-            raise ValueError(f"replica должно быть непустой строкой, получено {replica!r}")
+        replica = text("replica", replica)
         version = integer("version", version, 0)
         optional = [k for k in EVENT_FIELDS if k not in ("seq", "t", "replica", "event", "version")]
         unknown = sorted(set(fields) - set(optional))
@@ -448,8 +456,7 @@ class InProcessEngine:
         if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
             raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {model!r}")
         version = integer("version", version, 0)
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name должно быть непустой строкой, получено {name!r}")
+        name = text("name", name)
         if log is not None and not isinstance(log, EventLog):
             raise ValueError(f"log должно быть EventLog или None, получено {type(log).__name__}")
         self.name = name
@@ -566,8 +573,7 @@ class InProcessEngine:
             raise ValueError(
                 f"between_layers должно быть функцией (i) или None, получено {between_layers!r}"
             )
-        if not isinstance(track_reads, bool):
-            raise ValueError(f"track_reads должно быть True или False, получено {track_reads!r}")
+        track_reads = flag("track_reads", track_reads)
         if request_id is not None and not isinstance(request_id, str):
             raise ValueError(f"request_id должно быть строкой или None, получено {request_id!r}")
         with self._pinned(request_id) as (_, model, version, checksum, rid):
@@ -918,8 +924,7 @@ class Publisher:
             raise ValueError("engines должны писать в один журнал (см. make_replicas)")
         if len({tuple(e.param_names) for e in engines}) != 1:
             raise ValueError("engines: у реплик разные наборы параметров — это разные модели")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name должно быть непустой строкой, получено {name!r}")
+        name = text("name", name)
         self.engines = list(engines)
         self.log = engines[0].log
         self.name = name
@@ -1006,9 +1011,7 @@ class Publisher:
         corrupt — имя реплики, которой после записи портится одно число (ждём verify_fail и abort).
         """
         version = integer("version", version, 0)
-        for flag, value in (("atomic", atomic), ("verify", verify)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{flag} должно быть True или False, получено {value!r}")
+        flag("atomic", atomic), flag("verify", verify)
         if requests is None:
             requests = []
         if torch.is_tensor(requests) or not isinstance(requests, Sequence | Iterator):
@@ -1478,8 +1481,7 @@ def broadcast_weights(
 
     world_size = integer("world_size", world_size, 2)
     rank = integer("rank", rank, 0, world_size - 1)
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(f"model должно быть непустой строкой, получено {model!r}")
+    model = text("model", model)
     versions = integer("versions", versions, 1, 100)
     size_list = _check_sizes(sizes)
     seed = integer("seed", seed, 0)
