@@ -297,11 +297,7 @@ def run_crash_test(
     же эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
     прежние контрольные точки в нём удаляются). То же по шагам: prepare_crash_run + branches.
     """
-    if resume is not None and not callable(resume):
-        raise ValueError(
-            "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
-        )
-    args = (total_steps, crash_at, seed, checkpoint_every)
+    args = (total_steps, crash_at, seed, checkpoint_every)  # resume проверяет branches
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_"))
@@ -346,20 +342,11 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
         if name == "full" and result.custom_resume:
             style["label"] = "ваша resume"
         ax.plot(part["step"], part[metric], marker=".", ms=4, **style)
-    ax.axvline(
-        result.crash_at + 0.5,
-        color="tab:orange",
-        ls=":",
-        lw=1.5,
-        label=f"авария после шага {result.crash_at}",
-    )
-    ax.axvline(
-        result.restored_step + 0.5,
-        color="tab:blue",
-        ls=":",
-        lw=1.2,
-        label=f"контрольная точка: шаг {result.restored_step}",
-    )
+    for x, color, lw, label in (
+        (result.crash_at, "tab:orange", 1.5, f"авария после шага {result.crash_at}"),
+        (result.restored_step, "tab:blue", 1.2, f"контрольная точка: шаг {result.restored_step}"),
+    ):
+        ax.axvline(x + 0.5, color=color, ls=":", lw=lw, label=label)
     ylabel, title, integer_y = _METRIC_LABEL[metric]
     ax.set_xlabel("шаг обучения, номер")
     ax.set_ylabel(ylabel)

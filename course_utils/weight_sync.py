@@ -1011,7 +1011,8 @@ class Publisher:
         corrupt — имя реплики, которой после записи портится одно число (ждём verify_fail и abort).
         """
         version = integer("version", version, 0)
-        flag("atomic", atomic), flag("verify", verify)
+        flag("atomic", atomic)
+        flag("verify", verify)
         if requests is None:
             requests = []
         if torch.is_tensor(requests) or not isinstance(requests, Sequence | Iterator):
