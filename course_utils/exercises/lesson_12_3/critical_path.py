@@ -93,9 +93,8 @@ def _trace_analysis(task: dict) -> dict:
 _UTIL = Share(rtol=1e-2)
 _POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
 _STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
-ANSWER = Fields(
-    {"sum_of_work": SECONDS, "critical_path": SECONDS, "utilization": _POOLS, "speed_up": _STAGE}
-)
+_TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
+ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
 
 
 def critical_path_task(variant: int) -> dict:
@@ -119,16 +118,9 @@ def critical_path_task(variant: int) -> dict:
     rows = [[*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in trace]
     pool_lines = "; ".join(f"`{p}` ({_POOL_NAMES[p]}) — {', '.join(ws)}" for p, ws in pools.items())
     task["statement"] = (
-        "**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт "
-        f"на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — "
-        "весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и "
-        f"`backpressure` — ожидание, а не работа):\n\n{md_table(head, rows)}\n\nИнтервал работы "
-        "зависит от предыдущего интервала работы своего исполнителя и от строк последнего столбца. "
-        f"Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\nНайдите `sum_of_work` — сумму работы, с; "
-        "`critical_path` — длину самой длинной цепочки зависимых интервалов работы, с; "
-        "`utilization` — загрузку пулов: работа исполнителей пула / (их число × H), H — конец "
-        "последнего интервала; `speed_up` — этап, ускорение которого вдвое сильнее всего сокращает "
-        "критический путь. Допуск 1 %."
+        f"**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и `backpressure` — ожидание, а не работа):\n\n{md_table(head, rows)}\n\n"
+        f"Интервал работы ждёт предыдущий интервал работы своего исполнителя и строки из последнего столбца. Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\n"
+        "Найдите `sum_of_work` — сумму работы, с; `critical_path` — длину самой длинной цепочки зависимых интервалов работы, с; `utilization` — загрузку каждого пула: работа его исполнителей / (их число × H), H — конец последнего интервала; `speed_up` — этап, ускорение которого вдвое сильнее всего сокращает критический путь. Допуск 1 %."
     )
     return task
 
@@ -154,20 +146,13 @@ def critical_path_solution(task: dict, ref: dict) -> str:
     ]
     answer = ref | {k: round(ref[k], 2) for k in ("sum_of_work", "critical_path")}
     answer["utilization"] = {p: round(u, 3) for p, u in util.items()}
+    path = " → ".join(f"{i} ({st})" for i, st in a["chain"])
     return (
-        f"**1.** Без ожиданий ({sig(a['sum_with_waits'] - a['sum_of_work'])} с простоя): $W = "
-        f"\\sum (end - start) = {W}$ с — GPU·секунды, поэтому W больше окна H = {H} с.\n\n**2.** "
-        "Критический путь — самая длинная цепочка, где каждый интервал ждёт предыдущий (свой "
-        "исполнитель или строка из «зависит от»): "
-        f"{' → '.join(f'{i} ({st})' for i, st in a['chain'])}; $L_{{crit}} = {L}$ с < W. Путь идёт "
-        "через тренер: обучение — узкое место.\n\n**3.** Загрузка пула — работа его исполнителей / "
-        "(их число · H):\n\n"
-        f"{md_table(('пул', 'исполнителей', 'работа, с', 'загрузка'), util_rows)}\n\n**4.** На "
-        "сколько сократится путь, если все интервалы этапа станут вдвое короче:\n\n"
-        f"{md_table(('этап', 'работа, с', 'на пути', 'путь короче на, с'), stage_rows)}\n\n"
-        f"Ускорять стоит `{ref['speed_up']}`. Самая большая работа — `{biggest}` "
-        f"({sig(work[biggest])} с), но она перекрыта обучением и не лежит на пути.\n\n**Ответ:** "
-        f"`{answer}`."
+        f"**1.** Без ожиданий ({sig(a['sum_with_waits'] - a['sum_of_work'])} с простоя): $W = \\sum (end - start) = {W}$ с — это GPU·секунды, поэтому W больше окна H = {H} с.\n\n"
+        f"**2.** Критический путь — самая длинная цепочка, где каждый интервал ждёт предыдущий (своего исполнителя или строку из «зависит от»): {path}; $L_{{crit}} = {L}$ с < W. Путь идёт через тренер: обучение — узкое место.\n\n"
+        f"**3.** Загрузка пула — работа его исполнителей / (их число · H):\n\n{md_table(('пул', 'исполнителей', 'работа, с', 'загрузка'), util_rows)}\n\n"
+        f"**4.** На сколько сократится путь, если все интервалы этапа станут вдвое короче:\n\n{md_table(('этап', 'работа, с', 'на пути', 'путь короче на, с'), stage_rows)}\n\n"
+        f"Ускорять стоит `{ref['speed_up']}`. Самая большая работа — `{biggest}` ({sig(work[biggest])} с), но она перекрыта обучением и не лежит на пути.\n\n**Ответ:** `{answer}`."
     )
 
 

@@ -34,18 +34,9 @@ def queue_stability_task(variant: int) -> dict:
         if lag * batch - collectors[big] * max_tokens >= batch // 4:
             break
     statement = (
-        "**Очередь роллаутов и обратное давление.** Сборщики кладут роллауты в очередь FIFO, "
-        f"тренер забирает пакеты по B = {fmt.count(batch, 'токен', 'токена', 'токенов')} за шаг t "
-        f"= {float(step):g} с. Сборщик выдаёт в среднем ρ = {rho} роллаута/с; средняя длина (в "
-        f"токенах) ℓ̄ = {mean_len}, но длины сильно разнятся — до max_tokens = {max_tokens}. "
-        "Сборщиков в конфигурациях (`task_12_3_8['collectors']`):\n\n"
-        f"{md_table(('конфигурация', 'сборщиков'), collectors.items())}\n\nПо конфигурациям "
-        "найдите `stable` — устойчива ли очередь без обратного давления (True/False) — и "
-        "`growth_tokens_per_s` — средний рост очереди, токенов/с (0, если не растёт). "
-        f"`threshold_tokens` — наибольший целый порог θ для {big}: сборщик начинает роллаут, "
-        "только если в очереди не больше θ токенов, начатый не отменяется; глубина не должна "
-        f"превысить L·B при L = {lag}, даже если все сборщики разом начнут роллауты предельной "
-        "длины, а тренер ничего не заберёт. Допуск 1 %."
+        f"**Очередь роллаутов и обратное давление.** Сборщики кладут роллауты в очередь FIFO, тренер забирает за шаг t = {float(step):g} с пакет B = {fmt.count(batch, 'токен', 'токена', 'токенов')}. Сборщик выдаёт в среднем ρ = {rho} роллаута/с; средняя длина ℓ̄ = {fmt.count(mean_len, 'токен', 'токена', 'токенов')}, но длины сильно разнятся — до max_tokens = {max_tokens}. Сборщиков по конфигурациям (`task_12_3_8['collectors']`):\n\n"
+        f"{md_table(('конфигурация', 'сборщиков'), collectors.items())}\n\nДля каждой конфигурации найдите `stable` — устойчива ли очередь без обратного давления (True/False) — и `growth_tokens_per_s` — средний рост очереди, токенов/с (0, если не растёт). "
+        f"`threshold_tokens` — наибольший целый порог θ для {big}: сборщик начинает роллаут, только если в очереди не больше θ токенов, а начатый не отменяется; глубина не должна превысить L·B при L = {lag}, даже если все сборщики разом начнут роллауты предельной длины, а тренер ничего не заберёт. Допуск 1 %."
     )
     task = {"collectors": collectors, "rollouts_per_s_per_collector": rho, "mean_tokens": mean_len}
     task |= {"max_tokens": max_tokens, "batch_tokens": batch, "step_s": float(step)}
@@ -78,9 +69,8 @@ def queue_stability_solve(task: dict) -> dict:
 
 
 def queue_stability_solution(task: dict, ref: dict) -> str:
-    B, L, m, big = (
-        task[k] for k in ("batch_tokens", "max_lag_steps", "max_tokens", "backpressure_config")
-    )
+    B, L, m = task["batch_tokens"], task["max_lag_steps"], task["max_tokens"]
+    big = task["backpressure_config"]
     rho, ell, C = task["rollouts_per_s_per_collector"], task["mean_tokens"], task["collectors"][big]
     mu = B / Fraction(str(task["step_s"]))
     theta_unit = fmt.plural(ref["threshold_tokens"], "токен", "токена", "токенов")
@@ -91,14 +81,10 @@ def queue_stability_solution(task: dict, ref: dict) -> str:
     ]
     head = ("конфигурация", "λ = C · ρ · ℓ̄, токенов/с", "λ ? μ", "устойчива", "рост, токенов/с")
     return (
-        f"μ = B / t = {sig(B)} / {task['step_s']:g} = {sig(float(mu), 6)} токенов/с:\n\n"
-        f"{md_table(head, rows)}\n\nУстойчива только при строгом λ < μ, рост — max(λ − μ, 0). При "
-        f"λ = μ ({_config_with_sign(task, 0)}) средний рост нулевой, но колебания длин не гасятся, "
-        f"и глубина блуждает неограниченно.\n\n**Порог для {big}.** Начатые роллауты придут и "
-        f"после закрытия порога — до max_tokens = {m} от каждого из {C} сборщиков (средняя длина "
-        f"гарантии не даёт):\n\n$$\\theta = L \\cdot B - C \\cdot \\text{{max\\_tokens}} = {L} "
-        f"\\cdot {tex_num(B)} - {C} \\cdot {m} = {tex_num(ref['threshold_tokens'])}\\ "
-        f"\\text{{{theta_unit}}}.$$\n\n**Ответ:** `{ref}`."
+        f"μ = B / t = {sig(B)} / {task['step_s']:g} = {sig(float(mu), 6)} токенов/с:\n\n{md_table(head, rows)}\n\n"
+        f"Устойчива только при строгом λ < μ, рост — max(λ − μ, 0). При λ = μ ({_config_with_sign(task, 0)}) средний рост нулевой, но колебания длин не гасятся, и глубина блуждает неограниченно.\n\n"
+        f"**Порог для {big}.** Начатые роллауты придут и после закрытия порога: до max_tokens = {m} от каждого из {C} сборщиков (средняя длина гарантии не даёт):\n\n"
+        f"$$\\theta = L \\cdot B - C \\cdot \\text{{max\\_tokens}} = {L} \\cdot {tex_num(B)} - {C} \\cdot {m} = {tex_num(ref['threshold_tokens'])}\\ \\text{{{theta_unit}}}.$$\n\n**Ответ:** `{ref}`."
     )
 
 
@@ -125,12 +111,14 @@ _TRAP_MATCH = {  # ошибки устойчивости и роста — по 
     ),
 }
 
+HINT = "Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика."
+TRAPS = slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",))
 STEP = Step(
-    id="12.3.8",
-    make_task=queue_stability_task,
-    solve=queue_stability_solve,
-    solution=queue_stability_solution,
-    answer=ANSWER,
-    hint="Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика.",
-    traps=slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",)),
+    "12.3.8",
+    queue_stability_task,
+    queue_stability_solve,
+    ANSWER,
+    HINT,
+    queue_stability_solution,
+    TRAPS,
 )
