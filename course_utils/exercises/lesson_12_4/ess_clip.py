@@ -41,8 +41,7 @@ def ess_clip_task(variant: int) -> dict:
     lo, hi = 1 - el, 1 + eh
     ranges = {"high": (hi + 0.04, 2.8), "low": (0.25, lo - 0.04), "in": (lo + 0.03, hi - 0.03)}
     while True:
-        # (положение w, знак A): хотя бы одно срабатывание и хотя бы один выход за полосу
-        # с «неправильным» знаком A — там клиппирование не срабатывает.
+        # (где w, знак A): хоть одно срабатывание и хоть один выход за полосу с другим знаком A
         kinds = [("high", 1), rng.choice([("low", 1), ("high", -1)])]
         kinds += [rng.choice([("low", -1), ("low", 1), ("high", -1), ("high", 1)])]
         kinds += [("in", rng.choice([-1, 1])) for _ in range(n - len(kinds))]
@@ -57,9 +56,8 @@ def ess_clip_task(variant: int) -> dict:
             break
     rows = [[f"o{i + 1}", f"{w:.3f}", f"{a:+.2f}"] for i, (w, a) in enumerate(zip(weights, adv))]
     statement = (
-        f"**ESS, клиппирование и max |log w|.** Группа из n = {n} ответов на один запрос собрана политикой поведения μ, обновление идёт по π_θ. Для каждого ответа дан вес $w_i = \\pi_\\theta(y_i\\mid x)/\\mu(y_i\\mid x)$ (полное произведение токеновых отношений, без нормировки по длине) и преимущество $A_i$ (GRPO):\n\n"
-        + md_table(["ответ", "$w_i$", "$A_i$"], rows)
-        + f"\n\nКлиппирование PPO: $\\varepsilon_{{low}} = {el}$, $\\varepsilon_{{high}} = {eh}$, полоса [{lo:.2f}, {hi:.2f}]{' (асимметричная, как clip-higher в DAPO)' if eh != el else ''}. Данные — `task_12_4_7['weights']`, `task_12_4_7['advantages']`, `task_12_4_7['eps_low']`, `task_12_4_7['eps_high']`.\n\n"
+        f"**ESS, клиппирование и max |log w|.** Группа из n = {n} ответов на один запрос собрана политикой поведения μ, обновление идёт по π_θ. Для каждого ответа даны вес $w_i = \\pi_\\theta(y_i\\mid x)/\\mu(y_i\\mid x)$ (полное произведение токеновых отношений, без нормировки по длине) и преимущество $A_i$ (GRPO):\n\n{md_table(['ответ', '$w_i$', '$A_i$'], rows)}\n\n"
+        f"Клиппирование PPO: $\\varepsilon_{{low}} = {el}$, $\\varepsilon_{{high}} = {eh}$, полоса [{lo:.2f}, {hi:.2f}]{' (асимметричная, как clip-higher в DAPO)' if eh != el else ''}. Данные — `task_12_4_7['weights']`, `task_12_4_7['advantages']`, `task_12_4_7['eps_low']`, `task_12_4_7['eps_high']`.\n\n"
         f"Найдите `ess` — ESS Киша по $w_i$, `ess_norm` — ESS/n, `clip_fraction` — долю ответов, на которых клиппирование **срабатывает** (обрезанная ветвь цели PPO заменяет необрезанную, как `clip_ratio` в TRL и `pg_clipfrac` в verl), и `max_abs_log_w` — $\\max_i |\\log w_i|$ в натах; {TOL}."
     )
     return {"statement": statement, **task}
@@ -89,11 +87,9 @@ def ess_clip_solution(task: dict, ref: dict) -> str:
         rows.append([f"o{i + 1}", f"{wi:.3f}", f"{ai:+.2f}", f"{math.log(wi):+.4f}", where, why])
     s1, s2, n = sum(w), sum(x * x for x in w), len(w)
     return (
-        f"$$\\mathrm{{ESS}} = \\frac{{(\\sum w)^2}}{{\\sum w^2}} = \\frac{{{s1:.3f}^2}}{{{s2:.4f}}} = {v['ess']:.4f},\\qquad \\mathrm{{ESS}}/n = \\frac{{{v['ess']:.4f}}}{{{n}}} = {v['ess_norm']:.4f}.$$\n\n"
-        f"Клиппирование срабатывает при $\\rho > 1 + \\varepsilon_{{high}}$ и $A > 0$ или при $\\rho < 1 - \\varepsilon_{{low}}$ и $A < 0$; вне полосы с другим знаком A минимум берёт необрезанную ветвь. Полоса [{low:.2f}, {high:.2f}]:\n\n"
+        f"$$\\mathrm{{ESS}} = \\frac{{(\\sum w)^2}}{{\\sum w^2}} = \\frac{{{s1:.3f}^2}}{{{s2:.4f}}} = {v['ess']:.4f},\\qquad \\mathrm{{ESS}}/n = \\frac{{{v['ess']:.4f}}}{{{n}}} = {v['ess_norm']:.4f}.$$\n\nКлиппирование срабатывает при $\\rho > 1 + \\varepsilon_{{high}}$ и $A > 0$ или при $\\rho < 1 - \\varepsilon_{{low}}$ и $A < 0$; вне полосы с другим знаком A минимум берёт необрезанную ветвь. Полоса [{low:.2f}, {high:.2f}]:\n\n"
         + md_table(["ответ", "$w_i$", "$A_i$", "$\\log w_i$", "где w", "срабатывает"], rows)
-        + f"\n\nСрабатывает на {round(v['clip_fraction'] * n)} из {n}: доля {v['clip_fraction']:.4f} (вне полосы — {round(v['clip_no_sign'] * n)} из {n}). max |log w| = {v['max_abs_log_w']:.4f} нат (среднее {v['mean_abs_log_w']:.4f} нат прячет выброс; малый вес $w \\ll 1$ — такое же рассогласование, как большой).\n\n"
-        f"**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
+        + f"\n\nСрабатывает на {round(v['clip_fraction'] * n)} из {n}: доля {v['clip_fraction']:.4f} (вне полосы — {round(v['clip_no_sign'] * n)} из {n}). max |log w| = {v['max_abs_log_w']:.4f} нат (среднее {v['mean_abs_log_w']:.4f} нат прячет выброс; малый вес $w \\ll 1$ — такое же рассогласование, как большой).\n\n**Ответ:** `{ {k: round(x, 4) for k, x in ref.items()} }`."
     )
 
 

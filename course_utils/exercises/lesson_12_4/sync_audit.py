@@ -25,7 +25,6 @@ INJECTIONS = {  # внедряемое нарушение → коды, кото
 _BARRIER_KINDS = ("commit_no_wait", "serve_from_staging", "early_commit", "barrier_not_ready")
 _CHECKSUM_KINDS = ("verify_ok_mismatch", "commit_mismatch")
 BARRIER_CODES = {"serve_before_barrier", "commit_before_barrier", "barrier_not_ready"}
-_DECOY = "; `verify_fail` и `abort` версии {} — протокол сработал: проверка поймала порчу, и никто не переключился"
 _WEIGHT_SYNC = "course_utils.weight_sync"  # импортирует torch: грузится, только когда шаг нужен
 
 
@@ -133,10 +132,8 @@ def sync_audit_task(variant: int) -> dict:
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
     rules = "\n".join(f"- `{k}` — {text}" for k, text in ws.AUDIT_RULES.items())
     statement = (
-        f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\n"
-        f"Журнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
-        f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\n"
-        "Какие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
+        f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\nЖурнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
+        f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\nКакие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
     return {"statement": statement, "events": events, "rules": dict(ws.AUDIT_RULES)}
 
@@ -153,7 +150,7 @@ def sync_audit_solution(task: dict, ref: list[str]) -> str:
     return (
         f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n"
         + "\n".join(f"- {m}" for m in messages)
-        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and _DECOY.format(aborted)}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
+        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and f'; `verify_fail` и `abort` версии {aborted} — протокол сработал: проверка поймала порчу, и никто не переключился'}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
     )
 
 

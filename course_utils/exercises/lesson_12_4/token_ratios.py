@@ -12,9 +12,8 @@ from course_utils.exercises.step import Step, Trap
 TOLERANCE = {"rtol": 1e-2, "atol": 2e-3}
 TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
 _SEQ = Number(**TOLERANCE, unit="нат")
-ANSWER = Fields(
-    {"ratios": Numbers(Number(**TOLERANCE), noun="токену политики"), "seq_log_ratio": _SEQ}
-)
+_RATIOS = Numbers(Number(**TOLERANCE), noun="токену политики")
+ANSWER = Fields({"ratios": _RATIOS, "seq_log_ratio": _SEQ})
 
 
 def hits_any(answer: Fields, values, *pairs: tuple[str, str]):
@@ -64,11 +63,10 @@ def token_ratios_task(variant: int) -> dict:
         [t, f"`{w}`", "политика" if k else "среда", k, f"{a:.3f}", f"{b:.3f}"]
         for t, (w, k, a, b) in enumerate(rows)
     ]
+    head = ["t", "токен", "чей", "$m_t$", "$\\log\\pi_\\theta$", "$\\log\\mu$"]
     statement = (
-        "**Отношения токенов и log w_seq.** Многоходовой ответ модели: она вызывает калькулятор, ответ инструмента вставлен в последовательность. Маска $m_t$: 1 — токен выбрала политика, 0 — токен среды. Для каждого токена записаны $\\log\\pi_\\theta$ (тренер) и $\\log\\mu$ (движок генерации), в натах; небрежный конвейер записал их и для токенов среды.\n\n"
-        + md_table(["t", "токен", "чей", "$m_t$", "$\\log\\pi_\\theta$", "$\\log\\mu$"], rows)
-        + "\n\nДанные — `task_12_4_6['tokens']`, `task_12_4_6['mask']`, `task_12_4_6['logp_target']`, `task_12_4_6['logp_behavior']`. "
-        f"Найдите `ratios` — $\\rho_t = \\pi_\\theta/\\mu$ для каждого токена с $m_t = 1$ по порядку — и `seq_log_ratio` — $\\log w_{{seq}}$ всей последовательности, в натах; {TOL}."
+        f"**Отношения токенов и log w_seq.** Многоходовой ответ модели: она вызывает калькулятор, ответ инструмента вставлен в последовательность. Маска $m_t$: 1 — токен выбрала политика, 0 — токен среды. Для каждого токена записаны $\\log\\pi_\\theta$ (тренер) и $\\log\\mu$ (движок генерации), в натах; небрежный конвейер записал их и для токенов среды.\n\n{md_table(head, rows)}\n\n"
+        f"Данные — `task_12_4_6['tokens']`, `task_12_4_6['mask']`, `task_12_4_6['logp_target']`, `task_12_4_6['logp_behavior']`. Найдите `ratios` — $\\rho_t = \\pi_\\theta/\\mu$ для каждого токена с $m_t = 1$ по порядку — и `seq_log_ratio` — $\\log w_{{seq}}$ всей последовательности, в натах; {TOL}."
     )
     return {"statement": statement, **task}
 
@@ -102,8 +100,7 @@ def token_ratios_solution(task: dict, ref: dict) -> str:
         "$\\rho_t = \\exp(\\log\\pi_\\theta - \\log\\mu)$; $\\log w_{seq} = \\sum_t m_t\\,(\\log\\pi_\\theta(y_t) - \\log\\mu(y_t))$ — только токены политики.\n\n"
         + md_table(["t", "токен", "$\\log\\pi_\\theta - \\log\\mu$", "$\\rho_t$"], rows)
         + f"\n\n$$\\log w_{{seq}} = {' + '.join(f'({a - b:+.3f})' for _, k, a, b in cols if k)} = {seq:.4f}\\ \\text{{нат}}.$$\n\n"
-        f'**Ответ:** `{{"ratios": [{", ".join(f"{r:.4f}" for r in ref["ratios"])}], "seq_log_ratio": {seq:.4f}}}`. '
-        "Токены среды выбирала не политика; отношение — $\\pi/\\mu$, не $\\mu/\\pi$; ответ — сумма, а не среднее, и сам логарифм, а не $w_{seq}$."
+        f'**Ответ:** `{{"ratios": [{", ".join(f"{r:.4f}" for r in ref["ratios"])}], "seq_log_ratio": {seq:.4f}}}`. Токены среды выбирала не политика; отношение — $\\pi/\\mu$, а не $\\mu/\\pi$; ответ — сумма, а не среднее, и сам логарифм, а не $w_{{seq}}$.'
     )
 
 
