@@ -40,8 +40,7 @@ def ess_clip_task(variant: int) -> dict:
     el, eh, n = 0.2, rng.choice([0.2, 0.28]), rng.choice([8, 8, 10])
     lo, hi = 1 - el, 1 + eh
     ranges = {"high": (hi + 0.04, 2.8), "low": (0.25, lo - 0.04), "in": (lo + 0.03, hi - 0.03)}
-    while True:
-        # (где w, знак A): хоть одно срабатывание и хоть один выход за полосу с другим знаком A
+    while True:  # (где w, знак A): хоть одно срабатывание и хоть один выход с другим знаком A
         kinds = [("high", 1), rng.choice([("low", 1), ("high", -1)])]
         kinds += [rng.choice([("low", -1), ("low", 1), ("high", -1), ("high", 1)])]
         kinds += [("in", rng.choice([-1, 1])) for _ in range(n - len(kinds))]

@@ -144,14 +144,11 @@ def sync_audit_solve(task: dict) -> list[str]:
 
 
 def sync_audit_solution(task: dict, ref: list[str]) -> str:
-    messages, events = import_module(_WEIGHT_SYNC).audit_log(task["events"]), task["events"]
+    events = task["events"]
+    found = "\n".join(f"- {m}" for m in import_module(_WEIGHT_SYNC).audit_log(events))
     aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
     replicas = sorted({e["replica"] for e in events} - {"publisher"})
-    return (
-        f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n"
-        + "\n".join(f"- {m}" for m in messages)
-        + f"\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and f'; `verify_fail` и `abort` версии {aborted} — протокол сработал: проверка поймала порчу, и никто не переключился'}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
-    )
+    return f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n{found}\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and f'; `verify_fail` и `abort` версии {aborted} — протокол сработал: проверка поймала порчу, и никто не переключился'}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
 
 
 def _audit_wrong(dropped: set[str] | None, task: dict, ref: list[str]) -> list[str]:
