@@ -48,8 +48,8 @@ def loop_profile_task(variant: int) -> dict:
         f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага "
         f"(`task_12_1_7['stage_times']`):\n\n{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
         "Найдите `T_seq` — длительность шага, с; `dominant` — самый долгий этап; `speedup_bound` — "
-        f"предел ускорения шага, если `{accel}` станет бесплатным; `setups` — клетки карты схем "
-        f"`task_12_1_7['setups']`: {cells}; «на шаг позади» — это async. Допуск чисел 1 %.\n\n"
+        f"предел ускорения, если `{accel}` станет бесплатным; `setups` — клетки схем ниже "
+        f"(`task_12_1_7['setups']`): {cells}; «на шаг позади» — async. Допуск чисел 1 %.\n\n"
         + "\n".join(f"- **{k}.** {v}" for k, v in setups.items())
     )
     task = {"scenario": scenario, "stage_times": times, "accelerate": accel, "setups": setups}
@@ -69,13 +69,12 @@ def loop_profile_solution(task: dict, ref: dict) -> str:
     rows = [(f"**{s}**", f"`{c}`", CELL_WORDS[c]) for s, c in cells.items()]
     answer = {**ref, "T_seq": round(total, 2), "speedup_bound": round(bound, 3)}
     return (
-        f"**1.** Этапы идут по очереди: $T_{{seq}} = {terms} = {total:.2f}$ с.\n\n**2.** Самый "
-        f"долгий этап — `{dom}`: {times[dom]:.2f} с, {100 * times[dom] / total:.0f} % шага.\n\n"
-        f"**3. Амдал.** Без `{accel}` ({times[accel]:.2f} с) шаг длится {rest:.2f} с: $S_{{max}} "
-        f"= T_{{seq}} / (T_{{seq}} - T_{{\\text{{этапа}}}}) = {total:.2f} / {rest:.2f} \\approx "
-        f"{bound:.3f}$.\n\n**4.** Размещение — на одних ли GPU роли, синхронность — ждёт ли "
-        f"тренер пакет текущих весов:\n\n{md_table(('схема', 'клетка', 'то есть'), rows)}\n\n"
-        f"**Ответ:** `{answer}`."
+        f"**1.** Этапы идут по очереди: $T_{{seq}} = {terms} = {total:.2f}$ с.\n\n**2.** Дольше "
+        f"всех `{dom}`: {times[dom]:.2f} с, {100 * times[dom] / total:.0f} % шага.\n\n**3. Амдал.**"
+        f" Без `{accel}` ({times[accel]:.2f} с) шаг длится {rest:.2f} с: $S_{{max}} = T_{{seq}} / "
+        f"(T_{{seq}} - T_{{\\text{{этапа}}}}) = {total:.2f} / {rest:.2f} \\approx {bound:.3f}$."
+        "\n\n**4.** Размещение: на одних ли GPU роли; синхронность: ждёт ли тренер пакет текущих "
+        f"весов.\n\n{md_table(('схема', 'клетка', 'то есть'), rows)}\n\n**Ответ:** `{answer}`."
     )
 
 
@@ -99,8 +98,7 @@ _STAGE = Choice(lambda t: t["stage_times"])
 _SCHEMES = Keyed(lambda t: t["setups"], _Cell(SETUP_CLASSES), noun="схем")
 _MESSAGES = {
     "amdahl_ratio": "T_seq / T_этапа — обратная доля этапа; без этапа шаг длится T_seq − T_этапа.",
-    "separate_server_async": "Все раздельные схемы отнесены к асинхронным, но отдельный сервер не "
-    "делает цикл асинхронным: тренер, ждущий пакет текущей версии, — sync (шаг 12.1.3).",
+    "separate_server_async": "Отдельный сервер не делает цикл асинхронным: тренер, ждущий пакет текущей версии, — sync (шаг 12.1.3).",
     "mean_not_sum": "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
 }
 _RULES = {  # ответ с ошибкой: заменой ключей верного или целиком (и своё правило)
@@ -119,7 +117,6 @@ STEP = Step(
     solve=loop_profile_solve,
     solution=loop_profile_solution,
     answer=Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES)))),
-    hint="Этапы шага идут по очереди: T_seq — сумма; без этапа шаг длится T_seq − T_этапа (Амдал). "
-    "Для схем два вопроса: на одних ли GPU роли; ждёт ли тренер пакет текущих весов.",
+    hint="T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов.",
     traps=tuple(Trap(k, m, **_RULES[k]) for k, m in _MESSAGES.items()),
 )

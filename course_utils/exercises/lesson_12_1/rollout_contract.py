@@ -69,11 +69,11 @@ def rollout_contract_task(variant: int) -> dict:
     records += [_record(None, multi, v), per_token, *(_record(rng, s, v) for s in rest)]
     rng.shuffle(records)
     statement = (
-        f"**Контракт роллаута.** `task_12_1_6['records']` — пакет из {n_total} записей (поля — шаг "
-        "12.1.2; таблица — `contract.records_to_frame(task_12_1_6['records'])`). В непригодной "
-        "записи нарушено ровно одно правило; остальные пригодны, даже если выглядят непривычно. "
-        "Назовите нарушенные правила, не вызывая `contract.validate_rollout` (сверьтесь после "
-        "проверки). Правила (`task_12_1_6['rules']`):\n\n"
+        f"**Контракт роллаута.** `task_12_1_6['records']` — {n_total} записей (поля — шаг 12.1.2; "
+        "таблица — `contract.records_to_frame(task_12_1_6['records'])`). В непригодной записи "
+        "нарушено ровно одно правило, прочие пригодны, даже непривычные. Ответ — `{sample_id: "
+        "ключ_правила}` для непригодных, без `contract.validate_rollout` (им сверьтесь после). "
+        "Правила (`task_12_1_6['rules']`):\n\n"
         + "\n".join(f"- `{key}` — {text}" for key, text in contract.RULES.items())
     )
     return {"statement": statement, "records": records, "rules": dict(contract.RULES)}
@@ -116,8 +116,7 @@ STEP = Step(
     solve=rollout_contract_solve,
     solution=rollout_contract_solution,
     answer=Keyed(_sids, Choice(contract.RULES), False, "записей", "{sample_id: ключ_правила}"),
-    hint="Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, "
-    "знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды.",
+    hint="Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды.",
     traps=(
         Trap(
             "prompt_in_mask",
