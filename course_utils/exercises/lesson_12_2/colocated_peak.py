@@ -54,19 +54,19 @@ def colocated_peak_task(variant: int) -> dict:
     phases = _timeline(parts, offload)
     rows = [(f"`{ph}`", *(f"{v:g}" if v else "—" for v in comps.values())) for ph, comps in phases]
     where = "один GPU" if world == 1 else f"один из {world} GPU (тренер — FSDP full shard)"
+    cpu = "; оптимизатор при генерации выгружен на CPU" if offload else ""
     rewards = "; ".join(f"{q}: {''.join(map(str, rs))}" for q, rs in groups.items())
     statement = (
         f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по "
-        f"очереди делят {where}. Память по фазам шага, ГиБ (2³⁰ Б), «—» — статьи нет на GPU"
-        f"{' (оптимизатор на время генерации выгружен на CPU)' if offload else ''}:\n\n"
+        f"очереди делят {where}. Память фаз шага, ГиБ (2³⁰ Б; «—» — статьи нет на GPU{cpu}):\n\n"
         f"{md_table(('фаза', *_COMPONENTS), rows)}\n\nС **LoRA** (ранг {rank}, адаптеры на q, k, "
         f"v, o) градиенты — {lora_parts[_GRADS]:g} ГиБ, оптимизатор — {lora_parts[_OPT]:g} ГиБ, "
-        "прочее то же (таблицы — `task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n"
-        f"**Журнал** (`task_12_2_8['run_log']`): за {log['duration_s']} с завершено "
+        "прочее то же (`task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n**Журнал** "
+        f"(`task_12_2_8['run_log']`): за {log['duration_s']} с завершено "
         f"{fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = {g}, награды correctness: "
-        f"{rewards}. Группа вырождена, если награды всех её ответов равны (все A = 0).\n\n"
-        "Найдите `peak_gib` — пик памяти, ГиБ; `peak_phase` — фазу пика; `peak_lora_gib` — пик с "
-        "LoRA, ГиБ; `informative_groups_per_s` — информативные группы в секунду. Допуск 1 %."
+        f"{rewards}. Группа вырождена, если все награды в ней равны (все A = 0).\n\nНайдите "
+        "(допуск 1 %) `peak_gib` — пик памяти, ГиБ; `peak_phase` — его фазу; `peak_lora_gib` — пик "
+        "с LoRA, ГиБ; `informative_groups_per_s` — информативных групп в секунду."
     )
     task = {"model": model, "recipe": recipe, "world_size": world, "lora_rank": rank}
     task |= {"phases": phases, "phases_lora": _timeline(lora_parts, offload), "run_log": log}
@@ -136,7 +136,6 @@ STEP = Step(
     solve=colocated_peak_solve,
     solution=colocated_peak_solution,
     answer=Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с"))))),
-    hint="Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. "
-    "Информативные группы/с = группы/с × (1 − доля групп, где все награды равны).",
+    hint="Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами).",
     traps=TRAPS,
 )

@@ -35,17 +35,16 @@ def kv_budget_task(variant: int) -> dict:
         if len(set(seqs)) == len(seqs) and seqs[0] >= group:
             break
     statement = (
-        f"**Бюджет KV-кэша.** Движок генерации: {model} на {gpu}. Из "
-        f"`data/model_configs/{model}.json` (и в `task_12_2_7['num_layers']` и т. д.): слоёв L = "
-        f"{s.num_layers}, голов внимания H = {s.num_attention_heads}, KV-голов $H_{{kv}}$ = "
-        f"{s.num_kv_heads}, hidden_size = {s.hidden_size}, $d_h$ = hidden_size / H = "
-        f"{s.head_dim}. KV-кэш в {kv_dtype}: b = {b} Б на число. Под веса и кэш отдано "
-        f"{task['budget_gib']} ГиБ (2³⁰ Б); веса в bf16 — W = {fmt.num(task['weights_bytes'])} Б. "
-        f"GRPO: G = {group} ответов на запрос; последовательность держит в кэше запрос и ответ: "
-        f"{prompt} + до {fmt.num(response)} токенов (без общих префиксов).\n\nНайдите "
-        "`kv_bytes_per_token` — байт KV-кэша на токен (все слои), `max_sequences` — сколько "
-        "последовательностей помещается после весов, `max_groups` — сколько это целых групп. "
-        "Все три — целые (округление вниз), сравниваются точно."
+        f"**Бюджет KV-кэша.** Генерация: {model} на {gpu}. Из `data/model_configs/{model}.json` "
+        f"(и `task_12_2_7['num_layers']` и т. д.): слоёв L = {s.num_layers}, голов внимания H = "
+        f"{s.num_attention_heads}, KV-голов $H_{{kv}}$ = {s.num_kv_heads}, $d_h$ = hidden_size / H "
+        f"= {s.hidden_size} / {s.num_attention_heads} = {s.head_dim}. KV-кэш в {kv_dtype}: b = {b} "
+        f"Б на число. Бюджет на веса и кэш — {task['budget_gib']} ГиБ (2³⁰ Б), веса bf16 W = "
+        f"{fmt.num(task['weights_bytes'])} Б. GRPO: G = {group} ответов на запрос; в кэше "
+        f"последовательности — запрос и ответ, {prompt} + до {fmt.num(response)} токенов (без "
+        "общих префиксов).\n\nНайдите, округляя вниз (сравниваются точно): `kv_bytes_per_token` — "
+        "байт KV-кэша на токен (все слои); `max_sequences` — сколько последовательностей "
+        "поместится рядом с весами; `max_groups` — сколько это целых групп."
     )
     return {"statement": statement, **task}
 
@@ -68,11 +67,10 @@ def kv_budget_solution(task: dict, ref: dict) -> str:
     tokens = fmt.count(prompt + response, "токен", "токена", "токенов")
     per_seq, free = per_tok * (prompt + response), task["budget_gib"] * memory.GIB - w
     return (
-        f"**1.** $B_{{KV}} = 2 L H_{{kv}} d_h b$ на токен: 2 — ключи и значения, головы — "
-        f"KV-головы ($H_{{kv}} = {hkv}$, а не H = {h}: GQA):\n\n$$2 \\cdot {L} "
-        f"\\cdot {hkv} \\cdot {dh} \\cdot {b} = {tex_num(per_tok)}\\ \\text{{Б}}.$$\n\n**2.** "
-        f"Последовательность: {prompt} + {response} = {tokens}, "
-        f"{fmt.num(per_seq)} Б. После весов: {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
+        f"**1.** $B_{{KV}} = 2 L H_{{kv}} d_h b$ на токен (2 — ключи и значения; GQA: $H_{{kv}} = "
+        f"{hkv}$, а не H = {h}):\n\n$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = "
+        f"{tex_num(per_tok)}\\ \\text{{Б}}.$$\n\n**2.** Запрос и ответ: {prompt} + {response} = "
+        f"{tokens}, {fmt.num(per_seq)} Б. После весов: {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
         f"{fmt.num(free)} Б;\n\n$$\\left\\lfloor \\frac{{{tex_num(free)}}}{{{tex_num(per_seq)}}} "
         f"\\right\\rfloor = {seqs}.$$\n\n**3.** ⌊{seqs} / {g}⌋ = "
         f"{fmt.count(groups, 'группа', 'группы', 'групп')}.\n\n**Ответ:** `{ref}`."
@@ -88,8 +86,7 @@ _MISREAD = {  # ошибка: (ключ ответа, где она видна; 
 }
 _MESSAGES = {
     "no_factor_two": "Нет множителя 2: KV-кэш хранит и ключи, и значения.",
-    "attention_heads_not_kv": "Взято число голов внимания H, а не KV-голов H_kv: при GQA "
-    "несколько голов запросов делят одну пару K/V (`num_key_value_heads`).",
+    "attention_heads_not_kv": "Взято число голов внимания H, а не KV-голов H_kv: при GQA несколько голов запросов делят одну пару K/V (`num_key_value_heads`).",
     "forgot_weights": "Под KV-кэш отдан весь бюджет, а в той же памяти сначала лежат веса W.",
     "forgot_prompt": "Посчитан только ответ, а запрос лежит в KV-кэше всё время генерации.",
     "budget_in_gb": "Бюджет переведён в байты как ГБ (× 10⁹), а он в ГиБ: 1 ГиБ = 2³⁰ Б.",
@@ -106,8 +103,7 @@ STEP = Step(
     solve=kv_budget_solve,
     solution=kv_budget_solution,
     answer=Fields(dict.fromkeys(_KEYS, Number(1e-9, integer=True))),
-    hint="Байт на токен: 2·L·H_kv·d_h·b. Из бюджета (ГиБ × 2³⁰) вычтите веса, разделите на байт "
-    "одной последовательности (запрос + ответ), округлите вниз; группы — ещё раз вниз после ÷ G.",
+    hint="Байт на токен: 2·L·H_kv·d_h·b. Бюджет (ГиБ × 2³⁰) минус веса разделите на байт одной последовательности (запрос + ответ) и округлите вниз; группы — ещё раз вниз после ÷ G.",
     traps=tuple(
         Trap(k, _MESSAGES[k], wrong=lambda t, ref, m=m: _misread(t, *m), by=(key,))
         for k, (key, *m) in _MISREAD.items()

@@ -29,12 +29,11 @@ def optimizer_state_task(variant: int) -> dict:
         f"**Состояние модели и ZeRO.** N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} "
         f"({source}), параллелизм данных на D = {world} GPU, рецепт `{recipe}` — {r.label}. "
         f"Байт на параметр:\n\n{md_table(('статья', 'обозначение', 'Б/параметр'), rows)}\n\n"
-        "N, таблица и D — в `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, "
-        "`task_12_2_6['world_size']`. В DDP каждый ранг хранит всё состояние; ZeRO-1 делит между "
-        "рангами состояния оптимизатора (m1, m2, мастер-копию), ZeRO-2 — ещё градиенты, ZeRO-3 "
-        "(FSDP full shard) — ещё веса.\n\nНайдите в **ГиБ** (2³⁰ Б, не ГБ = 10⁹ Б): `B_state` — "
-        "всё модельное состояние; `ddp`, `zero1`, `zero2`, `zero3` — его постоянную часть на ранг "
-        "(без активаций, буферов связи и сборки слоёв). Допуск 1 %: ⌈N/D⌉ можно не округлять."
+        "N, таблица и D — `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, "
+        "`task_12_2_6['world_size']`. DDP хранит всё на каждом ранге; ZeRO-1 делит между рангами "
+        "m1, m2 и мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 (FSDP full shard) — ещё веса.\n\n"
+        "Найдите в **ГиБ** (2³⁰ Б, не 10⁹): `B_state` — всё состояние; `ddp`, `zero1`, `zero2`, "
+        "`zero3` — его часть на одном ранге (без активаций и буферов). Допуск 1 %, ⌈N/D⌉ не нужен."
     )
     data = {"model": model, "n_params": n, "recipe": recipe, "bytes_per_param": b}
     return {"statement": statement, **data, "world_size": world}
@@ -61,12 +60,11 @@ def optimizer_state_solution(task: dict, ref: dict) -> str:
     ]
     terms = " + ".join(f"{v:g}" for v in b.values())
     return (
-        f"N = {fmt.count(n, 'параметр', 'параметра', 'параметров')}, рецепт `{task['recipe']}`, "
-        f"D = {d}. Состояние — сумма всех хранимых представлений:\n\n$$B_{{state}} = N \\Sigma b = "
-        f"{tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ "
-        f"\\text{{ГиБ}}.$$\n\nСостояния оптимизатора $K = b_{{m1}} + b_{{m2}} + b_{{master}} = "
-        f"{k:g}$ Б/параметр. На ранг:\n\n{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}"
-        f"\n\n**Ответ (ГиБ):** `{ {key: round(v, 3) for key, v in ref.items()} }`."
+        f"$$B_{{state}} = N \\Sigma b = {tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ "
+        f"\\text{{Б}} = {g['B_state']}\\ \\text{{ГиБ}}.$$\n\nСостояния оптимизатора в "
+        f"`{task['recipe']}`: $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ Б/параметр. На ранг "
+        f"(D = {d}):\n\n{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}\n\n"
+        f"**Ответ (ГиБ):** `{ {key: round(v, 3) for key, v in ref.items()} }`."
     )
 
 
@@ -79,7 +77,7 @@ _MESSAGES = {
     "shard_everything_at_zero1": "ZeRO-1 делит на D только состояния оптимизатора, а не веса и градиенты.",
     "ddp_divides": "DDP делит между рангами данные, а не модель: каждый ранг хранит всё B_state.",
 }
-_RULES = {  # ответ с ошибкой: целиком или заменой ключей; _BY — ключи, по любому из которых видна
+_RULES = {  # ответ с ошибкой: целиком или заменой ключей; _BY — ключи, по любому из них видна
     "sixteen_law": {"wrong": lambda t, ref: optimizer_state_solve(t, "bf16_mixed_adam")},
     "shard_everything_at_zero1": {"override": {"zero1": _shard_all, "zero2": _shard_all}},
     "ddp_divides": {"override": {"ddp": _shard_all}},
@@ -91,7 +89,6 @@ STEP = Step(
     solve=optimizer_state_solve,
     solution=optimizer_state_solution,
     answer=Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)}),
-    hint="B_state = N·Σb по таблице рецепта. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 "
-    "+ мастер-копию; ZeRO-2 — ещё градиенты; ZeRO-3 — всё. Байты в ГиБ — деление на 2³⁰.",
+    hint="B_state = N·Σb. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 + мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 — всё. ГиБ = Б / 2³⁰.",
     traps=tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items()),
 )
