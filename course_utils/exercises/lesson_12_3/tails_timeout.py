@@ -28,8 +28,7 @@ def tails_timeout_task(variant: int) -> dict:
         for j in range(4):
             d = round(rng.uniform(*_SPANS[kind]), 1)
             rows.append({"i": 4 * t + j, "task": f"q{t + 1}", "difficulty": kind, "duration_s": d})
-    # тяжёлый хвост у сложных задач (длинные рассуждения, повторы вызовов инструмента), иногда —
-    # тайм-аут среды у лёгкой (обрезанных сложных в доле всё равно больше)
+    # хвост у сложных задач, иногда — тайм-аут среды у лёгкой (сложных в доле обрезано больше)
     for r in rng.sample([r for r in rows if r["difficulty"] == "hard"], rng.randint(2, 4)):
         r["duration_s"] = round(rng.uniform(timeout + 3, 2.6 * timeout), 1)
     if len(easy := [r for r in rows if r["difficulty"] == "easy"]) == 8 and rng.random() < 0.5:
@@ -40,13 +39,13 @@ def tails_timeout_task(variant: int) -> dict:
     )
     statement = (
         f"**Медленные хвосты и тайм-аут.** Синхронный шаг ждёт все {len(rows)} роллаутов (4 задачи "
-        "по 4 ответа); у каждого свой слот генерации, все стартуют одновременно. Роллауты (они же "
-        f"в `task_12_3_7['rollouts']`):\n\n{table}\n\nЗагрузка слотов — доля занятого времени в "
-        "прямоугольнике «слоты × длительность шага». Найдите `T_group` — длительность шага, с; `U` "
-        f"— загрузку слотов (доля); `U_timeout` — загрузку с тайм-аутом τ = {timeout} с (роллаут "
-        "дольше τ обрывается в момент τ, шаг кончается не позже τ); `truncated` — номера i "
-        "обрезанных роллаутов; `hard_share_truncated` и `easy_share_truncated` — доли обрезанных "
-        "среди роллаутов сложных и среди роллаутов лёгких задач. Допуск 1 %."
+        "по 4 ответа); у каждого свой слот генерации, старт общий (таблица — "
+        f"`task_12_3_7['rollouts']`):\n\n{table}\n\nЗагрузка слотов — занятая доля прямоугольника "
+        "«слоты × длительность шага». Найдите (допуск 1 %) `T_group` — длительность шага, с; `U` — "
+        f"загрузку слотов; `U_timeout` — её же с тайм-аутом τ = {timeout} с (роллаут дольше τ "
+        "обрывается в момент τ); `truncated` — номера i обрезанных роллаутов; "
+        "`hard_share_truncated`, `easy_share_truncated` — доли обрезанных среди роллаутов сложных "
+        "и лёгких задач."
     )
     return {"statement": statement, "timeout_s": timeout, "rollouts": rows}
 
@@ -70,18 +69,16 @@ def tails_timeout_solution(task: dict, ref: dict) -> str:
     listing = ", ".join(f"{r['i']} ({r['task']}, {r['duration_s']:.1f} с)" for r in picked)
     answer = {k: round(v, 3) if isinstance(v, float) else v for k, v in ref.items()}
     return (
-        "Слоты работают параллельно, шаг ждёт самого медленного: $T_{group} = \\max_i T_i = "
-        f"{T}$ с (а не среднее {sum(d) / n:.2f} с). С тайм-аутом роллаут занимает слот $\\min(T_i, "
-        "τ)$, а шаг длится τ:\n\n$$U = \\frac{\\sum_i T_i}{n \\max_i T_i} = "
-        f"\\frac{{{total}}}{{{n} \\cdot {T}}} \\approx {ref['U']:.3f}, \\qquad U_{{timeout}} = "
-        "\\frac{\\sum_i \\min(T_i, τ)}{n\\,τ} = "
-        f"\\frac{{{sig(sum(min(x, tau) for x in d))}}}{{{n} \\cdot {tau}}} \\approx "
-        f"{ref['U_timeout']:.3f}.$$\n\nШаг сократился с {T} до {tau} с — ценой обрезанных "
-        f"роллаутов ($T_i > τ$): {listing}. Среди {n_hard} роллаутов сложных задач обрезано "
-        f"{k_hard} (доля {ref['hard_share_truncated']:.3f}), среди {n - n_hard} лёгких — "
-        f"{len(picked) - k_hard} (доля {ref['easy_share_truncated']:.3f}): тайм-аут смещает данные "
-        "к простым задачам, поэтому его правило и доли обрезанных по сложности входят в отчёт.\n\n"
-        f"**Ответ:** `{answer}`."
+        f"Шаг ждёт самый медленный роллаут: $T_{{group}} = \\max_i T_i = {T}$ с (не среднее "
+        f"{sum(d) / n:.2f} с). С тайм-аутом роллаут занимает слот $\\min(T_i, τ)$, а шаг длится "
+        f"τ:\n\n$$U = \\frac{{\\sum_i T_i}}{{n \\max_i T_i}} = \\frac{{{total}}}{{{n} \\cdot {T}}} "
+        f"\\approx {ref['U']:.3f}, \\qquad U_{{timeout}} = \\frac{{\\sum_i \\min(T_i, "
+        f"τ)}}{{n\\,τ}} = \\frac{{{sig(sum(min(x, tau) for x in d))}}}{{{n} \\cdot {tau}}} "
+        f"\\approx {ref['U_timeout']:.3f}.$$\n\nОбрезаны роллауты с $T_i > τ$: {listing}. Из "
+        f"{n_hard} роллаутов сложных задач — {k_hard} (доля {ref['hard_share_truncated']:.3f}), из "
+        f"{n - n_hard} лёгких — {len(picked) - k_hard} (доля {ref['easy_share_truncated']:.3f}): "
+        "тайм-аут смещает данные к простым задачам, поэтому доли обрезанных входят в "
+        f"отчёт.\n\n**Ответ:** `{answer}`."
     )
 
 
