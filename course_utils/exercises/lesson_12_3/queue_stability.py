@@ -110,14 +110,12 @@ _TRAP_MATCH = {  # ошибки устойчивости и роста — по 
     ),
 }
 
-HINT = "Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика."
-TRAPS = slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",))
 STEP = Step(
-    "12.3.8",
-    queue_stability_task,
-    queue_stability_solve,
-    ANSWER,
-    HINT,
-    queue_stability_solution,
-    TRAPS,
+    id="12.3.8",
+    make_task=queue_stability_task,
+    solve=queue_stability_solve,
+    solution=queue_stability_solution,
+    answer=ANSWER,
+    hint="Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика.",
+    traps=slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",)),
 )

@@ -139,14 +139,12 @@ _MESSAGES = {
     "staleness_everywhere": "Диагноз по версиям не ставится: v < u во всех строках. Сравните с пробой на нулевой задержке — если расхождение там почти то же, его даёт TIM.",
     "probe_nonzero_is_tim": "Немного TIM есть всегда, проба почти никогда не даёт ровно 0. Диагноз — по доле: если без задержки остаётся малая часть расхождения, основную часть даёт задержка.",
 }
-HINT = "Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру)."
-TRAPS = traps_from(lag_or_mismatch_solve, _MESSAGES, _BY, ("diagnosis",), _MATCHES)
 STEP = Step(
-    "12.4.8",
-    lag_or_mismatch_task,
-    lag_or_mismatch_solve,
-    ANSWER,
-    HINT,
-    lag_or_mismatch_solution,
-    TRAPS,
+    id="12.4.8",
+    make_task=lag_or_mismatch_task,
+    solve=lag_or_mismatch_solve,
+    solution=lag_or_mismatch_solution,
+    answer=ANSWER,
+    hint="Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру).",
+    traps=traps_from(lag_or_mismatch_solve, _MESSAGES, _BY, ("diagnosis",), _MATCHES),
 )
