@@ -23,8 +23,8 @@ import torch
 
 from course_utils import checkpoint as ck, crash_test
 from course_utils.checkpoint import CheckpointError, ToyRLRun
-from course_utils.multiproc import launch
-from course_utils.rl_procs import state_checksum
+from course_utils.multiproc import checkpointed_trainer as ckt, launch
+from course_utils.multiproc.transport import state_checksum
 
 matplotlib.use("Agg")
 
@@ -540,7 +540,7 @@ def test_latest_skips_what_load_rejects(saved, tmp_path, damage):
 
 def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
     """Контрольная точка без обязательных компонентов — CheckpointError, а не неполное состояние."""
-    first = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=4, checkpoint_every=4)
+    first = ckt.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=4, checkpoint_every=4)
     assert first["checkpoints_written"] == ["step-000004"]
     run = ToyRLRun(0)
     _events(run, 8)
@@ -555,7 +555,7 @@ def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
     assert ck.latest_checkpoint(tmp_path, components=ck.COMPONENTS) == tmp_path / "step-000004"
     with pytest.raises(ValueError, match="components"):
         ck.latest_checkpoint(tmp_path, components="policy")
-    res = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=6, checkpoint_every=4)
+    res = ckt.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=6, checkpoint_every=4)
     assert res["resumed_from"] == 4
     assert first["events"] + res["events"] == _events(ToyRLRun(0), 6)
 
@@ -645,7 +645,7 @@ def test_verifier_crash_partial_batch_rejected_then_accepted():
 
 # ----------------------------------------------------------------------------- уровень C: kill -9
 
-ENTRY = "course_utils.checkpoint:checkpointed_trainer"
+ENTRY = "course_utils.multiproc.checkpointed_trainer:checkpointed_trainer"
 
 
 def _reference(total_steps: int, seed: int = 0) -> tuple[list[dict], str]:
@@ -659,7 +659,7 @@ def _launch(tmp_path, tag, **args):
 
 
 def _run_events(run_dir) -> tuple[list[dict], dict]:
-    frame = ck.events_from_run_dir(run_dir)
+    frame = ckt.events_from_run_dir(run_dir)
     return frame.drop(columns=["pid", "computations"]).to_dict("records"), frame.attrs
 
 
@@ -738,7 +738,7 @@ def test_overwrite_killed_at_any_point_keeps_a_complete_checkpoint(tmp_path, poi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000008"], names
     manifest = ck.verify_checkpoint(target, run.config)
     assert manifest["created_unix"] != old_created  # на месте новая копия: полную не удалили
-    res = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=9, checkpoint_every=4)
+    res = ckt.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=9, checkpoint_every=4)
     assert res["resumed_from"] == 8 and [e["step"] for e in res["events"]] == [9]
 
 
@@ -790,7 +790,7 @@ def test_events_from_run_dir_handles_torn_line(tmp_path):
     lines = [json.dumps({"pid": 1, "event": e}) for e in ev]
     lines += [json.dumps({"pid": 2, "event": ev[2]}), '{"pid": 2, "event": {"st']
     (tmp_path / "events.jsonl").write_text("\n".join(lines))
-    frame = ck.events_from_run_dir(tmp_path)
+    frame = ckt.events_from_run_dir(tmp_path)
     assert frame["step"].tolist() == [1, 2, 3] and frame["computations"].tolist() == [1, 1, 2]
     assert frame.attrs["torn_lines"] == 1 and frame.attrs["recomputed"] == 1
     assert frame["pid"].tolist() == [1, 1, 2]
@@ -798,19 +798,21 @@ def test_events_from_run_dir_handles_torn_line(tmp_path):
 
 def test_checkpointed_trainer_validates_arguments(tmp_path):
     with pytest.raises(ValueError, match="kill_during_write_at_step"):
-        ck.checkpointed_trainer(
+        ckt.checkpointed_trainer(
             0, 1, "gloo", str(tmp_path), checkpoint_every=5, kill_during_write_at_step=7
         )
     with pytest.raises(ValueError, match="один процесс"):
-        ck.checkpointed_trainer(0, 2, "gloo", str(tmp_path))
+        ckt.checkpointed_trainer(0, 2, "gloo", str(tmp_path))
 
 
 def test_checkpointed_trainer_in_process_resume_and_config_guard(tmp_path):
-    first = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=4, checkpoint_every=2)
+    first = ckt.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=4, checkpoint_every=2)
     assert first["resumed_from"] is None
     assert first["checkpoints_written"] == ["step-000002", "step-000004"]
-    second = ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=6, checkpoint_every=2)
+    second = ckt.checkpointed_trainer(
+        0, 1, "gloo", str(tmp_path), total_steps=6, checkpoint_every=2
+    )
     assert second["resumed_from"] == 4 and [e["step"] for e in second["events"]] == [5, 6]
     assert first["events"] + second["events"] == _events(ToyRLRun(0), 6)
     with pytest.raises(CheckpointError, match="seed: 0 → 1"):
-        ck.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=8, seed=1)
+        ckt.checkpointed_trainer(0, 1, "gloo", str(tmp_path), total_steps=8, seed=1)

@@ -17,7 +17,7 @@ import pytest
 
 from course_utils import multiproc
 from course_utils.fmt import NBSP
-from course_utils.multiproc import LaunchResult, RankFailure, launch
+from course_utils.multiproc import LaunchResult, RankFailure, launch, launcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -392,17 +392,17 @@ def test_hang_frames_from_faulthandler_dump():
   File "/x/threading.py", line 320 in wait
 Current thread 0x00007f00 (most recent call first):
   File "/x/distributed_c10d.py", line 5356 in barrier
-  File "/x/course_utils/multiproc.py", line 800 in fail_on_rank
-  File "/x/course_utils/multiproc.py", line 700 in _child_main
-  File "/x/course_utils/multiproc.py", line 720 in main
-  File "/x/course_utils/multiproc.py", line 900 in <module>
+  File "/x/course_utils/multiproc/smoke.py", line 80 in fail_on_rank
+  File "/x/course_utils/multiproc/launcher.py", line 700 in _child_main
+  File "/x/course_utils/multiproc/launcher.py", line 720 in main
+  File "/x/course_utils/multiproc/__main__.py", line 7 in <module>
   File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 198 in _run_module_as_main
 """
-    frames = multiproc._hang_frames(dump)
+    frames = launcher._hang_frames(dump)
     assert frames == [
         'File "/x/distributed_c10d.py", line 5356 in barrier',
-        'File "/x/course_utils/multiproc.py", line 800 in fail_on_rank',
+        'File "/x/course_utils/multiproc/smoke.py", line 80 in fail_on_rank',
     ]
     text = RankFailure(rank=0, exitcode=-9, stderr_tail=dump, killed=True).describe()
     assert "где он ждал" in text and "in barrier" in text

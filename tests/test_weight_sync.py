@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from course_utils import multiproc, policy, weight_sync
-from course_utils.rl_procs import ROLE_GENERATOR, ROLE_TRAINER, state_checksum
+from course_utils.multiproc import weight_broadcast
+from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER, state_checksum
 from course_utils.weight_sync import (
     AUDIT_RULES,
     EVENT_FIELDS,
@@ -31,7 +32,7 @@ from course_utils.weight_sync import (
     reference_logits,
 )
 
-ENTRY = "course_utils.weight_sync:broadcast_weights"
+ENTRY = "course_utils.multiproc.weight_broadcast:broadcast_weights"
 SIZES = [1_000, 100_000, 1_000_000]
 
 
@@ -580,7 +581,7 @@ def test_unhashable_event_kind_is_a_value_error(event):
 
 
 def test_broadcast_weights_bad_inputs():
-    call = weight_sync.broadcast_weights
+    call = weight_broadcast.broadcast_weights
     with pytest.raises(ValueError, match="world_size"):
         call(rank=0, world_size=1, backend="gloo")
     with pytest.raises(ValueError, match="versions"):
@@ -594,9 +595,9 @@ def test_broadcast_weights_bad_inputs():
     with pytest.raises(ValueError, match="corrupt_rank"):
         call(rank=0, world_size=3, backend="gloo", corrupt_rank=0)
     with pytest.raises(ValueError, match="launch_result"):
-        weight_sync.sync_frame([{"rank": 0}])
+        weight_broadcast.sync_frame([{"rank": 0}])
     with pytest.raises(ValueError, match="launch_result"):
-        weight_sync.sync_size_frame("итог")
+        weight_broadcast.sync_size_frame("итог")
 
 
 # ----------------------------------------------------------------------------- уровень C: процессы
@@ -636,7 +637,7 @@ def test_distributed_generators_serve_published_version(run):
 
 
 def test_distributed_event_log_passes_audit(run):
-    events = weight_sync.merged_events(run)
+    events = weight_broadcast.merged_events(run)
     assert audit_log(events) == []
     kinds = {(e["event"], e["version"]) for e in events}
     assert ("abort", 2) in kinds and ("verify_fail", 2) in kinds and ("commit", 3) in kinds
@@ -644,14 +645,14 @@ def test_distributed_event_log_passes_audit(run):
 
 
 def test_sync_frames(run):
-    frame = weight_sync.sync_frame(run)
+    frame = weight_broadcast.sync_frame(run)
     assert len(frame) == 3 * 3
     assert frame["version"].tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     gens = frame[frame["role"] == ROLE_GENERATOR]
     for col in ("broadcast_s", "verify_s", "barrier_s", "commit_s"):
         assert (gens[col] >= 0).all() and gens[col].map(math.isfinite).all()
     assert frame[frame["role"] == ROLE_TRAINER]["verify_s"].isna().all()
-    sizes = weight_sync.sync_size_frame(run)
+    sizes = weight_broadcast.sync_size_frame(run)
     assert sizes["size"].tolist() == SIZES
     assert sizes["bytes"].tolist() == [4 * s for s in SIZES]
     assert (sizes["seconds"] > 0).all() and (sizes["trainer_s"] > 0).all()

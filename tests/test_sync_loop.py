@@ -1,4 +1,4 @@
-"""Тесты course_utils.rl_procs: генератор и тренер как два процесса ОС (gloo на CPU).
+"""Тесты course_utils.multiproc.sync_loop и transport: генератор и тренер как два процесса ОС (gloo на CPU).
 
 Один настоящий запуск на 3 шага (~7 с на 2 ядрах) общий для большинства проверок; ещё один —
 с тремя процессами, который обязан завершиться понятной ошибкой.
@@ -17,10 +17,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_utils import multiproc, policy, rl_procs, tracing  # noqa: E402
-from course_utils.rl_procs import ROLE_GENERATOR, ROLE_TRAINER  # noqa: E402
+from course_utils import multiproc, policy, tracing  # noqa: E402
+from course_utils.multiproc import sync_loop, transport  # noqa: E402
+from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER  # noqa: E402
 
-ENTRY = "course_utils.rl_procs:sync_generator_trainer"
+ENTRY = "course_utils.multiproc.sync_loop:sync_generator_trainer"
 ARGS = {"steps": 3, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16, "seed": 0}
 
 
@@ -61,7 +62,7 @@ def test_engine_weights_equal_trainer_weights(run):
     gen, tr = _by_role(run)[ROLE_GENERATOR], _by_role(run)[ROLE_TRAINER]
     assert gen["weights_checksum"] == tr["weights_checksum"]
     model, _, _ = policy.load_policy("tiny", device="cpu")
-    assert rl_procs.state_checksum(model) != gen["weights_checksum"]  # веса обновились
+    assert transport.state_checksum(model) != gen["weights_checksum"]  # веса обновились
 
 
 def test_bytes_and_records(run):
@@ -119,23 +120,23 @@ def test_same_numbers_as_single_process_loop(run):
 
 
 def test_steps_frame(run):
-    df = rl_procs.sync_steps_frame(run)
+    df = sync_loop.sync_steps_frame(run)
     assert df["step"].tolist() == [0, 1, 2]
     assert df["behavior_version"].tolist() == [0, 1, 2]
     assert df["new_version"].tolist() == [1, 2, 3]
     assert (df["lag"] == 0).all()
     for col in ("generator_wait_s", "trainer_wait_s", "trainer_train_s", "generator_generate_s"):
         assert (df[col] >= 0).all()
-    assert rl_procs.sync_steps_frame(run.results).equals(df)  # и из списка словарей рангов
+    assert sync_loop.sync_steps_frame(run.results).equals(df)  # и из списка словарей рангов
     # Для показа — русские заголовки на каждый столбец; сами столбцы остаются ключами.
-    assert list(rl_procs.SYNC_STEP_COLUMNS_RU) == list(df.columns)
-    shown = df.rename(columns=rl_procs.SYNC_STEP_COLUMNS_RU)
+    assert list(sync_loop.SYNC_STEP_COLUMNS_RU) == list(df.columns)
+    shown = df.rename(columns=sync_loop.SYNC_STEP_COLUMNS_RU)
     assert all(any("а" <= ch <= "я" for ch in c.lower()) for c in shown.columns)
     assert len(set(shown.columns)) == len(df.columns)
 
 
 def test_events_frame_is_synchronous_gantt(run):
-    ev = rl_procs.events_frame(run)
+    ev = transport.events_frame(run)
     assert set(ev["worker"]) == {ROLE_GENERATOR, ROLE_TRAINER}
     assert (ev["end_s"] >= ev["start_s"]).all()
 
@@ -164,11 +165,11 @@ def test_events_frame_is_synchronous_gantt(run):
 
 
 def test_events_frame_by_kind(run):
-    ev = rl_procs.events_frame(run)
-    kinds = rl_procs.events_frame(run, by_kind=True)
-    assert set(ev["stage"]) <= set(rl_procs.STAGE_KINDS_RU)  # у каждой стадии есть вид
+    ev = transport.events_frame(run)
+    kinds = transport.events_frame(run, by_kind=True)
+    assert set(ev["stage"]) <= set(transport.STAGE_KINDS_RU)  # у каждой стадии есть вид
     assert kinds["detail"].tolist() == ev["stage"].tolist()
-    assert kinds["stage"].tolist() == [rl_procs.STAGE_KINDS_RU[s] for s in ev["stage"]]
+    assert kinds["stage"].tolist() == [transport.STAGE_KINDS_RU[s] for s in ev["stage"]]
     assert {"генерация", "обучение", "ожидание", "передача"} <= set(kinds["stage"])
 
 
@@ -202,27 +203,27 @@ def test_three_processes_fail_with_russian_error(tmp_path):
 def test_sync_bad_arguments(kwargs, name):
     call = {"rank": 0, "world_size": 2, "backend": "gloo", **kwargs}
     with pytest.raises(ValueError, match=name):
-        rl_procs.sync_generator_trainer(**call)
+        sync_loop.sync_generator_trainer(**call)
 
 
 def test_state_checksum():
     a = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)}
     same = {"b": torch.ones(3), "w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
-    assert rl_procs.state_checksum(a) == rl_procs.state_checksum(same)  # порядок имён не важен
+    assert transport.state_checksum(a) == transport.state_checksum(same)  # порядок имён не важен
     changed = {"w": a["w"].clone(), "b": a["b"].clone()}
     changed["w"][1, 2] += 1e-6
-    assert rl_procs.state_checksum(changed) != rl_procs.state_checksum(a)
+    assert transport.state_checksum(changed) != transport.state_checksum(a)
     half = {k: v.to(torch.bfloat16) for k, v in a.items()}
-    assert rl_procs.state_checksum(a, dtype="bfloat16") == rl_procs.state_checksum(half)
-    assert rl_procs.state_checksum(half) != rl_procs.state_checksum(a)
+    assert transport.state_checksum(a, dtype="bfloat16") == transport.state_checksum(half)
+    assert transport.state_checksum(half) != transport.state_checksum(a)
     net = torch.nn.Linear(3, 2)
-    assert rl_procs.state_checksum(net) == rl_procs.state_checksum(dict(net.named_parameters()))
+    assert transport.state_checksum(net) == transport.state_checksum(dict(net.named_parameters()))
     with pytest.raises(ValueError, match="tensors"):
-        rl_procs.state_checksum({})
+        transport.state_checksum({})
     with pytest.raises(ValueError, match="tensors"):
-        rl_procs.state_checksum({"w": [1.0]})
+        transport.state_checksum({"w": [1.0]})
     with pytest.raises(ValueError, match="dtype"):
-        rl_procs.state_checksum(a, dtype="float99")
+        transport.state_checksum(a, dtype="float99")
 
 
 def test_send_recv_need_process_group_and_valid_peer():
@@ -230,15 +231,15 @@ def test_send_recv_need_process_group_and_valid_peer():
 
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="не инициализирован"):
-        rl_procs.send_object({"a": 1}, dst=1)
+        transport.send_object({"a": 1}, dst=1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ValueError, match="dst.*собственным рангом"):
-            rl_procs.send_object({"a": 1}, dst=0)
+            transport.send_object({"a": 1}, dst=0)
         with pytest.raises(ValueError, match="src"):
-            rl_procs.recv_object(src=3)
+            transport.recv_object(src=3)
         with pytest.raises(ValueError, match="dst"):
-            rl_procs.send_tensors({"w": torch.ones(2)}, dst=True)
+            transport.send_tensors({"w": torch.ones(2)}, dst=True)
     finally:
         dist.destroy_process_group()
 
@@ -248,8 +249,8 @@ def test_frames_reject_bad_input(run):
         ok=False, status="failed", nprocs=2, backend="gloo", wall_s=1.0, results=[None, None]
     )
     with pytest.raises(ValueError, match="неуспешно"):
-        rl_procs.sync_steps_frame(failed)
+        sync_loop.sync_steps_frame(failed)
     with pytest.raises(ValueError, match="ролей"):
-        rl_procs.events_frame([{"role": ROLE_GENERATOR}])
+        transport.events_frame([{"role": ROLE_GENERATOR}])
     with pytest.raises(ValueError, match="launch_result"):
-        rl_procs.sync_steps_frame(42)
+        sync_loop.sync_steps_frame(42)

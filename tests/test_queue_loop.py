@@ -1,4 +1,4 @@
-"""Тесты очереди урока 12.3 (course_utils.rl_procs.queue_generators_trainer): 3 процесса ОС.
+"""Тесты очереди урока 12.3 (course_utils.multiproc.queue_loop): 3 процесса ОС.
 
 Один настоящий запуск (тренер с очередью и два генератора, gloo на CPU, ~10–15 с на 2 ядрах)
 с медленным тренером (train_delay_s), чтобы μ < λ и обратное давление наверняка сработало;
@@ -17,10 +17,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course_utils import multiproc, rl_procs, tracing  # noqa: E402
-from course_utils.rl_procs import ROLE_GENERATOR, ROLE_TRAINER  # noqa: E402
+from course_utils import multiproc, tracing  # noqa: E402
+from course_utils.multiproc import queue_loop, sync_loop, transport  # noqa: E402
+from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER  # noqa: E402
 
-ENTRY = "course_utils.rl_procs:queue_generators_trainer"
+ENTRY = "course_utils.multiproc.queue_loop:queue_generators_trainer"
 ARGS = {
     "duration_s": 3.0,
     "max_queue_tokens": 1024,
@@ -41,7 +42,7 @@ def run(tmp_path_factory):
     assert res.ok, res.summary()
     print()
     print(res.summary())
-    print(rl_procs.queue_summary_text(res))
+    print(queue_loop.queue_summary_text(res))
     return res
 
 
@@ -111,7 +112,7 @@ def test_queue_bound_overshoot_by_in_flight_work(run):
 
 def test_backpressure_when_trainer_slower_than_generators(run):
     trainer, gens = _parts(run)
-    s = rl_procs.queue_summary(run)
+    s = queue_loop.queue_summary(run)
     assert s["lambda_tokens_per_s"] > 0 and s["mu_tokens_per_s"] > 0
     assert s["offered_lambda_tokens_per_s"] > s["mu_tokens_per_s"]  # μ < λ
     assert s["rho"] > 1
@@ -130,7 +131,7 @@ def test_backpressure_when_trainer_slower_than_generators(run):
 def test_admitted_inflow_is_consumption_plus_accumulation(run):
     # Принятый приток λ и предложенная нагрузка — разные величины: допуск режет вторую до μ.
     trainer, gens = _parts(run)
-    s = rl_procs.queue_summary(run)
+    s = queue_loop.queue_summary(run)
     tl = trainer["timeline"]
     window = tl[-1]["time_s"] - tl[0]["time_s"]  # от события start до события end
     assert s["window_s"] == pytest.approx(window)
@@ -187,36 +188,36 @@ def test_versions_increase_and_lags_nonnegative(run):
             assert r["first_ask_s"] <= r["granted_s"] <= r["gen_start_s"] <= r["gen_end_s"]
             assert r["gen_end_s"] <= r["sent_s"]
     assert max(g["final_version"] for g in gens) >= 1  # новые веса дошли до генераторов
-    s = rl_procs.queue_summary(run)
+    s = queue_loop.queue_summary(run)
     assert s["max_lag"] >= 1  # асинхронность: есть данные старых версий
     assert 0 <= s["mean_lag"] <= s["max_lag"]
 
 
 def test_frames(run):
     trainer, gens = _parts(run)
-    tl = rl_procs.queue_timeline_frame(run)
+    tl = queue_loop.queue_timeline_frame(run)
     assert tl["event"].iloc[0] == "start" and tl["event"].iloc[-1] == "end"
     assert set(tl["event"]) == {"start", "arrival", "batch", "end"}
     assert tl["seq"].is_monotonic_increasing and tl["time_s"].is_monotonic_increasing
     assert (tl["depth_tokens"] >= 0).all() and (tl["threshold_tokens"] == T).all()
     assert tl["depth_tokens"].max() == trainer["peak_depth_tokens"]
-    batches = rl_procs.queue_batches_frame(run)
+    batches = queue_loop.queue_batches_frame(run)
     assert batches["new_version"].tolist() == list(range(1, len(batches) + 1))
     assert (batches["mean_queue_wait_s"] >= 0).all()
-    req = rl_procs.queue_requests_frame(run)
+    req = queue_loop.queue_requests_frame(run)
     assert set(req["worker"]) == {"генератор 1", "генератор 2"}
     assert len(req) == trainer["grants"]
-    assert rl_procs.queue_timeline_frame(run.results).equals(tl)  # и из списка словарей
+    assert queue_loop.queue_timeline_frame(run.results).equals(tl)  # и из списка словарей
 
 
 def test_events_frame_for_three_workers(run):
-    ev = rl_procs.events_frame(run)
+    ev = transport.events_frame(run)
     workers = set(ev["worker"])
     assert {"тренер", "генератор 1", "генератор 2"} <= workers
-    assert workers <= {"тренер", "генератор 1", "генератор 2", rl_procs.WORKER_QUEUE_RU}
+    assert workers <= {"тренер", "генератор 1", "генератор 2", queue_loop.WORKER_QUEUE_RU}
     assert (ev["end_s"] >= ev["start_s"]).all()
-    assert set(ev["stage"]) <= set(rl_procs.STAGE_KINDS_RU)
-    kinds = rl_procs.events_frame(run, by_kind=True)
+    assert set(ev["stage"]) <= set(transport.STAGE_KINDS_RU)
+    kinds = transport.events_frame(run, by_kind=True)
     assert {"генерация", "обучение", "обратное давление"} <= set(kinds["stage"])
     # Генераторы работают одновременно с обучением: это асинхронный цикл.
     gen = ev[(ev["stage"] == "generate")]
@@ -233,7 +234,7 @@ def test_events_frame_for_three_workers(run):
 
 def test_sync_frames_reject_queue_result(run):
     with pytest.raises(ValueError, match="queue_generators_trainer"):
-        rl_procs.sync_steps_frame(run)
+        sync_loop.sync_steps_frame(run)
 
 
 def test_two_processes_fail_with_russian_error(tmp_path):
@@ -272,7 +273,7 @@ def test_two_processes_fail_with_russian_error(tmp_path):
 def test_queue_bad_arguments(kwargs, name):
     call = {"rank": 0, "world_size": 3, "backend": "gloo", **kwargs}
     with pytest.raises(ValueError, match=name):
-        rl_procs.queue_generators_trainer(**call)
+        queue_loop.queue_generators_trainer(**call)
 
 
 def test_rollout_tokens():
@@ -280,7 +281,7 @@ def test_rollout_tokens():
         {"prompt_tokens": [1, 2, 3], "response_tokens": [4, 5]},
         {"prompt_tokens": [1, 2, 3], "response_tokens": [6]},
     ]
-    assert rl_procs.rollout_tokens(recs) == 9
+    assert queue_loop.rollout_tokens(recs) == 9
 
 
 def test_in_flight_bound_on_hand_made_log():
@@ -300,7 +301,7 @@ def test_in_flight_bound_on_hand_made_log():
         {"seq": 5, "depth_tokens": 13},
         {"seq": 7, "depth_tokens": 0},
     ]
-    rows = rl_procs._with_in_flight(timeline, perms, arrivals, threshold=10)
+    rows = queue_loop._with_in_flight(timeline, perms, arrivals, threshold=10)
     assert [r["in_flight_tokens"] for r in rows] == [0, 13, 7, 0]
     assert [r["in_flight_requests"] for r in rows] == [0, 2, 1, 0]
     # Пересечение на seq 5: до него глубина 6, в полёте 7 → граница 13, превышение 3 < 7.
@@ -313,20 +314,20 @@ def test_queue_frames_reject_bad_input():
         ok=False, status="failed", nprocs=3, backend="gloo", wall_s=1.0, results=[None] * 3
     )
     with pytest.raises(ValueError, match="неуспешно"):
-        rl_procs.queue_summary(failed)
+        queue_loop.queue_summary(failed)
     with pytest.raises(ValueError, match="launch_result"):
-        rl_procs.queue_timeline_frame(42)
+        queue_loop.queue_timeline_frame(42)
     with pytest.raises(ValueError, match="тренер"):
-        rl_procs.queue_batches_frame([{"role": ROLE_GENERATOR}])
+        queue_loop.queue_batches_frame([{"role": ROLE_GENERATOR}])
 
 
 def test_summary_text_is_russian_with_units():
-    summary = {k: 1.0 for k in rl_procs.QUEUE_SUMMARY_RU}
+    summary = {k: 1.0 for k in queue_loop.QUEUE_SUMMARY_RU}
     summary.update(overshoot_bound_holds=True, max_lag=None, grants=3)
     summary.update(offered_lambda_tokens_per_s=8837.4, threshold_tokens=1024)
-    text = rl_procs.queue_summary_text(summary)
+    text = queue_loop.queue_summary_text(summary)
     lines = text.splitlines()
-    assert len(lines) == len(rl_procs.QUEUE_SUMMARY_RU)
+    assert len(lines) == len(queue_loop.QUEUE_SUMMARY_RU)
     assert "ρ = λ_предл / μ, раз: 1.00" in lines
     assert "λ_предл, предложенная нагрузка генераторов, токенов/с: 8\u00a0837" in lines
     assert "порог очереди T, токенов: 1\u00a0024" in lines  # разряды без запятой

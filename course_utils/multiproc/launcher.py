@@ -46,7 +46,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,9 +58,7 @@ from typing import Any
 
 from course_utils import atomic
 from course_utils.args import text
-
-from .args import choice, integer
-from .fmt import count
+from course_utils.fmt import count
 
 BACKENDS = ("gloo", "nccl")
 MAX_NPROCS = 64
@@ -73,7 +70,7 @@ FAILURE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.3
 # Сколько ждать, пока убитые группы процессов действительно исчезнут, с.
 GROUP_EXIT_WAIT_S = 5.0
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 _RESERVED_ENV = (
     "RANK",
     "LOCAL_RANK",
@@ -772,110 +769,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(result.summary())
     return 0 if result.ok else 1
-
-
-# ----------------------------------------------------------------------------- точки входа
-
-
-def _sync_if_cuda(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
-def smoke_allreduce(
-    rank: int, world_size: int, backend: str, numel: int = 1024, repeats: int = 5
-) -> dict:
-    """Проверка связи: all_reduce(SUM) тензора из (rank+1); ожидается Σ_{r=1..W} r = W(W+1)/2.
-
-    Каждый из repeats замеров — время одного all_reduce в секундах (perf_counter, с
-    синхронизацией CUDA на GPU). bytes = numel · 4 (float32).
-    """
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-        raise ValueError(f"numel должно быть целым ≥ 1, получено {numel!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats должно быть целым ≥ 1, получено {repeats!r}")
-    import torch
-    import torch.distributed as dist
-
-    device = local_device(backend)
-    base = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
-    expected = world_size * (world_size + 1) / 2
-    times_s = []
-    value = math.nan
-    for _ in range(repeats):
-        t = base.clone()
-        _sync_if_cuda(device)
-        t0 = time.perf_counter()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        _sync_if_cuda(device)
-        times_s.append(time.perf_counter() - t0)
-        if not bool(torch.all(t == expected)):
-            raise RuntimeError(
-                f"all_reduce дал неверную сумму на ранге {rank}: ожидалось {expected}, "
-                f"получено от {t.min().item()} до {t.max().item()}"
-            )
-        value = float(t[0].item())
-    return {
-        "rank": rank,
-        "world_size": world_size,
-        "backend": backend,
-        "pid": os.getpid(),
-        "hostname": socket.gethostname(),
-        "device": str(device),
-        "numel": numel,
-        "bytes": numel * 4,
-        "value": value,
-        "expected": expected,
-        "times_s": times_s,
-        "median_s": statistics.median(times_s),
-    }
-
-
-FAIL_MODES = ("raise", "exit0", "sigkill")
-
-
-def fail_on_rank(
-    rank: int, world_size: int, backend: str, bad_rank: int = 1, mode: str = "raise"
-) -> dict:
-    """Для проверки отчёта о сбое: ранг bad_rank падает, остальные ждут в barrier.
-
-    mode: "raise" — RuntimeError; "exit0" — sys.exit(0) без результата (ранг «тихо» исчез);
-    "sigkill" — ранг убивает себя SIGKILL (как OOM killer). Остальные ранги зависли бы (или
-    упали) в barrier — запускатель должен их остановить. 0 ≤ bad_rank < world_size.
-    """
-    bad_rank = integer("bad_rank", bad_rank, 0, world_size - 1)
-    mode = choice("mode", mode, FAIL_MODES)
-    import torch.distributed as dist
-
-    if rank == bad_rank:
-        if mode == "exit0":
-            sys.exit(0)
-        if mode == "sigkill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"намеренная ошибка на ранге {bad_rank}")
-    dist.barrier()
-    return {"rank": rank, "pid": os.getpid()}
-
-
-def sleep_forever(rank: int, world_size: int, backend: str, spawn_grandchild: bool = False) -> dict:
-    """Для проверки таймаута: спит бесконечно (по желанию — с дочерним процессом-«внуком»).
-
-    Внук получает в командной строке путь COURSE_RUN_DIR, а его pid пишется в
-    ``COURSE_RUN_DIR/grandchild_<rank>.pid``: тест проверяет, что убит и он.
-    """
-    if spawn_grandchild:
-        run_dir = os.environ.get("COURSE_RUN_DIR", "")
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(3600)", run_dir],
-            stdin=subprocess.DEVNULL,
-        )
-        if run_dir:
-            atomic.write_text(Path(run_dir) / f"grandchild_{rank}.pid", str(child.pid))
-    while True:
-        time.sleep(1.0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Уровень C: настоящие процессы ОС под ``torch.distributed`` и точки входа уроков.
+
+``launch("модуль:функция", nprocs, args)`` запускает ранги как отдельные процессы (окружение как у
+``torchrun``), ждёт их с дедлайном, убивает всю группу при сбое и возвращает ``LaunchResult``.
+Точки входа: ``sync_loop`` (12.1), ``queue_loop`` (12.3), ``weight_broadcast`` (12.4),
+``checkpointed_trainer`` (12.5), ``smoke`` (проверка связи); обмен между рангами — ``transport``.
+Те же точки входа без изменений работают под ``torchrun -m course_utils.multiproc --entry …``.
+"""
+
+from course_utils.multiproc.launcher import (
+    BACKENDS,
+    STDERR_TAIL_LINES,
+    LaunchResult,
+    RankFailure,
+    default_backend,
+    launch,
+    local_device,
+    main,
+)
+from course_utils.multiproc.smoke import fail_on_rank, sleep_forever, smoke_allreduce
+
+__all__ = [
+    "BACKENDS",
+    "STDERR_TAIL_LINES",
+    "LaunchResult",
+    "RankFailure",
+    "default_backend",
+    "fail_on_rank",
+    "launch",
+    "local_device",
+    "main",
+    "sleep_forever",
+    "smoke_allreduce",
+]

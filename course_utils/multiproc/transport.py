@@ -1,0 +1,394 @@
+"""Обмен между рангами поверх dist.send/recv: JSON-объекты, именованные тензоры, контрольная сумма, время."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from course_utils.args import (
+    is_int,
+)
+
+GENERATOR_RANK = 0
+TRAINER_RANK = 1
+ROLE_GENERATOR = "генератор"
+ROLE_TRAINER = "тренер"
+CLOCK_NOTE = (
+    "start_s/end_s событий — секунды настенных часов time.time() от общей точки отсчёта "
+    "(её рассылает ранг 0); события разных процессов сравнимы только на одной машине"
+)
+
+
+# ----------------------------------------------------------------------------- обмен между рангами
+
+
+@dataclass
+class RecvStats:
+    """Замер одного приёма: байты полезной нагрузки и время, с.
+
+    wait_s — ожидание первого сообщения (отправитель ещё не начал отправку: процесс простаивал),
+    transfer_s — приём остального после того, как отправка началась.
+    """
+
+    nbytes: int
+    wait_s: float
+    transfer_s: float
+
+
+def _check_peer(name: str, peer: Any) -> int:
+    """Проверяет номер ранга-собеседника: группа создана, 0 ≤ peer < world_size, peer ≠ свой."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed не инициализирован: функцию вызывают внутри процесса, "
+            "запущенного multiproc.launch или torchrun"
+        )
+    world, me = dist.get_world_size(), dist.get_rank()
+    if not is_int(peer) or not 0 <= peer < world:
+        raise ValueError(f"{name} должно быть целым в [0, {world - 1}], получено {peer!r}")
+    if peer == me:
+        raise ValueError(f"{name}={peer} совпадает с собственным рангом: отправить себе нельзя")
+    return int(peer)
+
+
+def _device(device: Any):
+    import torch
+
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: не понимаю устройство {device!r}") from exc
+
+
+def device_sync(device) -> None:
+    """Ждёт завершения работы CUDA на device (до замера времени); на CPU ничего не делает."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> int:
+    """Отправляет JSON-сериализуемый объект рангу dst; возвращает размер полезной нагрузки, байт.
+
+    Два сообщения: длина n (один int64), затем n байт UTF-8 (uint8) на устройстве device
+    (на NCCL — GPU своего ранга). Получатель вызывает ``recv_object(src=<этот ранг>)``.
+    group — группа процессов (None — основная); dst — глобальный номер ранга.
+    """
+    import torch
+    import torch.distributed as dist
+
+    dst = _check_peer("dst", dst)
+    dev = _device(device)
+    try:
+        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"obj должен быть JSON-сериализуемым: {exc}") from exc
+    dist.send(torch.tensor([len(data)], dtype=torch.int64, device=dev), dst=dst, group=group)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    dist.send(payload, dst=dst, group=group)
+    device_sync(dev)
+    return len(data)
+
+
+def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, RecvStats]:
+    """Принимает объект от ``send_object`` ранга src. Возвращает (объект, RecvStats).
+
+    wait_s — время до прихода длины (блокировка: отправитель ещё не готов), transfer_s —
+    приём байтов и разбор JSON, секунды. group — как в ``send_object``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    src = _check_peer("src", src)
+    dev = _device(device)
+    t0 = time.perf_counter()
+    size = torch.zeros(1, dtype=torch.int64, device=dev)
+    dist.recv(size, src=src, group=group)
+    n = int(size.item())  # .item() ждёт данные и на GPU
+    t1 = time.perf_counter()
+    payload = torch.empty(n, dtype=torch.uint8, device=dev)
+    dist.recv(payload, src=src, group=group)
+    obj = json.loads(payload.cpu().numpy().tobytes().decode("utf-8"))
+    t2 = time.perf_counter()
+    return obj, RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=t2 - t1)
+
+
+def _named(tensors: Any, name: str) -> dict:
+    """Словарь имя → тензор из модели (named_parameters) или отображения."""
+    import torch
+
+    if isinstance(tensors, torch.nn.Module):
+        return dict(tensors.named_parameters())
+    if isinstance(tensors, Mapping) and tensors:
+        bad = [k for k, v in tensors.items() if not isinstance(k, str) or not torch.is_tensor(v)]
+        if bad:
+            raise ValueError(f"{name}: нужны пары «строка → тензор», плохие ключи: {bad[:5]}")
+        return dict(tensors)
+    raise ValueError(
+        f"{name} должно быть моделью torch.nn.Module или непустым словарём «имя → тензор», "
+        f"получено {type(tensors).__name__}"
+    )
+
+
+def _dtype(name: str, value: Any):
+    import torch
+
+    if value is None:
+        return None
+    dt = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"{name}: неизвестный тип тензора {value!r}")
+    return dt
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def send_tensors(
+    tensors: Any,
+    dst: int,
+    device: Any = "cpu",
+    meta: Mapping | None = None,
+    wire_dtype: Any = None,
+) -> int:
+    """Отправляет именованные тензоры рангу dst; возвращает байты тензоров (без заголовка).
+
+    Сначала заголовок ``send_object``: meta (например, версия весов), имена, формы и типы,
+    затем по одному ``dist.send`` на тензор (в типе wire_dtype, если задан, — например,
+    bfloat16 движка вместо fp32 тренера). Байты = Σ numel · element_size(wire_dtype).
+    tensors — модель (берутся named_parameters) или словарь «имя → тензор».
+    """
+    import torch
+    import torch.distributed as dist
+
+    named = _named(tensors, "tensors")
+    dst = _check_peer("dst", dst)
+    dev = _device(device)
+    wire = _dtype("wire_dtype", wire_dtype)
+    if meta is not None and not isinstance(meta, Mapping):
+        raise ValueError(f"meta должно быть словарём или None, получено {type(meta).__name__}")
+    specs = []
+    for name, t in named.items():
+        dt = wire or t.dtype
+        specs.append([name, list(t.shape), _dtype_name(dt)])
+    total = sum(
+        math.prod(shape) * torch.empty(0, dtype=_dtype("dtype", dt)).element_size()
+        for _, shape, dt in specs
+    )
+    send_object({"meta": dict(meta or {}), "tensors": specs, "nbytes": total}, dst, dev)
+    with torch.no_grad():
+        for t in named.values():
+            dist.send(t.detach().to(device=dev, dtype=wire or t.dtype).contiguous(), dst=dst)
+    device_sync(dev)
+    return int(total)
+
+
+def recv_tensors(
+    src: int, device: Any = "cpu", buffers: Mapping | None = None
+) -> tuple[dict, dict, RecvStats]:
+    """Принимает тензоры от ``send_tensors``. Возвращает (meta, {имя: тензор}, RecvStats).
+
+    buffers — готовые буферы приёма (например, от прошлого вызова): имена, формы и типы
+    обязаны совпасть с заголовком, иначе ValueError; без них буферы создаются на device.
+    RecvStats.wait_s — ожидание заголовка, transfer_s — приём заголовка и всех тензоров, с.
+    """
+    import torch
+    import torch.distributed as dist
+
+    src = _check_peer("src", src)
+    dev = _device(device)
+    header, head_stats = recv_object(src, dev)
+    t0 = time.perf_counter()
+    specs = header["tensors"]
+    if buffers is None:
+        out = {
+            name: torch.empty(shape, dtype=_dtype("dtype", dt), device=dev)
+            for name, shape, dt in specs
+        }
+    else:
+        out = _named(buffers, "buffers")
+        expected = [[n, list(t.shape), _dtype_name(t.dtype)] for n, t in out.items()]
+        if sorted(expected) != sorted(specs):
+            raise ValueError(
+                "buffers: имена, формы или типы буферов не совпадают с заголовком отправителя"
+            )
+    for name, _, _ in specs:
+        dist.recv(out[name], src=src)
+    device_sync(dev)
+    stats = RecvStats(
+        nbytes=int(header["nbytes"]),
+        wait_s=head_stats.wait_s,
+        transfer_s=head_stats.transfer_s + time.perf_counter() - t0,
+    )
+    return dict(header["meta"]), out, stats
+
+
+def state_checksum(tensors: Any, dtype: Any = None) -> str:
+    """SHA-256 (hex) имён, форм, типов и байтов тензоров в порядке имён; dtype — привести тип.
+
+    tensors — модель (named_parameters) или словарь «имя → тензор». Равные суммы — побитно
+    равные веса; ``dtype`` нужен, чтобы сравнить fp32-веса тренера с bf16-копией движка.
+    Тензоры копируются на CPU: для модели в 1 ГБ это ~1 с.
+    """
+    import torch
+
+    named = _named(tensors, "tensors")
+    dt = _dtype("dtype", dtype)
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name in sorted(named):
+            t = named[name].detach()
+            t = (t.to(dt) if dt is not None else t).contiguous().cpu()
+            h.update(f"{name}|{list(t.shape)}|{_dtype_name(t.dtype)}\n".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- замер этапов
+
+
+class _Span:
+    duration_s = 0.0
+
+
+class _Stages:
+    """События этапов одного процесса: длительность — perf_counter, начало — time.time()."""
+
+    def __init__(self, t_ref: float, device) -> None:
+        self.t_ref = t_ref
+        self.device = device
+        self.events: list[dict] = []
+
+    def add(
+        self,
+        stage: str,
+        step: int | None,
+        wall_start: float,
+        duration_s: float,
+        worker: str | None = None,
+    ) -> None:
+        start = wall_start - self.t_ref
+        event = {"stage": stage, "step": step, "start_s": start, "end_s": start + duration_s}
+        if worker is not None:  # своя строка диаграммы Ганта (например, поток очереди)
+            event["worker"] = worker
+        self.events.append(event)  # list.append атомарен: события пишут и два потока
+
+    @contextlib.contextmanager
+    def stage(
+        self, stage: str, step: int | None = None, worker: str | None = None
+    ) -> Iterator[_Span]:
+        span = _Span()
+        device_sync(self.device)
+        wall0, t0 = time.time(), time.perf_counter()
+        try:
+            yield span
+        finally:
+            device_sync(self.device)
+            span.duration_s = time.perf_counter() - t0
+            self.add(stage, step, wall0, span.duration_s, worker)
+
+
+def shared_time_ref(device) -> float:
+    """Общая точка отсчёта времени: time.time() ранга 0, разосланная всем (broadcast), с."""
+    import torch
+    import torch.distributed as dist
+
+    ref = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    dist.broadcast(ref, src=0)
+    return float(ref.item())
+
+
+def rank_results(launch_result: Any, experiment: str | None = None) -> list[dict]:
+    """Словари рангов успешного запуска точки входа ``experiment`` (None — любой), по рангам.
+
+    launch_result — итог ``multiproc.launch`` или список словарей рангов; нужны обе роли
+    (тренер и генератор), иначе ValueError по-русски: таблицу строить не из чего.
+    """
+    results = getattr(launch_result, "results", launch_result)
+    if getattr(launch_result, "ok", True) is False:
+        summary = getattr(launch_result, "summary", lambda: "")()
+        raise ValueError(f"launch_result: запуск завершился неуспешно, таблицы нет.\n{summary}")
+    if isinstance(results, str | bytes) or not isinstance(results, Sequence):
+        raise ValueError(
+            "launch_result должно быть LaunchResult или списком словарей рангов, "
+            f"получено {type(launch_result).__name__}"
+        )
+    ranks = [dict(r) for r in results if isinstance(r, Mapping)]
+    found = sorted({str(r.get("experiment")) for r in ranks})
+    mine = [r for r in ranks if experiment is None or r.get("experiment") == experiment]
+    if not {ROLE_GENERATOR, ROLE_TRAINER} <= {r.get("role") for r in mine}:
+        raise ValueError(
+            f"launch_result: нужны результаты ролей «{ROLE_TRAINER}» и «{ROLE_GENERATOR}» "
+            f"запуска {experiment or 'точки входа уровня C'}; в результате запуски: {found}"
+        )
+    return sorted(mine, key=lambda r: r.get("rank", 0))
+
+
+# Вид работы каждой стадии — для читаемой диаграммы Ганта (5 цветов вместо 15).
+STAGE_KINDS_RU = {
+    "load_model": "загрузка модели",
+    "handshake": "рукопожатие",
+    "generate": "генерация",
+    "wait_rollouts": "ожидание",
+    "wait_weights": "ожидание",
+    "send_rollouts": "передача",
+    "recv_rollouts": "передача",
+    "send_weights": "передача",
+    "recv_weights": "передача",
+    "validate": "обучение",
+    "logprob_recompute": "обучение",
+    "grpo_update": "обучение",
+    "checksum": "проверка и загрузка весов",
+    "verify_weights": "проверка и загрузка весов",
+    "load_weights": "проверка и загрузка весов",
+    # урок 12.3, queue_generators_trainer
+    "permission": "ожидание",
+    "backpressure_wait": "обратное давление",
+    "train_delay": "обучение",
+    "snapshot_weights": "проверка и загрузка весов",
+}
+
+
+def events_frame(launch_result: Any, by_kind: bool = False):
+    """События всех процессов для ``tracing.gantt``: worker, stage, start_s, end_s, duration_s
+    (секунды от общей точки отсчёта, см. ``CLOCK_NOTE``), step, rank.
+
+    worker — исполнитель строки диаграммы («генератор», «тренер», «генератор 1», «очередь
+    (ранг 0)»…); step — шаг, номер пакета у тренера или номер запроса у генератора.
+    ``by_kind=True`` заменяет имя стадии её видом из ``STAGE_KINDS_RU`` (генерация, обучение,
+    передача, ожидание…); исходное имя остаётся в столбце ``detail``.
+    """
+    import pandas as pd
+
+    rows = []
+    for res in rank_results(launch_result):
+        for ev in res.get("events", []):
+            start, end = float(ev["start_s"]), float(ev["end_s"])
+            worker = ev.get("worker", res.get("worker", res["role"]))
+            rows.append(
+                (
+                    None,
+                    worker,
+                    ev["stage"],
+                    start,
+                    end,
+                    end - start,
+                    ev.get("step"),
+                    res.get("rank"),
+                )
+            )
+    columns = ["trace_id", "worker", "stage", "start_s", "end_s", "duration_s", "step", "rank"]
+    frame = pd.DataFrame(rows, columns=columns)
+    if by_kind:
+        frame["detail"] = frame["stage"]
+        frame["stage"] = frame["stage"].map(lambda s: STAGE_KINDS_RU.get(s, s))
+    return frame.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
