@@ -112,8 +112,7 @@ def _draw_queue(rng: random.Random, mode: str) -> dict:
 
 def final_diagnosis_task(variant: int) -> dict:
     rng = random.Random(12_5_13_000 + 7919 * variant)
-    # каждая ошибка меняет ответ: путь не там, где больше всего работы (генерация поэтому не бывает
-    # узким местом), «16 Б» меняет вывод о памяти, хвост хуже средних, нет crash_test
+    # каждая ошибка меняет ответ; поэтому генерация не бывает узким местом
     if variant < 4:
         target = ("training", "reward", "weight_sync", "ref_logprob")[variant]
         recipe = ("adam8bit_mixed", "fp32_adam", "bf16_pure_adam", "fp32_adam")[variant]
@@ -126,8 +125,7 @@ def final_diagnosis_task(variant: int) -> dict:
     run["asynchronous"] = True
     have = [c for c in checkpoint.COMPONENTS if _applies(c, run)]
     lost = rng.sample([c for c in have if c not in ("policy", "optimizer")], rng.randint(1, 3))
-    # crash_tested всегда False: иначе «забыт crash_test» совпал бы с верным ответом
-    kept = [c for c in have if c not in lost]
+    kept = [c for c in have if c not in lost]  # crash_tested=False, иначе no_crash_test — верный
     task["checkpoint"] = {**run, "components": kept, "crash_tested": False}
     return {"statement": _diag_statement(task), **task}
 
@@ -146,28 +144,11 @@ def _diag_statement(d: dict) -> str:
     extras += ["скользящая нормировка наград"] if ck["running_reward_norm"] else []
     extras = ", ".join(extras) or "нет ни учебной программы, ни скользящей нормировки наград"
     return (
-        "**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, "
-        "сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, "
-        f"`['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал "
-        f"ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{stages}\n\n"
-        f"**2. Память одной GPU** (обучение и генерация на одних GPU). {mem['model']}: N = "
-        f"{fmt.num(shape.num_params)}, L = {shape.num_layers}, H_kv = {shape.num_kv_heads}, d_h = "
-        f"{shape.head_dim}; рецепт `{mem['recipe']}`: {recipe.describe()}; D = {mem['world_size']} "
-        f"GPU, {zero}. KV-кэш в bf16 (2 Б): {mem['sequences']} последовательностей по "
-        f"{mem['tokens_per_sequence']} токенов. Резерв — {mem['reserve_gib']} ГиБ, память GPU — "
-        f"{mem['gpu_gb']} ГБ ({mem['gpu_gb']}·10⁹ Б).\n\n**3. Очередь.** Предел задержки политики "
-        f"— {queue['max_lag']}; роллаутов по задержке: {lags}. ESS по пакетам:\n\n"
-        f"{md_table(['пакет', 'n', 'ESS'], ess_rows)}\n\n"
-        f"**4. Восстановление.** У запуска: {extras}. "
-        f"Манифест содержит {', '.join(f'`{c}`' for c in ck['components'])} (все компоненты — "
-        "`checkpoint.COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"
-        "Ответ: `bottleneck` — этап с наибольшим вкладом (суммой длительностей) в **критический "
-        f"путь** — самую длинную цепочку зависимых интервалов, одно из {', '.join(STAGES)}; "
-        "`memory_fits` — помещаются ли состояние на ранг (`memory.per_rank_state_bytes`) + KV "
-        '(2·L·H_kv·d_h·токены·2 Б) + резерв; `staleness_risk` — `"высокий"`, если наибольшая '
-        f'задержка выше предела или ESS/n какого-либо пакета < {_ESS_FLOOR}, иначе `"низкий"`; '
-        '`recovery_gaps` — нужные запуску компоненты, которых нет в манифесте, и `"crash_test"`, '
-        "если восстановление не проверено аварией."
+        f"**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, `['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{stages}\n\n"
+        f"**2. Память одной GPU** (обучение и генерация на одних GPU). {mem['model']}: N = {fmt.num(shape.num_params)}, L = {shape.num_layers}, H_kv = {shape.num_kv_heads}, d_h = {shape.head_dim}; рецепт `{mem['recipe']}`: {recipe.describe()}; D = {mem['world_size']} GPU, {zero}. KV-кэш в bf16 (2 Б): {mem['sequences']} последовательностей по {mem['tokens_per_sequence']} токенов. Резерв — {mem['reserve_gib']} ГиБ, память GPU — {mem['gpu_gb']} ГБ ({mem['gpu_gb']}·10⁹ Б).\n\n"
+        f"**3. Очередь.** Предел задержки политики — {queue['max_lag']}; роллаутов по задержке: {lags}. ESS по пакетам:\n\n{md_table(['пакет', 'n', 'ESS'], ess_rows)}\n\n"
+        f"**4. Восстановление.** У запуска: {extras}. Манифест содержит {', '.join(f'`{c}`' for c in ck['components'])} (все компоненты — `checkpoint.COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"
+        f'Ответ: `bottleneck` — этап с наибольшим вкладом (суммой длительностей) в **критический путь** — самую длинную цепочку зависимых интервалов, одно из {", ".join(STAGES)}; `memory_fits` — помещаются ли состояние на ранг (`memory.per_rank_state_bytes`) + KV (2·L·H_kv·d_h·токены·2 Б) + резерв; `staleness_risk` — `"высокий"`, если наибольшая задержка выше предела или ESS/n какого-либо пакета < {_ESS_FLOOR}, иначе `"низкий"`; `recovery_gaps` — нужные запуску компоненты, которых нет в манифесте, и `"crash_test"`, если восстановление не проверено аварией.'
     )
 
 
@@ -207,29 +188,10 @@ def final_diagnosis_solution(task: dict, ref: dict) -> str:
     lag_sign = ">" if v["max_lag"] > q["max_lag"] else "≤"
     ess_sign = "<" if min(v["shares"]) < _ESS_FLOOR else "≥"
     na = ", ".join(f"`{c}`" for c in checkpoint.COMPONENTS if not _applies(c, ck)) or "—"
-    return (
-        f"**1. Узкое место.** Длиннейшая цепочка (`pipeline.critical_path`): {chain}, "
-        f"{path['length']:.1f} с. У генерации на пути только самый медленный сборщик.\n\n{contrib}\n\n"
-        f"Узкое место — **{ref['bottleneck']}**; больше всего работы у `{v['most_work']}` "
-        f"({path['work'][v['most_work']]:.1f} с), но не на пути: её ускорение шаг не сокращает.\n\n"
-        f"**2. Память** (`{mem['recipe']}`, D = {mem['world_size']}, ZeRO-{mem['zero_stage']}): "
-        f"веса {b['params'] / gib:.2f} + градиенты {b['grads'] / gib:.2f} + оптимизатор "
-        f"{b['optimizer'] / gib:.2f} = {m['state'] / gib:.2f} ГиБ; KV = 2·{shape.num_layers}·"
-        f"{shape.num_kv_heads}·{shape.head_dim}·({mem['sequences']}·{mem['tokens_per_sequence']})·2 Б "
-        f"= {m['kv'] / gib:.2f} ГиБ; + резерв {mem['reserve_gib']} ГиБ = {m['need'] / gib:.2f} ГиБ "
-        f"против {mem['gpu_gb']} ГБ = {m['cap'] / gib:.2f} ГиБ — {fits[0]}. По «16 Б на параметр» "
-        f"вышло бы {m['need16'] / gib:.2f} ГиБ (помещается: {fits[1]}) — это один рецепт, не закон."
-        f"\n\n**3. Несвежесть.** Наибольшая задержка {v['max_lag']} {lag_sign} предела "
-        f"{q['max_lag']}; min ESS/n = {min(v['shares']):.2f} {ess_sign} {_ESS_FLOOR} (по пакетам: "
-        f"{', '.join(f'{x:.2f}' for x in v['shares'])}). Риск — **{ref['staleness_risk']}**; средние "
-        f"(задержка {v['mean_lag']:.2f}, ESS/n {v['mean_share']:.2f}) хвост прячут.\n\n"
-        f"**4. Восстановление.** Нет в манифесте: {', '.join(f'`{c}`' for c in v['missing'])} (не "
-        f"нужны запуску: {na}); проверки аварией не было — нужен `crash_test`: каталог на месте ещё "
-        f"не доказывает, что запуск можно продолжить.\n\n**Ответ:** `{ref!r}`."
-    )
+    return f"**1. Узкое место.** Длиннейшая цепочка (`pipeline.critical_path`): {chain}, {path['length']:.1f} с. У генерации на пути только самый медленный сборщик.\n\n{contrib}\n\nУзкое место — **{ref['bottleneck']}**; больше всего работы у `{v['most_work']}` ({path['work'][v['most_work']]:.1f} с), но не на пути: её ускорение шаг не сокращает.\n\n**2. Память** (`{mem['recipe']}`, D = {mem['world_size']}, ZeRO-{mem['zero_stage']}): веса {b['params'] / gib:.2f} + градиенты {b['grads'] / gib:.2f} + оптимизатор {b['optimizer'] / gib:.2f} = {m['state'] / gib:.2f} ГиБ; KV = 2·{shape.num_layers}·{shape.num_kv_heads}·{shape.head_dim}·({mem['sequences']}·{mem['tokens_per_sequence']})·2 Б = {m['kv'] / gib:.2f} ГиБ; + резерв {mem['reserve_gib']} ГиБ = {m['need'] / gib:.2f} ГиБ против {mem['gpu_gb']} ГБ = {m['cap'] / gib:.2f} ГиБ — {fits[0]}. По «16 Б на параметр» вышло бы {m['need16'] / gib:.2f} ГиБ (помещается: {fits[1]}) — это один рецепт, не закон.\n\n**3. Несвежесть.** Наибольшая задержка {v['max_lag']} {lag_sign} предела {q['max_lag']}; min ESS/n = {min(v['shares']):.2f} {ess_sign} {_ESS_FLOOR} (по пакетам: {', '.join(f'{x:.2f}' for x in v['shares'])}). Риск — **{ref['staleness_risk']}**; средние (задержка {v['mean_lag']:.2f}, ESS/n {v['mean_share']:.2f}) хвост прячут.\n\n**4. Восстановление.** Нет в манифесте: {', '.join(f'`{c}`' for c in v['missing'])} (не нужны запуску: {na}); проверки аварией не было — нужен `crash_test`: каталог на месте ещё не доказывает, что запуск можно продолжить.\n\n**Ответ:** `{ref!r}`."
 
 
-_DIAG_SLIPS = {  # ошибка → (ключ ответа, значение с ошибкой из _diagnosis, отзыв)
+_DIAG_SLIPS = {  # ошибка → (ключ ответа, значение с ошибкой из _diagnosis)
     "off_critical_path": ("bottleneck", lambda v: v["most_work"]),
     "sixteen_bytes": ("memory_fits", lambda v: v["fits16"]),
     "staleness_by_mean": ("staleness_risk", lambda v: v["mean_risk"]),
@@ -240,7 +202,7 @@ _DIAG_TEXT = {
     "off_critical_path": "Назван этап с наибольшей суммарной работой, но время шага задаёт критический путь: работа параллельных сборщиков или перекрытой цепочки на нём не лежит целиком.",
     "sixteen_bytes": "Вывод о памяти совпадает с расчётом по «16 Б на параметр»: это смешанная точность с Adam во float32, а не закон. Считайте байты по рецепту задачи и стадии ZeRO.",
     "staleness_by_mean": "Вывод о риске совпадает с расчётом по средним: средние в норме, но роллауты за пределом задержки или пакет с низким ESS/n уже портят обновление. Смотрите на максимум и минимум.",
-    "weights_only_ok": "Пробелов не найдено, раз веса и оптимизатор сохраняются, но продолжение того же эксперимента требует и остальных компонентов, и проверки аварией.",
+    "weights_only_ok": "Пробелов нет, раз сохранены веса и оптимизатор? Продолжение того же эксперимента требует и остальных нужных компонентов, и проверки аварией.",
     "no_crash_test": "Недостающие компоненты названы, но восстановление не проверено аварией: каталог контрольной точки на месте ещё не доказывает, что запуск можно продолжить.",
 }
 _ALLOWED_GAPS = (*checkpoint.COMPONENTS, _CRASH)

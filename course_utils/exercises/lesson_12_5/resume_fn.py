@@ -1,5 +1,4 @@
-"""12.5.10 — функция resume: ветвь после аварии совпадает с непрерывной, а состояние сразу после
-resume — с контрольной точкой (crash_test.run_crash_test, checkpoint.COMPONENTS)."""
+"""12.5.10 — resume после аварии: ветвь full = непрерывной, состояние — как в точке (crash_test)."""
 
 import functools
 import hashlib
@@ -62,8 +61,7 @@ def _state_same(a: Any, b: Any) -> bool:
 
 
 def _resume_crash(fn: Callable, params: dict) -> dict:
-    """Проверка аварией со своей resume: где ветвь full расходится, что не восстановлено (diff).
-    Сбой проверки — AnswerError; Ctrl+C и остановку по времени разбирает call_with_deadline."""
+    """Авария со своей resume: где расходится full, что не восстановлено (diff); сбой — AnswerError."""
     rec: dict[str, Any] = {"stage": "внутри вашей resume"}
 
     def wrapped(run_factory: Callable, checkpoint_path: Any) -> Any:
@@ -135,24 +133,7 @@ def resume_fn_task(variant: int) -> dict:
             break
     lost = f"шаг {crash}" if crash == s0 + 1 else f"шаги {s0 + 1}…{crash}"
     args = ", ".join(f"{k}={v}" for k, v in p.items())
-    statement = (
-        f"**Напишите `{_SIG}`** для проверки аварией (шаг 12.5.3) учебного запуска "
-        f"`checkpoint.ToyRLRun`: seed = {p['seed']}, {p['total_steps']} шагов, контрольная "
-        f"точка — после каждого шага, кратного {every}, авария — после шага {crash}; после шага "
-        f"{p['verifier_upgrade_step']} верификатор заменён на `verifier-2`, уровень учебной "
-        f"программы растёт при скользящей доле успехов ≥ {p['promote_at']}. Восстановление — с "
-        f"`step-{s0:06d}` (s₀ = ⌊{crash}/{every}⌋·{every} = {s0}), {lost} пересчитают заново.\n\n"
-        "`run_factory()` создаёт **новый** `ToyRLRun` той же конфигурации, `checkpoint_path` — "
-        f"каталог точки; вернуть нужно запуск, чей следующий `step()` — шаг {s0 + 1} **того же** "
-        "эксперимента. Под рукой: `checkpoint.load_checkpoint(path, config=run.config)`, "
-        "`checkpoint.COMPONENTS`, `run.state_dict()`, `run.load_state_dict(state, queue=None)`, "
-        "`run.load_weights_only(state)`.\n\n"
-        f"Проверка — `crash_test.run_crash_test({args}, resume=resume)` (параметры — "
-        "`task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный "
-        "запуск однопроцессный и детерминированный; от распределённого требуют той же семантики "
-        "эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной "
-        "точкой. Функцию остановят через 60 с."
-    )
+    statement = f"**Напишите `{_SIG}`** для проверки аварией (шаг 12.5.3) учебного запуска `checkpoint.ToyRLRun`: seed = {p['seed']}, {p['total_steps']} шагов, контрольная точка — после каждого шага, кратного {every}, авария — после шага {crash}; после шага {p['verifier_upgrade_step']} верификатор заменён на `verifier-2`, уровень учебной программы растёт при скользящей доле успехов ≥ {p['promote_at']}. Восстановление — с `step-{s0:06d}` (s₀ = ⌊{crash}/{every}⌋·{every} = {s0}), {lost} пересчитают заново.\n\n`run_factory()` создаёт **новый** `ToyRLRun` той же конфигурации, `checkpoint_path` — каталог точки; верните запуск, чей следующий `step()` — шаг {s0 + 1} **того же** эксперимента. Под рукой: `checkpoint.load_checkpoint(path, config=run.config)`, `checkpoint.COMPONENTS`, `run.state_dict()`, `run.load_state_dict(state, queue=None)`, `run.load_weights_only(state)`.\n\nПроверка — `crash_test.run_crash_test({args}, resume=resume)` (параметры — `task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный запуск однопроцессный и детерминированный; от распределённого требуют той же семантики эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной точкой. Функцию остановят через 60 с."
     return {"statement": statement, "crash_test": p, "restored_step": s0}
 
 
@@ -178,18 +159,7 @@ def resume_fn_solution(task: dict, ref: Callable) -> str:
         step, fields = rec["diverges"], ", ".join(rec["fields"])
         full = f"расходится на шаге {step} ({fields})" if step else "совпадает на всех"
         rows.append([label, full, ", ".join(f"`{c}`" for c in rec["diff"]) or "—"])
-    return (
-        "Восстановление — продолжение **того же** эксперимента, а не перезапуск с тёплыми весами: "
-        f"загрузить нужно всё состояние.\n\n{_CODE}\n\n"
-        f"Вариант: {p['total_steps']} шагов, seed = {p['seed']}, авария после шага {p['crash_at']}, "
-        f"s₀ = ⌊{p['crash_at']}/{p['checkpoint_every']}⌋·{p['checkpoint_every']} = {s0}; в контрольной точке уже верификатор `{verifier}` (заменён после шага "
-        f"{p['verifier_upgrade_step']}) и уровень программы {level}, поэтому забытые `versions` и "
-        "`curriculum` тоже меняют продолжение; ветвь weights_only расходится на шаге "
-        f"{good['weights_only']}. Ветвь full и компоненты, не совпавшие с контрольной точкой сразу "
-        f"после resume:\n\n{md_table(['resume', 'ветвь full', 'не восстановлено'], rows)}\n\n"
-        'Очередь: точка объявляет `on_restore = "keep"`; `queue="drop"` — другая политика, её '
-        "объявляют заранее, и продолжение тогда не совпадает с непрерывным."
-    )
+    return f'Восстановление — продолжение **того же** эксперимента, а не перезапуск с тёплыми весами: загрузить нужно всё состояние.\n\n{_CODE}\n\nВариант: {p["total_steps"]} шагов, seed = {p["seed"]}, авария после шага {p["crash_at"]}, s₀ = ⌊{p["crash_at"]}/{p["checkpoint_every"]}⌋·{p["checkpoint_every"]} = {s0}. В точке уже верификатор `{verifier}` (заменён после шага {p["verifier_upgrade_step"]}) и уровень программы {level}, поэтому забытые `versions` и `curriculum` тоже меняют продолжение; ветвь weights_only расходится на шаге {good["weights_only"]}. Ветвь full и компоненты, не совпавшие с точкой сразу после resume:\n\n{md_table(["resume", "ветвь full", "не восстановлено"], rows)}\n\nОчередь: точка объявляет `on_restore = "keep"`; `queue="drop"` — другая политика, её объявляют заранее, и продолжение тогда не совпадает с непрерывным.'
 
 
 @dataclass(frozen=True)

@@ -97,14 +97,9 @@ def _map_cell(x: Any) -> str:
 def _stack_rules(req: dict) -> list[str]:
     """Правила проверки требований (для условия): общие, узлы, известные ограничения сочетаний."""
     rules = [
-        "требование выполняют только **подтверждённые** факты: элемент списка с «?» на конце, "
-        "столбец, названный в `unconfirmed`, и сама ячейка `unconfirmed` не подтверждены;",
-        "LoRA и многоходовость — ячейка `lora` / `multi_turn` начинается с "
-        f"«{stack_map.SUPPORTED_PREFIX}»; асинхронность — `async` в `synchrony`, синхронность — "
-        "`sync`, сочетания с размещением — в `placement_synchrony`;",
-        "ограничение задержки — есть ключ `staleness_control_key` (не `n/a`); неподтверждённое "
-        "значение по умолчанию — пометка, а не отказ; бэкенд и движок — подстрока без учёта "
-        "регистра в элементе `training_backends` / `generation_engines` без «?»;",
+        "требование выполняют только **подтверждённые** факты: элемент списка с «?» на конце, столбец, названный в `unconfirmed`, и сама ячейка `unconfirmed` не подтверждены;",
+        f"LoRA и многоходовость — ячейка `lora` / `multi_turn` начинается с «{stack_map.SUPPORTED_PREFIX}»; асинхронность — `async` в `synchrony`, синхронность — `sync`, сочетания с размещением — в `placement_synchrony`;",
+        "ограничение задержки — есть ключ `staleness_control_key` (не `n/a`); неподтверждённое значение по умолчанию — пометка, а не отказ; бэкенд и движок — подстрока без учёта регистра в элементе `training_backends` / `generation_engines` без «?»;",
     ]
     if req.get("nodes") == "many":
         evidence = "; ".join(
@@ -146,14 +141,11 @@ def stack_choice_task(variant: int) -> dict:
         text = _REQ_TEXT[k][v] if isinstance(_REQ_TEXT[k], dict) else _REQ_TEXT[k].format(v)
         needs.append(f"- {text}: `{_req_arg(k, v)}`;")
     task["statement"] = (
-        "**Выбор стека по требованиям.** Требования к новому RL-запуску (`task_12_5_12"
-        "['requirements']`):\n\n" + "\n".join(needs) + "\n\nДатированная карта стеков шага 12.5.4 "
-        f"(`stack_map.load_stack_map()`, нужные столбцы; дата выбора `task_12_5_12['today']` = "
-        f"{today}):\n\n{md_table([f'`{c}`' for c in cols], rows)}\n\nПравила:\n\n"
+        "**Выбор стека по требованиям.** Требования к новому RL-запуску (`task_12_5_12['requirements']`):\n\n"
+        + "\n".join(needs)
+        + f"\n\nДатированная карта стеков шага 12.5.4 (`stack_map.load_stack_map()`, нужные столбцы; дата выбора `task_12_5_12['today']` = {today}):\n\n{md_table([f'`{c}`' for c in cols], rows)}\n\nПравила:\n\n"
         + "\n".join(f"- {r}" for r in _stack_rules(req))
-        + "\n\nНазовите все стеки, которые удовлетворяют **всем** требованиям **подтверждёнными** "
-        'фактами карты — список имён, например `["TRL", "AReaL"]`. Сверка после проверки — '
-        "`stack_map.choose_stacks` с этими требованиями и датой."
+        + '\n\nНазовите все стеки, которые удовлетворяют **всем** требованиям **подтверждёнными** фактами карты — список имён, например `["TRL", "AReaL"]`. Сверка после проверки — `stack_map.choose_stacks` с этими требованиями и датой.'
     )
     return task
 
@@ -171,16 +163,7 @@ def stack_choice_solution(task: dict, ref: list) -> str:
     args = ", ".join(_req_arg(k, v) for k, v in task["requirements"].items())
     extra = ", ".join(sorted(set(_matching(task, True)) - set(ref)))
     head = ["стек", "подходит", "что не выполнено", "неподтверждённое", "снимок (возраст)"]
-    return (
-        "Идём по требованиям, а не по ускорениям: каждое требование каждого стека — по "
-        "подтверждённым ячейкам, затем ограничения сочетаний (`stack_map.choose_stacks(frame, "
-        f'{args}, today=date.fromisoformat("{task["today"]}"))`):\n\n{md_table(head, rows)}\n\n'
-        f"**Ответ:** `{json.dumps(ref, ensure_ascii=False)}`. С неподтверждёнными фактами подошли "
-        f"бы ещё {extra} — это повод проверить документацию своей версии, а не основание для "
-        f"выбора.\n\nСамое большое опубликованное ускорение — {top['speedup_high']:g}× у "
-        f"{top['stack']} ({top['claim']}; база — {top['baseline']}): заявление авторов для их "
-        "модели и кластера, а не свойство стека; кандидатов сравнивают на своей задаче."
-    )
+    return f'Идём по требованиям, а не по ускорениям: каждое требование каждого стека — по подтверждённым ячейкам, затем ограничения сочетаний (`stack_map.choose_stacks(frame, {args}, today=date.fromisoformat("{task["today"]}"))`):\n\n{md_table(head, rows)}\n\n**Ответ:** `{json.dumps(ref, ensure_ascii=False)}`. С неподтверждёнными фактами подошли бы ещё {extra} — повод проверить документацию своей версии, а не основание для выбора.\n\nСамое большое опубликованное ускорение — {top["speedup_high"]:g}× у {top["stack"]} ({top["claim"]}; база — {top["baseline"]}): заявление авторов для их модели и кластера, а не свойство стека; кандидатов сравнивают на своей задаче.'
 
 
 def _fastest_matches(task: dict, given: Any) -> bool:
