@@ -1,69 +1,41 @@
-"""Замер времени по стадиям, перцентили и диаграмма Ганта (используются во всех уроках).
+"""Замер времени по стадиям и трасса «роллаут → шаг оптимизатора» (уроки 12.1–12.5).
 
-``StageTimer`` записывает события «стадия началась — закончилась» (секунды от создания таймера)
-с идентификатором трассы и именем исполнителя. Перед каждым чтением часов он вызывает ``sync``
-(например, ``torch.cuda.synchronize``), иначе асинхронная работа GPU попала бы не в ту стадию.
-События превращаются в таблицу pandas (``to_frame``), сводку по стадиям (``stage_summary``)
-и диаграмму Ганта (``gantt``: строка на исполнителя, цвет на стадию).
-
-Цепочка трассировки (урок 12.5.2, ``TRACE_CHAIN``): запрос → роллаут → версия поведения → версия
-верификатора → пакет → шаг оптимизатора → версия после шага. ``trace_from_loop`` и
-``trace_from_simulation`` строят таблицы ``TraceTables``; ``full_chain``, ``chain_for_rollout`` и
-``rollouts_for_step`` соединяют их в обе стороны; ``find_orphans``, ``verifier_mismatches`` и
-``check_chain`` ищут разрывы; ``dashboard`` сводит метрики по группам ``METRIC_GROUPS``.
-
-Пример::
-
-    timer = StageTimer(worker="generator", sync=cuda_sync_or_none(device))
-    with timer.stage("generate", trace_id="r-17", tokens=128):
-        out = model.generate(...)
-    print(percentiles(timer.to_frame()["duration_s"]))
+``StageTimer`` пишет события «стадия началась — закончилась» (секунды от создания таймера),
+``percentiles`` и ``gantt`` их сводят и рисуют. Цепочка трассировки урока 12.5.2
+(``TRACE_CHAIN``): запрос → роллаут → версия поведения → версия верификатора → пакет → шаг
+оптимизатора → версия после шага. ``trace_from_loop`` / ``trace_from_simulation`` строят
+таблицы ``TraceTables``; ``full_chain`` соединяет их, ``find_orphans``, ``verifier_mismatches`` и
+``check_chain`` ищут разрывы, ``dashboard`` сводит метрики панели наблюдения.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
-import numbers
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from course_utils.args import is_number, text
+import pandas as pd
+
+from course_utils.args import choice, flag, integer, is_number, real, text
 from course_utils.arith_task import is_informative_group, scalar_reward
 from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
-
-# Единицы оси времени диаграммы Ганта: подпись -> множитель от секунд.
-TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}
-
-
-def _check_time(name: str, value: Any) -> float:
-    if not is_number(value) or not math.isfinite(float(value)):
-        raise ValueError(f"{name} должно быть конечным числом секунд, получено {value!r}")
-    return float(value)
-
-
-def _check_extra(extra: Mapping[str, Any]) -> None:
-    clash = sorted(set(extra) & set(BASE_COLUMNS))
-    if clash:
-        raise ValueError(
-            f"дополнительные поля события не могут называться как основные столбцы {BASE_COLUMNS}: "
-            f"{clash}"
-        )
+_REQUIRED = ("worker", "stage", "start_s", "end_s")
+_TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}  # подпись → множитель от с
 
 
 class StageTimer:
-    """Таймер стадий: событие = (trace_id, worker, stage, start_s, end_s), время в секундах от t0.
+    """Таймер стадий: событие = (trace_id, worker, stage, start_s, end_s), секунды от t0.
 
-    ``t0`` — показание часов ``clock`` при создании таймера. ``sync`` (если задан) вызывается
-    перед чтением часов в начале и в конце каждой стадии, чтобы учесть асинхронную работу
-    устройства. Стадии можно вкладывать; вложенное время входит и во внешнюю стадию.
+    ``t0`` — показание ``clock`` при создании. ``sync`` (например, torch.cuda.synchronize)
+    вызывается перед каждым чтением часов, иначе асинхронная работа GPU попала бы не в ту стадию.
+    Стадии можно вкладывать; события упорядочены по началу стадии.
     """
 
     def __init__(
@@ -72,22 +44,13 @@ class StageTimer:
         sync: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        worker = text("worker", worker)
+        self.worker = text("worker", worker)
         if sync is not None and not callable(sync):
-            raise ValueError(
-                f"sync должен быть функцией без аргументов или None, получено {sync!r}"
-            )
+            raise ValueError(f"sync должен быть функцией или None, получено {sync!r}")
         if not callable(clock):
-            raise ValueError(
-                f"clock должен быть функцией, возвращающей секунды, получено {clock!r}"
-            )
-        self.worker = worker
-        self.sync = sync
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._events: list[dict[str, Any]] = []
-        self._keys: list[int] = []  # порядковый номер начала события: events упорядочены по нему
-        self._next_key = 0
+            raise ValueError(f"clock должен быть функцией (секунды), получено {clock!r}")
+        self.sync, self.clock = sync, clock
+        self._events: list[dict[str, Any]] = []  # в порядке начала; открытые — без end_s
         self.t0 = float(clock())
 
     def _now(self) -> float:
@@ -95,182 +58,102 @@ class StageTimer:
             self.sync()
         return float(self.clock()) - self.t0
 
-    def _reserve_key(self) -> int:
-        with self._lock:
-            key = self._next_key
-            self._next_key += 1
-            return key
-
-    def _insert(self, key: int, event: dict[str, Any]) -> None:
-        with self._lock:
-            pos = bisect.bisect_right(self._keys, key)
-            self._keys.insert(pos, key)
-            self._events.insert(pos, event)
-
     @contextlib.contextmanager
     def stage(self, name: str, trace_id: str | None = None, **extra: Any) -> Iterator[None]:
-        """Замеряет блок ``with``: duration_s = end_s − start_s, секунды (sync до и после).
-
-        Событие записывается и тогда, когда блок завершился исключением: время потрачено.
-        """
+        """Замеряет блок ``with``: duration_s = end_s − start_s, с; пишется и при исключении."""
         name = text("name (имя этапа)", name)
-        _check_extra(extra)
-        key = self._reserve_key()
-        start = self._now()
+        if clash := sorted(set(extra) & set(BASE_COLUMNS)):
+            raise ValueError(f"доп. поля не могут называться как основные столбцы: {clash}")
+        event = {"trace_id": trace_id, "worker": self.worker, "stage": name}
+        self._events.append(event)  # место — по началу стадии, даже если внешняя ещё открыта
+        event["start_s"] = self._now()
         try:
             yield
         finally:
-            end = self._now()
-            event = {"trace_id": trace_id, "worker": self.worker, "stage": name}
-            event.update(start_s=start, end_s=end, **extra)
-            self._insert(key, event)
-
-    def record(
-        self,
-        stage: str,
-        start_s: float,
-        end_s: float,
-        trace_id: str | None = None,
-        worker: str | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
-        """Добавляет событие, замеренное снаружи (например, в другом процессе); время в секундах.
-
-        start_s и end_s — секунды в той же шкале, что и у таймера (от t0); нужно end_s ≥ start_s.
-        """
-        stage = text("stage (имя этапа)", stage)
-        start = _check_time("start_s", start_s)
-        end = _check_time("end_s", end_s)
-        if end < start:
-            raise ValueError(f"end_s должно быть не меньше start_s: {start_s=}, {end_s=}")
-        if worker is not None and (not isinstance(worker, str) or not worker):
-            raise ValueError(f"worker должен быть непустой строкой или None, получено {worker!r}")
-        _check_extra(extra)
-        event = {"trace_id": trace_id, "worker": worker or self.worker, "stage": stage}
-        event.update(start_s=start, end_s=end, **extra)
-        self._insert(self._reserve_key(), event)
-        return event
+            event.update(end_s=self._now(), **extra)
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """Список событий (словари) в порядке начала стадий."""
-        return self._events
+        """Завершённые события (словари) в порядке начала стадий."""
+        return [ev for ev in self._events if "end_s" in ev]
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self.events)
 
-    def to_frame(self):
-        """Таблица событий: trace_id, worker, stage, start_s, end_s, duration_s (с) и доп. поля."""
-        return _events_to_frame(self._events)
+    def to_frame(self) -> pd.DataFrame:
+        """Таблица событий: BASE_COLUMNS (duration_s = end_s − start_s, с), затем доп. поля."""
+        return _events_to_frame(self.events)
 
     def totals(self) -> dict[str, float]:
-        """Суммарное время каждой стадии, с: Σ (end_s − start_s), в порядке первого появления.
+        """Время каждой стадии T = Σ (end_s − start_s), с, в порядке первого появления.
 
-        Вложенные стадии перекрываются с внешними, поэтому сумма значений может превышать
-        время работы.
+        Вложенные стадии перекрываются с внешними: сумма значений может превышать время работы.
         """
         out: dict[str, float] = {}
-        for ev in self._events:
+        for ev in self.events:
             out[ev["stage"]] = out.get(ev["stage"], 0.0) + (ev["end_s"] - ev["start_s"])
         return out
 
 
 def cuda_sync_or_none(device: Any) -> Callable[[], None] | None:
-    """Функция синхронизации для ``StageTimer``: torch.cuda.synchronize(device) для CUDA, иначе None.
-
-    device — строка ("cpu", "cuda", "cuda:1"), torch.device или None (тогда None).
-    """
+    """``sync`` для ``StageTimer``: torch.cuda.synchronize(device) для CUDA, иначе None."""
     if device is None:
         return None
     import torch
 
-    if not isinstance(device, str | torch.device) or isinstance(device, bool):
-        raise ValueError(
-            f"device должно быть строкой вроде 'cpu' или 'cuda:0' либо torch.device, "
-            f"получено {device!r}"
-        )
+    if not isinstance(device, str | torch.device):
+        raise ValueError(f"device должно быть строкой ('cuda:0') или torch.device: {device!r}")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device: неизвестное устройство {device!r}") from exc
-    if dev.type != "cuda":
-        return None
-    return functools.partial(torch.cuda.synchronize, dev)
+    return functools.partial(torch.cuda.synchronize, dev) if dev.type == "cuda" else None
 
 
-def _as_float_list(name: str, values: Any) -> list[float]:
+def _numbers(name: str, values: Any, low: float | None = None, high: float | None = None):
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise ValueError(f"{name} должно быть последовательностью чисел, получено {type(values)}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise ValueError(f"{name} должно содержать только числа, встретилось {v!r}")
-        fv = float(v)
-        if not math.isfinite(fv):
-            raise ValueError(f"{name} должно содержать только конечные числа, встретилось {v!r}")
-        out.append(fv)
-    return out
-
-
-def _q_label(q: float) -> str:
-    return f"p{q:g}"
+    return [real(f"{name}[{i}]", v, low, high) for i, v in enumerate(values)]
 
 
 def percentiles(values: Iterable[float], qs: Iterable[float] = (50, 95, 99)) -> dict[str, float]:
-    """Перцентили с линейной интерполяцией (как numpy.percentile по умолчанию).
+    """Перцентили с линейной интерполяцией (как numpy.percentile): {"p50": …, "p95": …, "p99": …}.
 
-    Для отсортированных x_0 ≤ … ≤ x_{n−1}: h = (n − 1)·q/100, p_q = x_⌊h⌋ + (h − ⌊h⌋)·(x_⌈h⌉ − x_⌊h⌋).
-    Единицы те же, что у values. Возвращает {"p50": …, "p95": …, "p99": …}; q ∈ [0, 100].
+    Для отсортированных x_0 ≤ … ≤ x_{n−1}: h = (n − 1)·q/100,
+    p_q = x_⌊h⌋ + (h − ⌊h⌋)·(x_⌈h⌉ − x_⌊h⌋); единицы те же, что у values, q ∈ [0, 100].
     """
-    xs = sorted(_as_float_list("values", values))
+    xs = sorted(_numbers("values", values))
     if not xs:
         raise ValueError("values не должно быть пустым: перцентиль пустой выборки не определён")
-    if is_number(qs):
-        qs = (qs,)
-    q_list = _as_float_list("qs", qs)
+    q_list = _numbers("qs", (qs,) if is_number(qs) else qs, 0.0, 100.0)
     if not q_list:
         raise ValueError("qs не должно быть пустым: укажите хотя бы один уровень из [0, 100]")
     out: dict[str, float] = {}
-    n = len(xs)
     for q in q_list:
-        if not 0.0 <= q <= 100.0:
-            raise ValueError(f"qs: уровень перцентиля должен лежать в [0, 100], получено {q}")
-        h = (n - 1) * q / 100.0
+        h = (len(xs) - 1) * q / 100.0
         lo = math.floor(h)
-        hi = min(lo + 1, n - 1)
-        frac = h - lo
-        out[_q_label(q)] = xs[lo] + frac * (xs[hi] - xs[lo])
+        hi = min(lo + 1, len(xs) - 1)
+        out[f"p{q:g}"] = xs[lo] + (h - lo) * (xs[hi] - xs[lo])  # p_q = x_⌊h⌋ + (h − ⌊h⌋)·Δx
     return out
 
 
-def _events_to_frame(events: Iterable[Mapping[str, Any]]):
-    import pandas as pd
-
-    rows = []
-    extra_cols: list[str] = []
-    for i, ev in enumerate(events):
-        if not isinstance(ev, Mapping):
-            raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
-        missing = [c for c in ("worker", "stage", "start_s", "end_s") if c not in ev]
-        if missing:
-            raise ValueError(f"в событии №{i} нет полей {missing}")
-        row = dict(ev)
-        row.setdefault("trace_id", None)
-        row["duration_s"] = float(ev["end_s"]) - float(ev["start_s"])
-        for key in row:
-            if key not in BASE_COLUMNS and key not in extra_cols:
-                extra_cols.append(key)
-        rows.append(row)
-    columns = list(BASE_COLUMNS) + extra_cols
-    if not rows:
-        return pd.DataFrame(columns=columns)
-    return pd.DataFrame(rows, columns=columns)
+def _event_row(i: int, ev: Any) -> dict[str, Any]:
+    if not isinstance(ev, Mapping):
+        raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
+    missing = [c for c in _REQUIRED if c not in ev]
+    if missing:
+        raise ValueError(f"в событии №{i} нет полей {missing}")
+    return {"trace_id": None, **ev, "duration_s": float(ev["end_s"]) - float(ev["start_s"])}
 
 
-def _to_frame(data: Any, name: str):
+def _events_to_frame(events: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = [_event_row(i, ev) for i, ev in enumerate(events)]
+    extra = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in BASE_COLUMNS]
+    return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *extra])
+
+
+def _to_frame(data: Any, name: str) -> pd.DataFrame:
     """DataFrame событий из DataFrame, StageTimer или списка словарей; проверяет столбцы."""
-    import pandas as pd
-
     if isinstance(data, StageTimer):
         frame = data.to_frame()
     elif isinstance(data, pd.DataFrame):
@@ -282,63 +165,29 @@ def _to_frame(data: Any, name: str):
             f"{name} должно быть DataFrame, StageTimer или списком событий-словарей, "
             f"получено {type(data)}"
         )
-    missing = [c for c in ("worker", "stage", "start_s", "end_s") if c not in frame.columns]
+    missing = [c for c in _REQUIRED if c not in frame.columns]
     if missing:
         raise ValueError(f"{name}: нет столбцов {missing}")
     if len(frame) == 0:
         raise ValueError(f"{name}: нет ни одного события")
-    times = {}
-    for col in ("start_s", "end_s"):
-        vals = pd.to_numeric(frame[col], errors="coerce")
+    times = {c: pd.to_numeric(frame[c], errors="coerce") for c in ("start_s", "end_s")}
+    for col, vals in times.items():
         if vals.isna().any() or not vals.map(math.isfinite).all():
             raise ValueError(f"{name}: столбец {col} должен содержать конечные числа секунд")
-        times[col] = vals
     if (times["end_s"] < times["start_s"]).any():
         raise ValueError(f"{name}: есть события с end_s < start_s")
     return frame
 
 
-def stage_summary(frame: Any):
-    """Сводка по стадиям: count, total_s, mean_s, p50_s, p95_s (секунды) и share_pct.
-
-    share_pct = 100 · total_s(стадии) / Σ total_s (%, в сумме 100; при нулевом общем времени NaN).
-    Вложенные стадии считаются отдельно, поэтому доли — от суммы времён стадий, а не от времени
-    работы. Строки — стадии в порядке первого появления (индекс ``stage``).
-    """
-    import pandas as pd
-
-    df = _to_frame(frame, "frame")
-    durations = df["end_s"].astype(float) - df["start_s"].astype(float)
-    rows = []
-    for stage_name in pd.unique(df["stage"]):
-        d = durations[df["stage"] == stage_name].tolist()
-        p = percentiles(d, (50, 95))
-        rows.append(
-            {
-                "stage": stage_name,
-                "count": len(d),
-                "total_s": math.fsum(d),
-                "mean_s": math.fsum(d) / len(d),
-                "p50_s": p["p50"],
-                "p95_s": p["p95"],
-            }
-        )
-    out = pd.DataFrame(rows).set_index("stage")
-    grand = math.fsum(out["total_s"])
-    out["share_pct"] = 100.0 * out["total_s"] / grand if grand > 0 else float("nan")
-    return out
-
-
-# Подписи для студента: ключи стадий и имена исполнителей в коде остаются английскими
-# (их используют таблицы и тесты), на рисунках и в легендах — русские подписи.
-STAGE_LABELS_RU: dict[str, str] = {
+# Подписи на рисунках по-русски; ключи стадий и имена исполнителей в данных — английские.
+_STAGE_LABELS = {
     **_LOOP_STAGE_LABELS,
     "queue_wait": "ожидание пакета",
     "backpressure": "обратное давление",
     "verifier": "проверка ответа",
     "checkpoint": "контрольная точка",
 }
-WORKER_LABELS_RU = {
+_WORKER_LABELS = {
     "main": "главный поток",
     "collector": "сборщик",
     "trainer": "тренер",
@@ -350,23 +199,20 @@ WORKER_LABELS_RU = {
 
 def stage_label(stage: Any) -> str:
     """Русская подпись стадии для рисунка: "decode" → "декодирование"; незнакомая — как есть."""
-    return STAGE_LABELS_RU.get(str(stage), str(stage))
+    return _STAGE_LABELS.get(str(stage), str(stage))
 
 
 def worker_label(worker: Any) -> str:
-    """Русское имя исполнителя: "collector-3" → "сборщик 3", "main" → "главный поток".
-
-    Имя вида «<роль>-<номер>» или «<роль>» с ролью из ``WORKER_LABELS_RU``; остальное — как есть.
-    """
+    """Русское имя исполнителя «<роль>[-<номер>]»: "collector-3" → "сборщик 3"; иное — как есть."""
     name = str(worker)
     role, sep, number = name.rpartition("-")
-    if sep and number.isdigit() and role in WORKER_LABELS_RU:
-        return f"{WORKER_LABELS_RU[role]} {number}"
-    return WORKER_LABELS_RU.get(name, name)
+    if sep and number.isdigit() and role in _WORKER_LABELS:
+        return f"{_WORKER_LABELS[role]} {number}"
+    return _WORKER_LABELS.get(name, name)
 
 
 def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
-    """Уровень вложенности события в строке: число ранее начатых и ещё открытых событий."""
+    """Уровень вложенности события: число ранее начатых и ещё открытых событий строки."""
     order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
     levels = [0] * len(starts)
     open_ends: list[float] = []
@@ -378,60 +224,45 @@ def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
 
 
 def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: str = "с"):
-    """Диаграмма Ганта: строка на исполнителя (worker), полоса на событие [start_s, end_s].
+    """Диаграмма Ганта: строка на исполнителя, полоса на событие [start_s, end_s] × множитель.
 
-    Цвет — по имени стадии (легенда справа от осей, внутри рисунка); вложенные или
-    одновременные события одного исполнителя рисуются поверх более узкими полосами. Ось x —
-    время в единицах time_unit ("с", "мс", "мкс", "мин"). Подписи по-русски: стадии —
-    ``stage_label``, исполнители — ``worker_label``. Возвращает matplotlib Axes.
+    Ось x — время в time_unit ("с", "мс", "мкс", "мин"); цвет — по стадии (легенда справа,
+    внутри рисунка); вложенные события рисуются поверх более узкими полосами. Подписи —
+    ``stage_label`` и ``worker_label``. Возвращает matplotlib Axes.
     """
     import matplotlib.pyplot as plt
-    import pandas as pd
     from matplotlib.patches import Patch
 
-    if time_unit not in TIME_UNITS:
-        raise ValueError(
-            f"time_unit должно быть одним из {list(TIME_UNITS)}, получено {time_unit!r}"
-        )
+    scale = _TIME_UNITS[choice("time_unit", time_unit, _TIME_UNITS)]
     if title is not None and not isinstance(title, str):
         raise ValueError(f"title должно быть строкой или None, получено {title!r}")
-    df = _to_frame(frame_or_events, "frame_or_events")
-    scale = TIME_UNITS[time_unit]
-    workers = [str(w) for w in pd.unique(df["worker"].astype(str))]
-    stages = [str(s) for s in pd.unique(df["stage"].astype(str))]
+    df = _to_frame(frame_or_events, "frame_or_events").reset_index(drop=True)
+    start = df["start_s"].astype(float) * scale  # время, time_unit = секунды × множитель
+    end = df["end_s"].astype(float) * scale
+    worker, stage = df["worker"].astype(str), df["stage"].astype(str)
+    workers, stages = list(pd.unique(worker)), list(pd.unique(stage))
     colors = stage_colors(stages)
-    row_of = {w: i for i, w in enumerate(workers)}
-
+    level = pd.Series(0, index=df.index)
+    for rows in worker.groupby(worker, sort=False).groups.values():
+        level[rows] = _nesting_levels(start[rows].tolist(), end[rows].tolist())
     if ax is None:
-        height = min(1.5 + 0.55 * len(workers), 12.0)
-        _, ax = plt.subplots(figsize=(10, height))
+        _, ax = plt.subplots(figsize=(10, min(1.5 + 0.55 * len(workers), 12.0)))
 
-    starts = (df["start_s"].astype(float) * scale).tolist()
-    ends = (df["end_s"].astype(float) * scale).tolist()
-    worker_col = df["worker"].astype(str).tolist()
-    stage_col = df["stage"].astype(str).tolist()
-    levels = [0] * len(df)
-    for w in workers:
-        idx = [i for i, x in enumerate(worker_col) if x == w]
-        for i, lv in zip(idx, _nesting_levels([starts[i] for i in idx], [ends[i] for i in idx])):
-            levels[i] = lv
-
-    edge = 0.5 if len(df) <= 150 else 0.0
+    row_of = {w: i for i, w in enumerate(workers)}
     for s in stages:
-        idx = [i for i, x in enumerate(stage_col) if x == s]
-        heights = [max(0.8 * (0.7 ** levels[i]), 0.15) for i in idx]
+        rows = stage == s
         bars = ax.barh(
-            [row_of[worker_col[i]] for i in idx],
-            [ends[i] - starts[i] for i in idx],
-            left=[starts[i] for i in idx],
-            height=heights,
+            worker[rows].map(row_of).tolist(),
+            (end - start)[rows].tolist(),
+            left=start[rows].tolist(),
+            height=[max(0.8 * (0.7**lv), 0.15) for lv in level[rows]],
             color=colors[s],
             edgecolor="white",
-            linewidth=edge,
+            linewidth=0.5 if len(df) <= 150 else 0.0,
             zorder=2,
         )
-        for patch, i in zip(bars.patches, idx):
-            patch.set_zorder(2 + levels[i])  # вложенные полосы поверх внешних
+        for patch, lv in zip(bars.patches, level[rows]):
+            patch.set_zorder(2 + lv)  # вложенные полосы поверх внешних
 
     ax.set_yticks(range(len(workers)))
     ax.set_yticklabels([worker_label(w) for w in workers])
@@ -441,9 +272,8 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)
     ax.set_title(title if title is not None else "Диаграмма Ганта по этапам")
-    handles = [Patch(facecolor=colors[s], label=stage_label(s)) for s in stages]
     ax.legend(
-        handles=handles,
+        handles=[Patch(facecolor=colors[s], label=stage_label(s)) for s in stages],
         title="этап",
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
@@ -457,11 +287,7 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     return ax
 
 
-# =========================================================================== цепочка трассировки
-# Урок 12.5.2: «трассировка должна связывать данные с обновлением». Панель наблюдения отвечает
-# «что изменилось», трасса — «через какие события прошёл конкретный пример». Минимальная цепочка
-# идентификаторов: запрос → роллаут → версия поведения → версия верификатора → пакет → шаг
-# оптимизатора → версия политики после шага.
+# ================================================================ цепочка трассировки (12.5.2)
 
 TRACE_CHAIN = (
     "prompt_id",
@@ -473,28 +299,11 @@ TRACE_CHAIN = (
     "resulting_policy_version",
 )
 
-TRACE_LABELS = {
-    "prompt_id": "идентификатор запроса",
-    "rollout_id": "идентификатор роллаута",
-    "behavior_policy_version": "версия политики, сгенерировавшей роллаут",
-    "verifier_version": "версия проверяющей системы (верификатора)",
-    "training_batch_id": "идентификатор обучающего пакета",
-    "optimizer_step": "номер шага оптимизатора",
-    "resulting_policy_version": "версия политики после шага",
-}
-
 # Обязательные столбцы таблиц трассы (дополнительные столбцы допустимы).
-TRACE_COLUMNS = {
+_TRACE_COLUMNS = {
     "prompts": ("prompt_id",),
-    "rollouts": (
-        "rollout_id",
-        "prompt_id",
-        "behavior_policy_version",
-        "verifier_version",
-        "reward",
-        "tokens",
-        "training_batch_id",
-    ),
+    "rollouts": ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version")
+    + ("reward", "tokens", "training_batch_id"),
     "batches": (
         "training_batch_id",
         "optimizer_step",
@@ -507,7 +316,6 @@ TRACE_COLUMNS = {
     "steps": ("optimizer_step", "resulting_policy_version", "expected_verifier_version"),
 }
 
-# Причины, по которым роллаут не попал в пакет (find_orphans).
 ORPHAN_REASONS = {
     "dropped": "отброшен как несвежий при извлечении из очереди",
     "queued": "ждал в очереди на конец прогона",
@@ -516,99 +324,56 @@ ORPHAN_REASONS = {
     "unknown": "причина неизвестна",
 }
 
-# Группы панели наблюдения (урок 12.5.2) → метрики, которые считает ``dashboard`` из таблиц трассы.
-# KL к базе, энтропия, утилизация пулов, время контрольных точек и т. п. из лекции требуют данных,
-# которых в таблицах трассы нет, поэтому здесь их нет.
+# Панель наблюдения (урок 12.5.2): группа → {метрика: единицы}. KL к базе, энтропия и т. п.
+# требуют данных, которых в таблицах трассы нет, поэтому здесь их нет.
 METRIC_GROUPS = {
-    "данные": (
-        "роллаутов",
-        "запросов",
-        "средняя награда",
-        "доля информативных групп",
-        "доля вырожденных групп",
-        "токенов на роллаут, среднее",
-        "токенов на роллаут, p95",
-    ),
-    "политика": (
-        "шагов оптимизатора",
-        "итоговая версия политики",
-        "задержка политики, средняя",
-        "задержка политики, максимальная",
-        "доля несвежих роллаутов",
-        "ESS/n, среднее по шагам",
-    ),
-    "система": (
-        "длительность роллаута, p50",
-        "длительность роллаута, p95",
-        "длительность роллаута, p99",
-        "время в очереди, среднее",
-        "время в очереди, p95",
-        "пропускная способность обучения",
-        "скорость генерации",
-        "синхронизация весов, среднее",
-        "доля простоя тренера",
-        "пиковая память",
-    ),
-    "надёжность": (
-        "осиротевших роллаутов",
-        "доля осиротевших роллаутов",
-        "отброшено как несвежие",
-        "доля отброшенных",
-        "несовпадений версии верификатора",
-        "нарушений цепочки",
-    ),
+    "данные": {
+        "роллаутов": "шт.",
+        "запросов": "шт.",
+        "средняя награда": "у. е.",
+        "доля информативных групп": "доля",
+        "доля вырожденных групп": "доля",
+        "токенов на роллаут, среднее": "токенов",
+        "токенов на роллаут, p95": "токенов",
+    },
+    "политика": {
+        "шагов оптимизатора": "шт.",
+        "итоговая версия политики": "версия",
+        "задержка политики, средняя": "версий",
+        "задержка политики, максимальная": "версий",
+        "доля несвежих роллаутов": "доля",
+        "ESS/n, среднее по шагам": "доля",
+    },
+    "система": {
+        "длительность роллаута, p50": "с",
+        "длительность роллаута, p95": "с",
+        "длительность роллаута, p99": "с",
+        "время в очереди, среднее": "с",
+        "время в очереди, p95": "с",
+        "пропускная способность обучения": "токенов/с",
+        "скорость генерации": "токенов/с",
+        "синхронизация весов, среднее": "с",
+        "доля простоя тренера": "доля",
+        "пиковая память": "ГиБ (2³⁰ Б)",
+    },
+    "надёжность": {
+        "осиротевших роллаутов": "шт.",
+        "доля осиротевших роллаутов": "доля",
+        "отброшено как несвежие": "шт.",
+        "доля отброшенных": "доля",
+        "несовпадений версии верификатора": "шт.",
+        "нарушений цепочки": "шт.",
+    },
 }
-
-METRIC_UNITS = {
-    "роллаутов": "шт.",
-    "запросов": "шт.",
-    "средняя награда": "у. е.",
-    "доля информативных групп": "доля",
-    "доля вырожденных групп": "доля",
-    "токенов на роллаут, среднее": "токенов",
-    "токенов на роллаут, p95": "токенов",
-    "шагов оптимизатора": "шт.",
-    "итоговая версия политики": "версия",
-    "задержка политики, средняя": "версий",
-    "задержка политики, максимальная": "версий",
-    "доля несвежих роллаутов": "доля",
-    "ESS/n, среднее по шагам": "доля",
-    "длительность роллаута, p50": "с",
-    "длительность роллаута, p95": "с",
-    "длительность роллаута, p99": "с",
-    "время в очереди, среднее": "с",
-    "время в очереди, p95": "с",
-    "пропускная способность обучения": "токенов/с",
-    "скорость генерации": "токенов/с",
-    "синхронизация весов, среднее": "с",
-    "доля простоя тренера": "доля",
-    "пиковая память": "ГиБ (2³⁰ Б)",
-    "осиротевших роллаутов": "шт.",
-    "доля осиротевших роллаутов": "доля",
-    "отброшено как несвежие": "шт.",
-    "доля отброшенных": "доля",
-    "несовпадений версии верификатора": "шт.",
-    "нарушений цепочки": "шт.",
-}
+METRIC_UNITS = {name: unit for group in METRIC_GROUPS.values() for name, unit in group.items()}
 
 
 @dataclasses.dataclass
 class TraceTables:
-    """Таблицы трассы (pandas DataFrame), связанные идентификаторами цепочки ``TRACE_CHAIN``.
+    """Таблицы трассы (DataFrame): строка на запрос, роллаут, пакет, завершённый шаг.
 
-    * prompts — строка на запрос: prompt_id, n_rollouts (сколько роллаутов по нему), …;
-    * rollouts — строка на роллаут: rollout_id, trace_id, prompt_id, group_id,
-      behavior_policy_version, verifier_version, reward, tokens (токены ответа), отметки времени
-      gen_start, gen_end, enqueue_time (роллаут готов), dequeue_time (секунды; NaN — не было),
-      dropped и training_batch_id (None, если роллаут не попал ни в один пакет);
-    * batches — строка на пакет (журнал тренера): training_batch_id, optimizer_step,
-      trainer_policy_version (версия тренера при сборке пакета), n_rollouts, tokens, rollout_ids
-      (кортеж идентификаторов — состав пакета со стороны тренера), complete (шаг завершён);
-    * steps — строка на завершённый шаг: optimizer_step, resulting_policy_version,
-      expected_verifier_version (какую версию верификатора ждал шаг), loss, start_s, end_s, ….
-
-    source — откуда таблицы ("loop", "simulation" или своё), horizon_s — длительность прогона, с
-    (знаменатель пропускной способности).
+    Связаны идентификаторами ``TRACE_CHAIN``; отметки времени роллаутов (gen_start …
+    dequeue_time) — секунды, horizon_s — длительность прогона, с.
     """
 
     prompts: Any
@@ -620,14 +385,12 @@ class TraceTables:
 
 
 def _check_tables(tables: Any, name: str = "tables") -> TraceTables:
-    import pandas as pd
-
     if not isinstance(tables, TraceTables):
         raise ValueError(
             f"{name} должно быть TraceTables (trace_from_loop, trace_from_simulation), "
             f"получено {type(tables).__name__}"
         )
-    for table, cols in TRACE_COLUMNS.items():
+    for table, cols in _TRACE_COLUMNS.items():
         frame = getattr(tables, table)
         if not isinstance(frame, pd.DataFrame):
             raise ValueError(
@@ -641,14 +404,7 @@ def _check_tables(tables: Any, name: str = "tables") -> TraceTables:
 
 def _is_missing(x: Any) -> bool:
     """None, NaN или pd.NA (скаляр); последовательности пропуском не считаются."""
-    if x is None:
-        return True
-    if isinstance(x, float):
-        return math.isnan(x)
-    import pandas as pd
-
-    res = pd.isna(x)
-    return bool(res) if isinstance(res, bool) or getattr(res, "ndim", 1) == 0 else False
+    return x is None or (pd.api.types.is_scalar(x) and bool(pd.isna(x)))
 
 
 def _batch_id(k: int) -> str:
@@ -656,13 +412,10 @@ def _batch_id(k: int) -> str:
 
 
 def _batches_frame(rollouts, trainer_version: Mapping[int, int], steps_done: set[int]):
-    """Журнал пакетов из столбцов rollouts.training_batch_id / optimizer_step (для построителей)."""
-    import pandas as pd
-
+    """Журнал пакетов по столбцу rollouts._step: пакет шага s — роллауты с _step = s."""
     rows = []
-    used = rollouts[rollouts["training_batch_id"].notna()]
     for step in sorted(trainer_version):
-        part = used[used["_step"] == step]
+        part = rollouts[rollouts["training_batch_id"].notna() & (rollouts["_step"] == step)]
         rows.append(
             {
                 "training_batch_id": _batch_id(step),
@@ -674,86 +427,78 @@ def _batches_frame(rollouts, trainer_version: Mapping[int, int], steps_done: set
                 "complete": step in steps_done,
             }
         )
-    return pd.DataFrame(rows, columns=list(TRACE_COLUMNS["batches"]))
+    return pd.DataFrame(rows, columns=list(_TRACE_COLUMNS["batches"]))
 
 
-def _prompts_frame(rollouts, extra: Mapping[str, Mapping[str, Any]] | None = None):
-    import pandas as pd
-
+def _prompts_frame(rollouts) -> pd.DataFrame:
     counts = rollouts.groupby("prompt_id", sort=False).size()
-    prompts = pd.DataFrame({"prompt_id": counts.index.astype(object), "n_rollouts": counts.values})
-    for col, values in (extra or {}).items():
-        prompts[col] = prompts["prompt_id"].map(values)
-    return prompts
+    return pd.DataFrame({"prompt_id": counts.index.astype(object), "n_rollouts": counts.values})
+
+
+def _require(obj: Any, name: str, expected: str, attrs: Iterable[str]) -> None:
+    for attr in attrs:
+        if not hasattr(obj, attr):
+            raise ValueError(f"{name}: нет поля {attr}, ожидается {expected}, получено {obj!r:.60}")
+
+
+# Отметки роллаута в синхронном цикле — границы стадий его шага: (стадия, столбец, агрегат).
+_LOOP_STAMPS = {
+    "gen_start": ("prepare", "start_s", "min"),
+    "gen_end": ("decode", "end_s", "max"),
+    "enqueue_time": ("reward", "end_s", "max"),
+    "dequeue_time": ("logprob_recompute", "start_s", "min"),
+}
+_LOOP_STEP_EXTRA = ("loss", "mean_reward", "informative_groups", "clip_fraction", "grad_norm")
+_LOOP_STEP_EXTRA += ("wall_s", "weight_sync_s", "peak_memory_bytes")
+
+
+def _loop_step_times(events: Any) -> pd.DataFrame:
+    """Строка на шаг: отметки _LOOP_STAMPS и границы шага start_s, end_s, с (NaN — стадии нет)."""
+    cols = [*_LOOP_STAMPS, "start_s", "end_s"]
+    if not isinstance(events, pd.DataFrame) or not {"step", "stage", *_REQUIRED[2:]} <= set(events):
+        return pd.DataFrame(columns=cols, dtype=float)
+    by = events.groupby(["step", "stage"])
+    out = pd.DataFrame(
+        {
+            key: by[col].agg(agg).unstack().reindex(columns=[stage])[stage]
+            for key, (stage, col, agg) in _LOOP_STAMPS.items()
+        }
+    )
+    out["start_s"] = events.groupby("step")["start_s"].min()
+    out["end_s"] = events.groupby("step")["end_s"].max()
+    return out.astype(float)
 
 
 def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = None) -> TraceTables:
     """Таблицы трассы из ``policy.sequential_loop``: пакет k — записи шага k, версия после — k + 1.
 
-    Записи шага k сгенерированы версией k (policy_version = behavior_version строки шага k);
-    шаг k обучается на них и публикует версию k + 1 (синхронный цикл, задержка 0). rollout_id —
-    sample_id записи, reward — скалярная награда Σ w·reward (как ``policy.scalar_reward``),
-    correctness — компонента правильности, tokens — число токенов ответа. Отметки времени
-    роллаута — стадии его шага (генерация пакетная: все ответы шага готовы одновременно), с.
-    expected_verifier_version — какую версию верификатора ждёт тренер (по умолчанию
-    ``arith_task.VERIFIER_VERSION``).
+    Записи шага k сгенерированы версией k; шаг k обучается на них и публикует версию k + 1
+    (синхронный цикл, задержка 0). reward = Σ w·reward (``arith_task.scalar_reward``), tokens —
+    токены ответа, отметки времени роллаута — стадии его шага, с. expected_verifier_version по
+    умолчанию ``arith_task.VERIFIER_VERSION``.
     """
-    import pandas as pd
-
-    for attr in ("steps", "events", "records"):
-        if not hasattr(loop_result, attr):
-            raise ValueError(
-                f"loop_result должно быть результатом policy.sequential_loop (нет поля {attr}), "
-                f"получено {type(loop_result).__name__}"
-            )
+    _require(loop_result, "loop_result", "LoopResult", ("steps", "events", "records"))
     steps, events, records = loop_result.steps, loop_result.events, list(loop_result.records)
     if not isinstance(steps, pd.DataFrame) or not {"step", "behavior_version"} <= set(steps):
-        raise ValueError(
-            "loop_result.steps должно быть таблицей со столбцами step и behavior_version"
-        )
+        raise ValueError("loop_result.steps: нужны столбцы step и behavior_version")
     if len(steps) == 0 or not records:
         raise ValueError("loop_result: нет ни одного шага или ни одной записи роллаута")
     if expected_verifier_version is None:
         from course_utils.arith_task import VERIFIER_VERSION as expected_verifier_version
-    if not isinstance(expected_verifier_version, str) or not expected_verifier_version:
-        raise ValueError(
-            "expected_verifier_version должно быть непустой строкой или None, "
-            f"получено {expected_verifier_version!r}"
-        )
+    expected = text("expected_verifier_version", expected_verifier_version)
     if steps["behavior_version"].duplicated().any():
         raise ValueError("loop_result.steps: версии поведения шагов повторяются")
     step_of_version = {int(v): int(s) for s, v in zip(steps["step"], steps["behavior_version"])}
-
-    times: dict[int, dict[str, float]] = {}
-    if isinstance(events, pd.DataFrame) and {"step", "stage", "start_s", "end_s"} <= set(events):
-        for step, ev in events.groupby("step"):
-            by_stage = dict(tuple(ev.groupby("stage")))
-
-            def _t(stage: str, col: str, fn, by_stage=by_stage) -> float:
-                """Время стадии шага, с: fn (min/max) по её событиям; NaN, если стадии нет."""
-                return float(fn(by_stage[stage][col])) if stage in by_stage else math.nan
-
-            times[int(step)] = {
-                "gen_start": _t("prepare", "start_s", min),
-                "gen_end": _t("decode", "end_s", max),
-                "enqueue_time": _t("reward", "end_s", max),
-                "dequeue_time": _t("logprob_recompute", "start_s", min),
-                "start_s": float(ev["start_s"].min()),
-                "end_s": float(ev["end_s"].max()),
-            }
-    horizon = (
-        float(events["end_s"].max())
-        if isinstance(events, pd.DataFrame) and len(events) and "end_s" in events
-        else math.nan
-    )
+    times = _loop_step_times(events)
+    stamps = times.reindex(sorted(step_of_version.values()))[list(_LOOP_STAMPS)]
+    stamp_of = stamps.to_dict("index")
+    has_end = isinstance(events, pd.DataFrame) and len(events) and "end_s" in events
+    horizon = float(events["end_s"].max()) if has_end else math.nan
 
     rows, prompt_tokens = [], {}
     for i, r in enumerate(records):
-        for attr in ("sample_id", "policy_version", "reward", "response_tokens"):
-            if not hasattr(r, attr):
-                raise ValueError(
-                    f"loop_result.records[{i}]: нет поля {attr} (ожидается RolloutRecord)"
-                )
+        fields = ("sample_id", "policy_version", "reward", "response_tokens")
+        _require(r, f"loop_result.records[{i}]", "RolloutRecord", fields)
         version = r.policy_version
         if version is None or int(version) not in step_of_version:
             raise ValueError(
@@ -764,7 +509,6 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
         reward = r.reward if isinstance(r.reward, Mapping) else {}
         prompt_id = r.prompt_id or r.group_id or r.sample_id
         prompt_tokens.setdefault(prompt_id, len(r.prompt_tokens))
-        t = times.get(step, {})
         rows.append(
             {
                 "rollout_id": r.sample_id,
@@ -773,53 +517,37 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
                 "group_id": r.group_id or prompt_id,
                 "behavior_policy_version": int(version),
                 "verifier_version": r.verifier_version,
-                "reward": scalar_reward(reward),
+                "reward": scalar_reward(reward),  # Σ w·reward
                 "correctness": float(reward.get("correctness", math.nan)),
                 "tokens": len(r.response_tokens),
                 "stop_reason": r.stop_reason,
-                **{
-                    k: t.get(k, math.nan)
-                    for k in ("gen_start", "gen_end", "enqueue_time", "dequeue_time")
-                },
+                **stamp_of[step],
                 "dropped": False,
                 "training_batch_id": _batch_id(step),
                 "_step": step,
             }
         )
     rollouts = pd.DataFrame(rows)
-    batches = _batches_frame(
-        rollouts,
-        {s: v for v, s in step_of_version.items()},
-        set(step_of_version.values()),
-    )
+    trainer_version = {s: v for v, s in step_of_version.items()}
+    batches = _batches_frame(rollouts, trainer_version, set(step_of_version.values()))
     rollouts = rollouts.drop(columns="_step")
-    extra_cols = [
-        c
-        for c in (
-            "loss",
-            "mean_reward",
-            "informative_groups",
-            "clip_fraction",
-            "grad_norm",
-            "wall_s",
-            "weight_sync_s",
-            "peak_memory_bytes",
-        )
-        if c in steps
-    ]
+    bounds = times.reindex(steps["step"].astype(int).tolist())
     step_rows = pd.DataFrame(
         {
             "optimizer_step": steps["step"].astype("int64").to_numpy(),
             "resulting_policy_version": (steps["behavior_version"].astype("int64") + 1).to_numpy(),
-            "expected_verifier_version": expected_verifier_version,
-            "start_s": [times.get(int(s), {}).get("start_s", math.nan) for s in steps["step"]],
-            "end_s": [times.get(int(s), {}).get("end_s", math.nan) for s in steps["step"]],
+            "expected_verifier_version": expected,
+            "start_s": bounds["start_s"].to_numpy(),
+            "end_s": bounds["end_s"].to_numpy(),
+            **{c: steps[c].to_numpy() for c in _LOOP_STEP_EXTRA if c in steps},
         }
     )
-    for c in extra_cols:
-        step_rows[c] = steps[c].to_numpy()
-    prompts = _prompts_frame(rollouts, {"prompt_tokens": prompt_tokens})
+    prompts = _prompts_frame(rollouts)
+    prompts["prompt_tokens"] = prompts["prompt_id"].map(prompt_tokens)
     return TraceTables(prompts, rollouts, batches, step_rows, source="loop", horizon_s=horizon)
+
+
+_SIM_STEP_EXTRA = ("collect_start", "mean_lag", "max_lag", "ess_norm")
 
 
 def trace_from_simulation(
@@ -827,25 +555,13 @@ def trace_from_simulation(
 ) -> TraceTables:
     """Таблицы трассы из ``pipeline.simulate``: пакет шага s — роллауты с consumed_version = s.
 
-    В модели нет запросов и наград: у каждого роллаута свой синтетический запрос
-    ``sim-p{rollout_id}``, reward = NaN, версия верификатора у всех — verifier_version (и её же
-    ждут шаги). Роллауты с NaN в dequeue_time не попали ни в один пакет (в очереди или ещё
-    генерировались на конец прогона); dropped — отброшенные как несвежие. Пакет шага, не
-    завершённого к концу прогона, записан с complete = False, шага для него в steps нет.
-    horizon_s = config.duration_s.
+    В модели нет запросов и наград: запрос ``sim-p{rollout_id}`` свой у каждого роллаута,
+    reward = NaN, версия верификатора — verifier_version. Роллаут с NaN в dequeue_time ни в один
+    пакет не попал; пакет незавершённого шага записан с complete = False. horizon_s =
+    config.duration_s, с.
     """
-    import pandas as pd
-
-    for attr in ("rollouts", "steps", "config"):
-        if not hasattr(sim_result, attr):
-            raise ValueError(
-                f"sim_result должно быть результатом pipeline.simulate (нет поля {attr}), "
-                f"получено {type(sim_result).__name__}"
-            )
-    if not isinstance(verifier_version, str) or not verifier_version:
-        raise ValueError(
-            f"verifier_version должно быть непустой строкой, получено {verifier_version!r}"
-        )
+    _require(sim_result, "sim_result", "SimResult", ("rollouts", "steps", "config"))
+    verifier_version = text("verifier_version", verifier_version)
     src, st = sim_result.rollouts, sim_result.steps
     need_r = {"rollout_id", "gen_start", "gen_end", "enqueue_time", "dequeue_time", "tokens"}
     need_r |= {"behavior_version", "consumed_version", "dropped"}
@@ -854,22 +570,21 @@ def trace_from_simulation(
     if not isinstance(st, pd.DataFrame) or not {"step", "version_published"} <= set(st.columns):
         raise ValueError("sim_result.steps: нужны столбцы step и version_published")
 
-    consumed = src["consumed_version"]
-    step = consumed.astype("Int64")
+    step = src["consumed_version"].astype("Int64")
+    ids = src["rollout_id"].astype("int64")
+    prompt_ids = ("sim-p" + ids.astype(str)).to_numpy()
     rollouts = pd.DataFrame(
         {
-            "rollout_id": src["rollout_id"].astype("int64").to_numpy(),
-            "trace_id": [f"r{int(i)}" for i in src["rollout_id"]],
-            "prompt_id": [f"sim-p{int(i)}" for i in src["rollout_id"]],
-            "group_id": [f"sim-p{int(i)}" for i in src["rollout_id"]],
+            "rollout_id": ids.to_numpy(),
+            "trace_id": ("r" + ids.astype(str)).to_numpy(),
+            "prompt_id": prompt_ids,
+            "group_id": prompt_ids,
             "behavior_policy_version": src["behavior_version"].astype("int64").to_numpy(),
             "verifier_version": verifier_version,
             "reward": math.nan,
             "tokens": src["tokens"].astype("int64").to_numpy(),
-            "gen_start": src["gen_start"].to_numpy(),
-            "gen_end": src["gen_end"].to_numpy(),
-            "enqueue_time": src["enqueue_time"].to_numpy(),
-            "dequeue_time": src["dequeue_time"].to_numpy(),
+            **{c: src[c].to_numpy() for c in ("gen_start", "gen_end")},
+            **{c: src[c].to_numpy() for c in ("enqueue_time", "dequeue_time")},
             "dropped": src["dropped"].astype(bool).to_numpy(),
             "training_batch_id": [None if _is_missing(s) else _batch_id(s) for s in step],
         }
@@ -878,13 +593,12 @@ def trace_from_simulation(
         rollouts.insert(1, "collector", src["collector"].to_numpy())
     rollouts["training_batch_id"] = rollouts["training_batch_id"].astype(object)
     rollouts["_step"] = step.to_numpy()
-    done = {int(s) for s in st["step"]}
-    # Версия весов у тренера во время сбора пакета шага s равна s (версия публикуется после шага).
+    # Версия тренера при сборе пакета шага s равна s (версия публикуется после шага).
     trainer_version = {int(s): int(s) for s in step.dropna().unique()}
     trainer_version.update(
         {int(s): int(v) - 1 for s, v in zip(st["step"], st["version_published"])}
     )
-    batches = _batches_frame(rollouts, trainer_version, done)
+    batches = _batches_frame(rollouts, trainer_version, {int(s) for s in st["step"]})
     rollouts = rollouts.drop(columns="_step")
     step_rows = pd.DataFrame(
         {
@@ -894,39 +608,30 @@ def trace_from_simulation(
             "loss": math.nan,
             "start_s": st["start"].to_numpy() if "start" in st else math.nan,
             "end_s": st["end"].to_numpy() if "end" in st else math.nan,
+            **{c: st[c].to_numpy() for c in _SIM_STEP_EXTRA if c in st},
         }
     )
-    for c in ("collect_start", "mean_lag", "max_lag", "ess_norm"):
-        if c in st:
-            step_rows[c] = st[c].to_numpy()
     horizon = float(getattr(sim_result.config, "duration_s", math.nan))
-    prompts = _prompts_frame(rollouts)
     return TraceTables(
-        prompts, rollouts, batches, step_rows, source="simulation", horizon_s=horizon
+        _prompts_frame(rollouts), rollouts, batches, step_rows, "simulation", horizon
     )
 
 
-_INT_CHAIN = ("behavior_policy_version", "optimizer_step", "resulting_policy_version")
-
-
-def _merge(left, right, on: str, validate: str, what: str):
-    import pandas as pd
-
+def _merge(left, right, on: str, what: str):
     try:
-        return left.merge(right, on=on, how="left", validate=validate, suffixes=("", "_dup"))
+        return left.merge(right, on=on, how="left", validate="many_to_one", suffixes=("", "_dup"))
     except pd.errors.MergeError as exc:
         raise ValueError(
             f"{what}: повторяющиеся {on}, цепочка неоднозначна (подробности — check_chain)"
         ) from exc
 
 
-def full_chain(tables: TraceTables):
+def full_chain(tables: TraceTables) -> pd.DataFrame:
     """Полная цепочка: строка на роллаут, столбцы ``TRACE_CHAIN``, затем остальные поля.
 
     rollouts ⟕ prompts по prompt_id ⟕ batches по training_batch_id ⟕ steps по optimizer_step
-    (левые соединения pandas с validate="many_to_one": повтор идентификатора справа — ValueError,
-    а не молча размноженные строки). Роллаут без пакета сохраняется: дальше по цепочке NaN/<NA>.
-    Повтор rollout_id тоже ValueError: одна трасса не может вести к двум обновлениям.
+    (левые соединения, validate="many_to_one": повтор идентификатора справа — ValueError, а не
+    размноженные строки; повтор rollout_id — тоже). Роллаут без пакета остаётся, дальше — <NA>.
     """
     tables = _check_tables(tables)
     r = tables.rollouts
@@ -935,24 +640,22 @@ def full_chain(tables: TraceTables):
         raise ValueError(f"full_chain: повторяющиеся rollout_id в rollouts: {dup[:10]}")
     prompts = tables.prompts.rename(columns={"n_rollouts": "prompt_rollouts"})
     prompts = prompts.drop(columns=[c for c in prompts if c in r and c != "prompt_id"])
-    out = _merge(r, prompts, "prompt_id", "many_to_one", "full_chain: prompts")
+    out = _merge(r, prompts, "prompt_id", "full_chain: prompts")
     batches = tables.batches.drop(columns=["rollout_ids"])
     batches = batches.rename(columns={"n_rollouts": "batch_rollouts", "tokens": "batch_tokens"})
-    out = _merge(out, batches, "training_batch_id", "many_to_one", "full_chain: batches")
+    out = _merge(out, batches, "training_batch_id", "full_chain: batches")
     steps = tables.steps.rename(columns={c: f"step_{c}" for c in tables.steps if c in out})
     steps = steps.rename(columns={"step_optimizer_step": "optimizer_step"})
-    out = _merge(out, steps, "optimizer_step", "many_to_one", "full_chain: steps")
-    for c in _INT_CHAIN + ("trainer_policy_version", "batch_rollouts", "batch_tokens"):
+    out = _merge(out, steps, "optimizer_step", "full_chain: steps")
+    for c in ("behavior_policy_version", "optimizer_step", "resulting_policy_version"):
         out[c] = out[c].astype("Int64")
-    rest = [c for c in out.columns if c not in TRACE_CHAIN]
-    return out[list(TRACE_CHAIN) + rest]
+    for c in ("trainer_policy_version", "batch_rollouts", "batch_tokens"):
+        out[c] = out[c].astype("Int64")
+    return out[[*TRACE_CHAIN, *(c for c in out.columns if c not in TRACE_CHAIN)]]
 
 
-def chain_for_rollout(tables: TraceTables, rollout_id: Any):
-    """Цепочка одного роллаута (pandas Series): запрос → … → версия политики после шага.
-
-    Если роллаут не попал в пакет, поля от training_batch_id дальше — NaN/<NA>.
-    """
+def chain_for_rollout(tables: TraceTables, rollout_id: Any) -> pd.Series:
+    """Цепочка одного роллаута: запрос → … → версия политики после шага (без пакета — <NA>)."""
     chain = full_chain(tables)
     hit = chain[chain["rollout_id"] == rollout_id]
     if len(hit) == 0:
@@ -960,118 +663,89 @@ def chain_for_rollout(tables: TraceTables, rollout_id: Any):
     return hit.iloc[0]
 
 
-def rollouts_for_step(tables: TraceTables, optimizer_step: Any):
-    """Роллауты (с полями их запросов), из которых собран пакет шага optimizer_step.
+def rollouts_for_step(tables: TraceTables, optimizer_step: Any) -> pd.DataFrame:
+    """Роллауты пакета шага s — обратное соединение: r в ответе ⇔ цепочка r ведёт к шагу s.
 
-    Обратное соединение к ``chain_for_rollout``: роллаут r входит в ответ для шага s тогда и только
-    тогда, когда chain_for_rollout(r)["optimizer_step"] == s. Шаг ищется в steps и в batches
-    (пакет незавершённого шага тоже виден).
+    Шаг ищется в steps и в batches (пакет незавершённого шага тоже виден).
     """
     tables = _check_tables(tables)
-    if not isinstance(optimizer_step, numbers.Integral) or isinstance(optimizer_step, bool):
-        raise ValueError(f"optimizer_step должно быть целым числом, получено {optimizer_step!r}")
-    known = set(tables.steps["optimizer_step"].dropna().astype(int)) | set(
-        tables.batches["optimizer_step"].dropna().astype(int)
-    )
-    if int(optimizer_step) not in known:
+    step = integer("optimizer_step", optimizer_step)
+    known = set(tables.steps["optimizer_step"].dropna().astype(int))
+    known |= set(tables.batches["optimizer_step"].dropna().astype(int))
+    if step not in known:
         raise ValueError(
             f"optimizer_step {optimizer_step} нет ни в steps, ни в batches "
             f"(известны шаги {sorted(known)[:5]}{'…' if len(known) > 5 else ''})"
         )
     chain = full_chain(tables)
-    return chain[chain["optimizer_step"] == int(optimizer_step)].reset_index(drop=True)
+    return chain[chain["optimizer_step"] == step].reset_index(drop=True)
 
 
-def find_orphans(tables: TraceTables, include_unfinished: bool = False):
-    """Осиротевшие роллауты: не попали ни в один пакет (training_batch_id пуст), с причиной.
+def find_orphans(tables: TraceTables, include_unfinished: bool = False) -> pd.DataFrame:
+    """Осиротевшие роллауты — без пакета (training_batch_id пуст) — с причиной ``ORPHAN_REASONS``.
 
-    Причина (столбец reason, ключ в ``ORPHAN_REASONS``; reason_text — по-русски): dropped —
-    отброшен как несвежий; queued — готов, но не извлечён из очереди к концу; in_flight — не успел
-    закончить генерацию или проверку; unknown — отметок времени нет. include_unfinished=True
-    добавляет роллауты из пакета шага, не завершённого к концу прогона (reason = unfinished):
-    в пакет они попали, но к обновлению весов пока не привели.
+    reason: dropped — отброшен как несвежий; queued — готов, но не извлечён к концу; in_flight —
+    не закончил генерацию или проверку; unknown — отметок нет. include_unfinished=True добавляет
+    роллауты пакета незавершённого шага (unfinished): к обновлению весов они пока не привели.
     """
     tables = _check_tables(tables)
-    if not isinstance(include_unfinished, bool):
-        raise ValueError(
-            f"include_unfinished должно быть True или False, получено {include_unfinished!r}"
-        )
+    include_unfinished = flag("include_unfinished", include_unfinished)
     r = tables.rollouts.copy()
-    n = len(r)
-    reason = [None] * n
-    has = {c: c in r for c in ("dropped", "enqueue_time", "dequeue_time")}
-    complete = dict(zip(tables.batches["training_batch_id"], tables.batches["complete"]))
-    for i, row in enumerate(r.itertuples(index=False)):
-        row = row._asdict()
-        batch = row["training_batch_id"]
-        if not _is_missing(batch):
-            if include_unfinished and complete.get(batch) is False:
-                reason[i] = "unfinished"
-            continue
-        if has["dropped"] and bool(row["dropped"]):
-            reason[i] = "dropped"
-        elif has["enqueue_time"] and has["dequeue_time"] and _is_missing(row["dequeue_time"]):
-            reason[i] = "in_flight" if _is_missing(row["enqueue_time"]) else "queued"
-        else:
-            reason[i] = "unknown"
+    orphan = r["training_batch_id"].map(_is_missing).astype(bool)
+    reason = pd.Series(None, index=r.index, dtype=object)
+    reason[orphan] = "unknown"
+    if {"enqueue_time", "dequeue_time"} <= set(r):
+        waiting = orphan & r["dequeue_time"].map(_is_missing).astype(bool)
+        in_flight = r["enqueue_time"].map(_is_missing).astype(bool)
+        reason[waiting & in_flight] = "in_flight"
+        reason[waiting & ~in_flight] = "queued"
+    if "dropped" in r:
+        reason[orphan & r["dropped"].astype(bool)] = "dropped"
+    if include_unfinished:
+        complete = dict(zip(tables.batches["training_batch_id"], tables.batches["complete"]))
+        unfinished = r["training_batch_id"].map(lambda b: complete.get(b) is False).astype(bool)
+        reason[~orphan & unfinished] = "unfinished"
     r["reason"] = reason
     out = r[r["reason"].notna()].reset_index(drop=True)
     out["reason_text"] = out["reason"].map(ORPHAN_REASONS)
     return out
 
 
-def verifier_mismatches(tables: TraceTables, expected_version: Any = None):
-    """Роллауты, попавшие в пакет, чья версия верификатора не та, что ждал их шаг.
+def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd.DataFrame:
+    """Роллауты из пакетов, чья версия верификатора ≠ ожидаемой их шагом.
 
-    expected_version — строка (одна версия для всех шагов), словарь {optimizer_step: версия} или
-    None (брать steps.expected_verifier_version; шаг незавершённого пакета сверяется с версией
-    последнего известного шага). Роллауты без пакета не сверяются — в обновление они не попали
-    (их ищет ``find_orphans``). Возвращает rollout_id, optimizer_step, verifier_version,
-    expected_verifier_version и остальные поля цепочки.
+    expected_version — строка (одна на все шаги), {optimizer_step: версия} или None
+    (steps.expected_verifier_version; шаг незавершённого пакета — версия последнего шага).
+    Роллауты без пакета не сверяются (их ищет ``find_orphans``).
     """
-    import pandas as pd
-
-    tables = _check_tables(tables)
-    chain = full_chain(tables)
+    chain = full_chain(tables)  # проверяет tables
     used = chain[chain["optimizer_step"].notna()].copy()
+    used_steps = [int(s) for s in used["optimizer_step"]]
     if isinstance(expected_version, str):
-        if not expected_version:
-            raise ValueError("expected_version не должно быть пустой строкой")
-        expected = {int(s): expected_version for s in used["optimizer_step"]}
+        expected = dict.fromkeys(used_steps, text("expected_version", expected_version))
     elif isinstance(expected_version, Mapping | pd.Series):
-        mapping = dict(expected_version.items())
-        bad_keys = [
-            k for k in mapping if not isinstance(k, numbers.Integral) or isinstance(k, bool)
-        ]
-        if bad_keys:
-            raise ValueError(
-                f"expected_version: ключи словаря — номера шагов (целые), получено {_head(bad_keys)}"
-            )
-        missing = sorted({int(s) for s in used["optimizer_step"]} - {int(k) for k in mapping})
+        key = "expected_version: ключ словаря (номер шага)"
+        expected = {integer(key, k): v for k, v in expected_version.items()}
+        missing = sorted(set(used_steps) - set(expected))
         if missing:
             raise ValueError(
                 f"expected_version: нет ожидаемой версии для шагов {missing[:10]} "
                 "(словарь {optimizer_step: версия} должен покрывать все шаги с пакетами)"
             )
-        expected = {int(k): v for k, v in mapping.items()}
     elif expected_version is None:
         steps = tables.steps.sort_values("optimizer_step")
-        expected = dict(
-            zip(steps["optimizer_step"].astype(int), steps["expected_verifier_version"])
-        )
-        last = steps["expected_verifier_version"].iloc[-1] if len(steps) else None
-        for s in used["optimizer_step"]:
-            expected.setdefault(int(s), last)
+        versions = steps["expected_verifier_version"]
+        expected = dict(zip(steps["optimizer_step"].astype(int), versions))
+        last = versions.iloc[-1] if len(steps) else None
+        expected = {**dict.fromkeys(used_steps, last), **expected}
     else:
         raise ValueError(
             "expected_version должно быть строкой, словарем {optimizer_step: версия} или None, "
             f"получено {type(expected_version).__name__}"
         )
-    used["expected_verifier_version"] = [expected.get(int(s)) for s in used["optimizer_step"]]
-    bad = used["verifier_version"].astype(object) != used["expected_verifier_version"].astype(
-        object
-    )
-    out = used[bad]
+    used["expected_verifier_version"] = [expected.get(s) for s in used_steps]
+    ver, want = used["verifier_version"], used["expected_verifier_version"]
+    out = used[ver.astype(object) != want.astype(object)]
     first = ["rollout_id", "optimizer_step", "verifier_version", "expected_verifier_version"]
     return out[first + [c for c in out.columns if c not in first]].reset_index(drop=True)
 
@@ -1086,50 +760,43 @@ def _head(items: list, k: int = 5) -> str:
     return shown + (f" … (всего {len(items)})" if len(items) > k else "")
 
 
-def check_chain(tables: TraceTables) -> list[str]:
-    """Разрывы цепочки трассы — список сообщений по-русски; пустой список, если всё согласовано.
+def _report(msgs: list[str], items: list, template: str) -> None:
+    """Если items не пуст, добавляет template, где «{}» — первые пять items."""
+    if items:
+        msgs.append(template.replace("{}", _head(items)))
 
-    Проверяется: уникальность prompt_id, rollout_id, training_batch_id, optimizer_step (в своих
-    таблицах) и одного пакета на шаг; роллаут ссылается на известный запрос и известный пакет;
-    пакет ссылается только на известные роллауты и его состав (rollout_ids) совпадает с
-    training_batch_id роллаутов, n_rollouts и tokens — с составом; у завершённого пакета есть шаг,
-    у шага — пакет; версии не идут назад: resulting_policy_version растёт с номером шага и равна
-    trainer_policy_version + 1, а версия поведения роллаута не новее версии тренера (задержка ≥ 0).
+
+def check_chain(tables: TraceTables) -> list[str]:
+    """Разрывы цепочки трассы — список сообщений по-русски; пустой, если всё согласовано.
+
+    Проверяется: уникальность идентификаторов и один пакет на шаг; ссылки роллаутов на известные
+    запросы и пакеты; состав пакета (rollout_ids) = роллауты, указывающие на него, n_rollouts и
+    tokens — по составу; у завершённого пакета есть шаг, у шага — пакет; версии не идут назад:
+    resulting_policy_version растёт с шагом и = trainer_policy_version + 1, задержка ≥ 0.
     """
     tables = _check_tables(tables)
     p, r, b, s = tables.prompts, tables.rollouts, tables.batches, tables.steps
     msgs: list[str] = []
-    for name, frame, col in (
-        ("prompts", p, "prompt_id"),
-        ("rollouts", r, "rollout_id"),
-        ("batches", b, "training_batch_id"),
-        ("steps", s, "optimizer_step"),
-    ):
-        dup = _dups(frame, col)
-        if dup:
-            msgs.append(f"{name}: повторяющиеся {col}: {_head(dup)}")
-    dup = _dups(b, "optimizer_step")
-    if dup:
-        msgs.append(f"batches: несколько пакетов на один шаг оптимизатора: {_head(dup)}")
+    ids = {"prompts": "prompt_id", "rollouts": "rollout_id"}
+    ids |= {"batches": "training_batch_id", "steps": "optimizer_step"}
+    for name, col in ids.items():
+        _report(msgs, _dups(getattr(tables, name), col), f"{name}: повторяющиеся {col}: {{}}")
+    dups = _dups(b, "optimizer_step")
+    _report(msgs, dups, "batches: несколько пакетов на один шаг оптимизатора: {}")
 
-    prompt_ids = set(p["prompt_id"].dropna())
-    unknown = sorted({x for x in r["prompt_id"] if _is_missing(x) or x not in prompt_ids}, key=str)
-    if unknown:
-        msgs.append(f"rollouts: ссылки на неизвестные запросы prompt_id: {_head(unknown)}")
+    prompt_ids, batch_ids = set(p["prompt_id"].dropna()), set(b["training_batch_id"])
+    unknown = sorted({x for x in r["prompt_id"] if x not in prompt_ids}, key=str)
+    _report(msgs, unknown, "rollouts: ссылки на неизвестные запросы prompt_id: {}")
+    linked = r[~r["training_batch_id"].map(_is_missing).astype(bool)]
+    unknown = sorted(set(linked["training_batch_id"]) - batch_ids, key=str)
+    _report(msgs, unknown, "rollouts: ссылки на неизвестные пакеты training_batch_id: {}")
+
     rollout_ids = set(r["rollout_id"])
-    batch_ids = set(b["training_batch_id"])
-    unknown = sorted(
-        {x for x in r["training_batch_id"] if not _is_missing(x) and x not in batch_ids}, key=str
-    )
-    if unknown:
-        msgs.append(f"rollouts: ссылки на неизвестные пакеты training_batch_id: {_head(unknown)}")
-
     batch_of: dict[Any, Any] = {}
     claims: dict[Any, list] = {}  # пакет → роллауты, которые на него указывают
-    for rid, bid in zip(r["rollout_id"], r["training_batch_id"]):
-        if not _is_missing(bid):
-            batch_of.setdefault(rid, bid)
-            claims.setdefault(bid, []).append(rid)
+    for rid, bid in zip(linked["rollout_id"], linked["training_batch_id"]):
+        batch_of.setdefault(rid, bid)
+        claims.setdefault(bid, []).append(rid)
     tokens_of = dict(zip(r["rollout_id"], r["tokens"]))
     for row in b.itertuples(index=False):
         bid, members = row.training_batch_id, row.rollout_ids
@@ -1138,84 +805,66 @@ def check_chain(tables: TraceTables) -> list[str]:
             continue
         members = list(members)
         ghost = [x for x in members if x not in rollout_ids]
-        if ghost:
-            msgs.append(f"пакет {bid!r} ссылается на неизвестные роллауты: {_head(ghost)}")
+        _report(msgs, ghost, f"пакет {bid!r} ссылается на неизвестные роллауты: {{}}")
         other = [x for x in members if x in rollout_ids and batch_of.get(x) != bid]
-        if other:
-            msgs.append(
-                f"пакет {bid!r}: роллауты {_head(other)} по таблице rollouts в этот пакет не входят"
-            )
-        member_set = set(members)
-        claimed = [x for x in claims.get(bid, []) if x not in member_set]
-        if claimed:
-            msgs.append(
-                f"пакет {bid!r}: роллауты {_head(claimed)} указывают на пакет, но нет в его составе"
-            )
+        _report(
+            msgs, other, f"пакет {bid!r}: роллауты {{}} по таблице rollouts в этот пакет не входят"
+        )
+        claimed = [x for x in claims.get(bid, []) if x not in members]
+        _report(
+            msgs, claimed, f"пакет {bid!r}: роллауты {{}} указывают на пакет, но нет в его составе"
+        )
         if row.n_rollouts != len(members):
             msgs.append(f"пакет {bid!r}: n_rollouts = {row.n_rollouts}, а в составе {len(members)}")
-        if not ghost:
-            total = sum(int(tokens_of[x]) for x in members)
-            if row.tokens != total:
-                msgs.append(f"пакет {bid!r}: tokens = {row.tokens}, а сумма по составу {total}")
+        total = None if ghost else sum(int(tokens_of[x]) for x in members)
+        if total is not None and row.tokens != total:  # tokens пакета = Σ tokens роллаутов
+            msgs.append(f"пакет {bid!r}: tokens = {row.tokens}, а сумма по составу {total}")
 
     step_ids = set(s["optimizer_step"].dropna().astype(int))
-    batch_steps = {int(x) for x in b["optimizer_step"].dropna()}
+    trainer_of = {}  # пакет → версия тренера при его сборке
     for row in b.itertuples(index=False):
-        if _is_missing(row.optimizer_step):
-            msgs.append(f"пакет {row.training_batch_id!r}: не указан optimizer_step")
-        elif bool(row.complete) and int(row.optimizer_step) not in step_ids:
-            msgs.append(
-                f"пакет {row.training_batch_id!r} завершён, но шага {int(row.optimizer_step)} "
-                "нет в steps"
-            )
-        elif not bool(row.complete) and int(row.optimizer_step) in step_ids:
-            msgs.append(
-                f"пакет {row.training_batch_id!r} помечен незавершённым, но шаг "
-                f"{int(row.optimizer_step)} есть в steps"
-            )
-    lonely = sorted(step_ids - batch_steps)
-    if lonely:
-        msgs.append(f"steps: шаги без пакета: {_head(lonely)}")
+        bid, step = row.training_batch_id, row.optimizer_step
+        if _is_missing(step):
+            msgs.append(f"пакет {bid!r}: не указан optimizer_step")
+            continue
+        trainer_of[bid] = row.trainer_policy_version
+        if bool(row.complete) and int(step) not in step_ids:
+            msgs.append(f"пакет {bid!r} завершён, но шага {int(step)} нет в steps")
+        elif not bool(row.complete) and int(step) in step_ids:
+            msgs.append(f"пакет {bid!r} помечен незавершённым, но шаг {int(step)} есть в steps")
+    lonely = sorted(step_ids - {int(x) for x in b["optimizer_step"].dropna()})
+    _report(msgs, lonely, "steps: шаги без пакета: {}")
 
     ordered = s.dropna(subset=["optimizer_step"]).sort_values("optimizer_step")
-    vers = ordered["resulting_policy_version"].tolist()
     steps_list = ordered["optimizer_step"].astype(int).tolist()
-    for k in range(1, len(vers)):
-        if not vers[k] > vers[k - 1]:
-            msgs.append(
-                f"версии идут назад: после шага {steps_list[k - 1]} версия {vers[k - 1]}, "
-                f"после шага {steps_list[k]} — {vers[k]}"
-            )
-    result_of = dict(zip(steps_list, vers))
-    trainer_of = {}
+    versions = ordered["resulting_policy_version"].tolist()
+    for (s0, v0), (s1, v1) in itertools.pairwise(zip(steps_list, versions)):
+        if not v1 > v0:
+            msgs.append(f"версии идут назад: после шага {s0} версия {v0}, после шага {s1} — {v1}")
+    result_of = dict(zip(steps_list, versions))
     for row in b.itertuples(index=False):
-        if _is_missing(row.optimizer_step):
-            continue
-        trainer_of[row.training_batch_id] = row.trainer_policy_version
-        res = result_of.get(int(row.optimizer_step))
+        res = None if _is_missing(row.optimizer_step) else result_of.get(int(row.optimizer_step))
         if res is not None and res != row.trainer_policy_version + 1:
             msgs.append(
                 f"шаг {int(row.optimizer_step)}: версия после шага {res}, а версия тренера при "
                 f"сборке пакета {row.trainer_policy_version} (ожидалось {res} = версия + 1)"
             )
-    future = [
+    future = [  # задержка = trainer_policy_version − behavior_policy_version < 0
         rid
         for rid, bid, v in zip(
-            r["rollout_id"], r["training_batch_id"], r["behavior_policy_version"]
+            linked["rollout_id"], linked["training_batch_id"], linked["behavior_policy_version"]
         )
-        if not _is_missing(bid) and bid in trainer_of and v > trainer_of[bid]
+        if bid in trainer_of and v > trainer_of[bid]
     ]
-    if future:
-        msgs.append(
-            "версии идут назад: роллауты сгенерированы версией новее версии тренера "
-            f"(задержка < 0): {_head(future)}"
-        )
+    newer = "версии идут назад: роллауты сгенерированы версией новее версии тренера"
+    _report(msgs, future, newer + " (задержка < 0): {}")
     return msgs
 
 
-def _pooled_percentiles(values) -> dict[str, float]:
+def _pooled(values, q: str) -> float:
+    """Перцентиль q ("p50"…) объединённой выборки без пропусков; NaN, если выборка пуста."""
     vals = [float(v) for v in values if not _is_missing(v)]
-    return percentiles(vals) if vals else {"p50": math.nan, "p95": math.nan, "p99": math.nan}
+    return percentiles(vals)[q] if vals else math.nan
 
 
 def _mean(values) -> float:
@@ -1223,96 +872,61 @@ def _mean(values) -> float:
     return math.fsum(vals) / len(vals) if vals else math.nan
 
 
-def _share(part: float, whole: float) -> float:
-    return part / whole if whole else math.nan
+def dashboard(tables: TraceTables, loop_or_sim: Any = None) -> pd.DataFrame:
+    """Панель наблюдения: индекс (группа, метрика) ``METRIC_GROUPS``, «значение», «единицы».
 
-
-def dashboard(tables: TraceTables, loop_or_sim: Any = None):
-    """Панель наблюдения по группам ``METRIC_GROUPS`` (данные, политика, система, надёжность).
-
-    Возвращает DataFrame с индексом (группа, метрика) и столбцами «значение», «единицы»;
-    NaN — данных для метрики нет. Определения:
-    * информативная группа — ``arith_task.is_informative_group`` скалярных наград reward
-      ответов одного group_id (правильность и формат, как у преимуществ GRPO); вырожденная —
-      все награды равны (градиента GRPO нет);
-    * задержка политики роллаута из пакета = trainer_policy_version − behavior_policy_version,
-      версий; несвежий роллаут — задержка ≥ 1;
-    * длительность роллаута = enqueue_time − gen_start (от запуска до готовности с проверкой), с;
-      время в очереди = dequeue_time − enqueue_time у роллаутов из пакетов, с;
-    * пропускная способность = токены пакетов завершённых шагов / horizon_s, генерация = токены
-      готовых роллаутов / horizon_s (токенов/с);
-    * p50/p95/p99 считаются ``percentiles`` по объединённой выборке всех роллаутов. Усреднять
-      перцентили подгрупп (сборщиков, шагов) нельзя: перцентиль нелинеен, и среднее p95 двух
-      сборщиков — не p95 их общей выборки (редкие длинные хвосты одного сборщика «размываются»).
-    loop_or_sim — исходный LoopResult или SimResult (необязательно): из его events берутся
-    среднее время стадии weight_sync и доля простоя тренера (стадия queue_wait исполнителей
-    trainer-*, от horizon_s на одного тренера).
+    NaN — данных нет. Задержка = trainer_policy_version − behavior_policy_version, версий;
+    длительность роллаута = enqueue_time − gen_start, с; пропускная способность = токены
+    завершённых шагов / horizon_s, токенов/с. Перцентили — по объединённой выборке (перцентиль
+    нелинеен: среднее p95 сборщиков — не p95). loop_or_sim (LoopResult, SimResult) даёт weight_sync
+    и долю простоя тренера = Σ queue_wait тренеров / (число тренеров · horizon_s).
     """
-    import pandas as pd
-
     tables = _check_tables(tables)
     events = None
     if loop_or_sim is not None:
         events = getattr(loop_or_sim, "events", None)
-        if not isinstance(events, pd.DataFrame) or not {"stage", "start_s", "end_s"} <= set(
-            events.columns
-        ):
+        if not isinstance(events, pd.DataFrame) or not {"stage", *_REQUIRED[2:]} <= set(events):
             raise ValueError(
                 "loop_or_sim должно быть результатом policy.sequential_loop или pipeline.simulate "
                 f"(с таблицей events) либо None, получено {type(loop_or_sim).__name__}"
             )
     r, b, s = tables.rollouts, tables.batches, tables.steps
-    n = len(r)
-    m: dict[str, float] = {}
+    n, nan = len(r), math.nan
+    m: dict[str, float] = {"роллаутов": float(n), "запросов": float(len(tables.prompts))}
 
-    # --- данные
-    m["роллаутов"] = float(n)
-    m["запросов"] = float(len(tables.prompts))
     m["средняя награда"] = _mean(r["reward"])
-    groups = r["group_id"] if "group_id" in r else r["prompt_id"]
-    scored = r.assign(_g=groups)[r["reward"].notna()]
-    if len(scored):  # reward — скалярная награда, как в arith_task.is_informative_group
-        informative = scored.groupby("_g")["reward"].agg(lambda v: is_informative_group(v.tolist()))
-        m["доля информативных групп"] = float(informative.mean())
-        m["доля вырожденных групп"] = 1.0 - float(informative.mean())
-    else:
-        m["доля информативных групп"] = m["доля вырожденных групп"] = math.nan
+    scored = r.assign(_g=r["group_id"] if "group_id" in r else r["prompt_id"])
+    scored = scored[r["reward"].notna()]
+    informative = scored.groupby("_g")["reward"].agg(lambda v: is_informative_group(v.tolist()))
+    m["доля информативных групп"] = float(informative.mean()) if len(scored) else nan
+    m["доля вырожденных групп"] = 1.0 - m["доля информативных групп"]
     m["токенов на роллаут, среднее"] = _mean(r["tokens"])
-    m["токенов на роллаут, p95"] = _pooled_percentiles(r["tokens"])["p95"]
+    m["токенов на роллаут, p95"] = _pooled(r["tokens"], "p95")
 
-    # --- политика
     trainer_of = dict(zip(b["training_batch_id"], b["trainer_policy_version"]))
     used = r[r["training_batch_id"].map(lambda x: not _is_missing(x) and x in trainer_of)]
-    lag = used["training_batch_id"].map(trainer_of) - used["behavior_policy_version"]
+    lag = used["training_batch_id"].map(trainer_of) - used["behavior_policy_version"]  # версий
     m["шагов оптимизатора"] = float(len(s))
-    m["итоговая версия политики"] = (
-        float(s["resulting_policy_version"].max()) if len(s) else math.nan
-    )
+    m["итоговая версия политики"] = float(s["resulting_policy_version"].max()) if len(s) else nan
     m["задержка политики, средняя"] = _mean(lag)
-    m["задержка политики, максимальная"] = float(lag.max()) if len(lag) else math.nan
-    m["доля несвежих роллаутов"] = float((lag >= 1).mean()) if len(lag) else math.nan
-    m["ESS/n, среднее по шагам"] = _mean(s["ess_norm"]) if "ess_norm" in s else math.nan
+    m["задержка политики, максимальная"] = float(lag.max()) if len(lag) else nan
+    m["доля несвежих роллаутов"] = float((lag >= 1).mean()) if len(lag) else nan
+    m["ESS/n, среднее по шагам"] = _mean(s["ess_norm"]) if "ess_norm" in s else nan
 
-    # --- система
-    if {"gen_start", "enqueue_time"} <= set(r.columns):
-        lat = _pooled_percentiles(r["enqueue_time"] - r["gen_start"])
-    else:
-        lat = {"p50": math.nan, "p95": math.nan, "p99": math.nan}
+    timed = {"gen_start", "enqueue_time"} <= set(r.columns)
+    latency = r["enqueue_time"] - r["gen_start"] if timed else []  # с
     for q in ("p50", "p95", "p99"):
-        m[f"длительность роллаута, {q}"] = lat[q]
-    if {"enqueue_time", "dequeue_time"} <= set(r.columns):
-        wait = used["dequeue_time"] - used["enqueue_time"]
-        m["время в очереди, среднее"] = _mean(wait)
-        m["время в очереди, p95"] = _pooled_percentiles(wait)["p95"]
-    else:
-        m["время в очереди, среднее"] = m["время в очереди, p95"] = math.nan
-    h = float(tables.horizon_s) if is_number(tables.horizon_s) else math.nan
+        m[f"длительность роллаута, {q}"] = _pooled(latency, q)
+    queued = {"enqueue_time", "dequeue_time"} <= set(r.columns)
+    wait = used["dequeue_time"] - used["enqueue_time"] if queued else []  # с
+    m["время в очереди, среднее"] = _mean(wait)
+    m["время в очереди, p95"] = _pooled(wait, "p95")
+    h = float(tables.horizon_s) if is_number(tables.horizon_s) else nan
     done_tokens = float(b.loc[b["complete"].astype(bool), "tokens"].sum())
-    m["пропускная способность обучения"] = done_tokens / h if h > 0 else math.nan
     ready = r["enqueue_time"].notna() if "enqueue_time" in r else pd.Series(True, index=r.index)
-    m["скорость генерации"] = float(r.loc[ready, "tokens"].sum()) / h if h > 0 else math.nan
-    m["синхронизация весов, среднее"] = math.nan
-    m["доля простоя тренера"] = math.nan
+    m["пропускная способность обучения"] = done_tokens / h if h > 0 else nan  # токенов/с
+    m["скорость генерации"] = float(r.loc[ready, "tokens"].sum()) / h if h > 0 else nan
+    m["синхронизация весов, среднее"] = m["доля простоя тренера"] = nan
     if events is not None:
         dur = events["end_s"].astype(float) - events["start_s"].astype(float)
         m["синхронизация весов, среднее"] = _mean(dur[events["stage"] == "weight_sync"])
@@ -1322,30 +936,25 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None):
             if n_tr and h > 0:
                 idle = float(dur[is_tr & (events["stage"] == "queue_wait")].sum())
                 m["доля простоя тренера"] = idle / (n_tr * h)
-    m["пиковая память"] = (
-        float(s["peak_memory_bytes"].max()) / 2**30
-        if "peak_memory_bytes" in s and len(s)
-        else math.nan
-    )
+    has_peak = "peak_memory_bytes" in s and len(s)
+    m["пиковая память"] = float(s["peak_memory_bytes"].max()) / 2**30 if has_peak else nan  # ГиБ
 
-    # --- надёжность
-    orphans = find_orphans(tables)
+    orphans = len(find_orphans(tables))
     dropped = int(r["dropped"].astype(bool).sum()) if "dropped" in r else 0
-    m["осиротевших роллаутов"] = float(len(orphans))
-    m["доля осиротевших роллаутов"] = _share(len(orphans), n)
+    m["осиротевших роллаутов"] = float(orphans)
+    m["доля осиротевших роллаутов"] = orphans / n if n else nan
     m["отброшено как несвежие"] = float(dropped)
-    m["доля отброшенных"] = _share(dropped, n)
-    problems = check_chain(tables)
+    m["доля отброшенных"] = dropped / n if n else nan
     try:
         m["несовпадений версии верификатора"] = float(len(verifier_mismatches(tables)))
     except ValueError:
-        m["несовпадений версии верификатора"] = math.nan  # цепочка неоднозначна
-    m["нарушений цепочки"] = float(len(problems))
+        m["несовпадений версии верификатора"] = nan  # цепочка неоднозначна
+    m["нарушений цепочки"] = float(len(check_chain(tables)))
 
     rows = [
-        (group, name, m[name], METRIC_UNITS[name])
-        for group, names in METRIC_GROUPS.items()
-        for name in names
+        (g, name, m[name], unit)
+        for g, units in METRIC_GROUPS.items()
+        for name, unit in units.items()
     ]
     out = pd.DataFrame(rows, columns=["группа", "метрика", "значение", "единицы"])
     return out.set_index(["группа", "метрика"])
