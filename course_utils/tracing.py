@@ -21,21 +21,23 @@ from typing import Any
 
 import pandas as pd
 
-from course_utils.args import choice, flag, integer, is_number, real, text
+from course_utils.args import flag, integer, is_number, real, text
 from course_utils.arith_task import is_informative_group, scalar_reward
-from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
-
-BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
-_REQUIRED = ("worker", "stage", "start_s", "end_s")
-_TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}  # подпись → множитель от с
+from course_utils.tracing_plots import (  # noqa: F401
+    BASE_COLUMNS,
+    _events_to_frame,
+    _to_frame,
+    gantt,
+    stage_label,
+    worker_label,
+)
 
 
 class StageTimer:
     """Таймер стадий: событие = (trace_id, worker, stage, start_s, end_s), секунды от t0.
 
-    ``t0`` — показание ``clock`` при создании. ``sync`` (например, torch.cuda.synchronize)
-    вызывается перед каждым чтением часов, иначе асинхронная работа GPU попала бы не в ту стадию.
-    Стадии можно вкладывать; события упорядочены по началу стадии.
+    ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock``, иначе
+    асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
     """
 
     def __init__(
@@ -85,10 +87,7 @@ class StageTimer:
         return _events_to_frame(self.events)
 
     def totals(self) -> dict[str, float]:
-        """Время каждой стадии T = Σ (end_s − start_s), с, в порядке первого появления.
-
-        Вложенные стадии перекрываются с внешними: сумма значений может превышать время работы.
-        """
+        """Время стадии T = Σ (end_s − start_s), с; вложенные стадии входят и во внешние."""
         out: dict[str, float] = {}
         for ev in self.events:
             out[ev["stage"]] = out.get(ev["stage"], 0.0) + (ev["end_s"] - ev["start_s"])
@@ -137,156 +136,6 @@ def percentiles(values: Iterable[float], qs: Iterable[float] = (50, 95, 99)) -> 
     return out
 
 
-def _event_row(i: int, ev: Any) -> dict[str, Any]:
-    if not isinstance(ev, Mapping):
-        raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
-    missing = [c for c in _REQUIRED if c not in ev]
-    if missing:
-        raise ValueError(f"в событии №{i} нет полей {missing}")
-    return {"trace_id": None, **ev, "duration_s": float(ev["end_s"]) - float(ev["start_s"])}
-
-
-def _events_to_frame(events: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    rows = [_event_row(i, ev) for i, ev in enumerate(events)]
-    extra = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in BASE_COLUMNS]
-    return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *extra])
-
-
-def _to_frame(data: Any, name: str) -> pd.DataFrame:
-    """DataFrame событий из DataFrame, StageTimer или списка словарей; проверяет столбцы."""
-    if isinstance(data, StageTimer):
-        frame = data.to_frame()
-    elif isinstance(data, pd.DataFrame):
-        frame = data
-    elif isinstance(data, Iterable) and not isinstance(data, str | bytes | Mapping):
-        frame = _events_to_frame(list(data))
-    else:
-        raise ValueError(
-            f"{name} должно быть DataFrame, StageTimer или списком событий-словарей, "
-            f"получено {type(data)}"
-        )
-    missing = [c for c in _REQUIRED if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{name}: нет столбцов {missing}")
-    if len(frame) == 0:
-        raise ValueError(f"{name}: нет ни одного события")
-    times = {c: pd.to_numeric(frame[c], errors="coerce") for c in ("start_s", "end_s")}
-    for col, vals in times.items():
-        if vals.isna().any() or not vals.map(math.isfinite).all():
-            raise ValueError(f"{name}: столбец {col} должен содержать конечные числа секунд")
-    if (times["end_s"] < times["start_s"]).any():
-        raise ValueError(f"{name}: есть события с end_s < start_s")
-    return frame
-
-
-# Подписи на рисунках по-русски; ключи стадий и имена исполнителей в данных — английские.
-_STAGE_LABELS = {
-    **_LOOP_STAGE_LABELS,
-    "queue_wait": "ожидание пакета",
-    "backpressure": "обратное давление",
-    "verifier": "проверка ответа",
-    "checkpoint": "контрольная точка",
-}
-_WORKER_LABELS = {
-    "main": "главный поток",
-    "collector": "сборщик",
-    "trainer": "тренер",
-    "gen": "генератор",
-    "generator": "генератор",
-    "verifier": "проверяющий",
-}
-
-
-def stage_label(stage: Any) -> str:
-    """Русская подпись стадии для рисунка: "decode" → "декодирование"; незнакомая — как есть."""
-    return _STAGE_LABELS.get(str(stage), str(stage))
-
-
-def worker_label(worker: Any) -> str:
-    """Русское имя исполнителя «<роль>[-<номер>]»: "collector-3" → "сборщик 3"; иное — как есть."""
-    name = str(worker)
-    role, sep, number = name.rpartition("-")
-    if sep and number.isdigit() and role in _WORKER_LABELS:
-        return f"{_WORKER_LABELS[role]} {number}"
-    return _WORKER_LABELS.get(name, name)
-
-
-def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
-    """Уровень вложенности события: число ранее начатых и ещё открытых событий строки."""
-    order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
-    levels = [0] * len(starts)
-    open_ends: list[float] = []
-    for i in order:
-        open_ends = [e for e in open_ends if e > starts[i]]
-        levels[i] = len(open_ends)
-        open_ends.append(ends[i])
-    return levels
-
-
-def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: str = "с"):
-    """Диаграмма Ганта: строка на исполнителя, полоса на событие [start_s, end_s] × множитель.
-
-    Ось x — время в time_unit ("с", "мс", "мкс", "мин"); цвет — по стадии (легенда справа,
-    внутри рисунка); вложенные события рисуются поверх более узкими полосами. Подписи —
-    ``stage_label`` и ``worker_label``. Возвращает matplotlib Axes.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    scale = _TIME_UNITS[choice("time_unit", time_unit, _TIME_UNITS)]
-    if title is not None and not isinstance(title, str):
-        raise ValueError(f"title должно быть строкой или None, получено {title!r}")
-    df = _to_frame(frame_or_events, "frame_or_events").reset_index(drop=True)
-    start = df["start_s"].astype(float) * scale  # время, time_unit = секунды × множитель
-    end = df["end_s"].astype(float) * scale
-    worker, stage = df["worker"].astype(str), df["stage"].astype(str)
-    workers, stages = list(pd.unique(worker)), list(pd.unique(stage))
-    colors = stage_colors(stages)
-    level = pd.Series(0, index=df.index)
-    for rows in worker.groupby(worker, sort=False).groups.values():
-        level[rows] = _nesting_levels(start[rows].tolist(), end[rows].tolist())
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, min(1.5 + 0.55 * len(workers), 12.0)))
-
-    row_of = {w: i for i, w in enumerate(workers)}
-    for s in stages:
-        rows = stage == s
-        bars = ax.barh(
-            worker[rows].map(row_of).tolist(),
-            (end - start)[rows].tolist(),
-            left=start[rows].tolist(),
-            height=[max(0.8 * (0.7**lv), 0.15) for lv in level[rows]],
-            color=colors[s],
-            edgecolor="white",
-            linewidth=0.5 if len(df) <= 150 else 0.0,
-            zorder=2,
-        )
-        for patch, lv in zip(bars.patches, level[rows]):
-            patch.set_zorder(2 + lv)  # вложенные полосы поверх внешних
-
-    ax.set_yticks(range(len(workers)))
-    ax.set_yticklabels([worker_label(w) for w in workers])
-    ax.set_ylim(len(workers) - 0.5, -0.5)  # первый исполнитель сверху
-    ax.set_xlabel(f"время, {time_unit}")
-    ax.set_ylabel("исполнитель")
-    ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
-    ax.set_axisbelow(True)
-    ax.set_title(title if title is not None else "Диаграмма Ганта по этапам")
-    ax.legend(
-        handles=[Patch(facecolor=colors[s], label=stage_label(s)) for s in stages],
-        title="этап",
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        borderaxespad=0.0,
-        fontsize="small",
-        ncols=1 if len(stages) <= 16 else 2,
-    )
-    if ax.figure is not None:
-        with contextlib.suppress(Exception):
-            ax.figure.tight_layout()
-    return ax
-
-
 # ================================================================ цепочка трассировки (12.5.2)
 
 TRACE_CHAIN = (
@@ -324,8 +173,7 @@ ORPHAN_REASONS = {
     "unknown": "причина неизвестна",
 }
 
-# Панель наблюдения (урок 12.5.2): группа → {метрика: единицы}. KL к базе, энтропия и т. п.
-# требуют данных, которых в таблицах трассы нет, поэтому здесь их нет.
+# Панель наблюдения: группа → {метрика: единицы} (KL, энтропии в таблицах трассы нет).
 METRIC_GROUPS = {
     "данные": {
         "роллаутов": "шт.",
@@ -370,10 +218,9 @@ METRIC_UNITS = {name: unit for group in METRIC_GROUPS.values() for name, unit in
 
 @dataclasses.dataclass
 class TraceTables:
-    """Таблицы трассы (DataFrame): строка на запрос, роллаут, пакет, завершённый шаг.
+    """Таблицы трассы (DataFrame) запросов, роллаутов, пакетов и шагов, связанные ``TRACE_CHAIN``.
 
-    Связаны идентификаторами ``TRACE_CHAIN``; отметки времени роллаутов (gen_start …
-    dequeue_time) — секунды, horizon_s — длительность прогона, с.
+    Отметки времени роллаутов (gen_start … dequeue_time) и horizon_s (длительность прогона) — с.
     """
 
     prompts: Any
@@ -386,16 +233,11 @@ class TraceTables:
 
 def _check_tables(tables: Any, name: str = "tables") -> TraceTables:
     if not isinstance(tables, TraceTables):
-        raise ValueError(
-            f"{name} должно быть TraceTables (trace_from_loop, trace_from_simulation), "
-            f"получено {type(tables).__name__}"
-        )
+        raise ValueError(f"{name} должно быть TraceTables, получено {type(tables).__name__}")
     for table, cols in _TRACE_COLUMNS.items():
         frame = getattr(tables, table)
         if not isinstance(frame, pd.DataFrame):
-            raise ValueError(
-                f"{name}.{table} должно быть pandas.DataFrame, получено {type(frame).__name__}"
-            )
+            raise ValueError(f"{name}.{table} должно быть DataFrame, получено {type(frame)}")
         missing = [c for c in cols if c not in frame.columns]
         if missing:
             raise ValueError(f"{name}.{table}: нет столбцов {missing}")
@@ -455,7 +297,9 @@ _LOOP_STEP_EXTRA += ("wall_s", "weight_sync_s", "peak_memory_bytes")
 def _loop_step_times(events: Any) -> pd.DataFrame:
     """Строка на шаг: отметки _LOOP_STAMPS и границы шага start_s, end_s, с (NaN — стадии нет)."""
     cols = [*_LOOP_STAMPS, "start_s", "end_s"]
-    if not isinstance(events, pd.DataFrame) or not {"step", "stage", *_REQUIRED[2:]} <= set(events):
+    if not isinstance(events, pd.DataFrame) or not {"step", "stage", "start_s", "end_s"} <= set(
+        events
+    ):
         return pd.DataFrame(columns=cols, dtype=float)
     by = events.groupby(["step", "stage"])
     out = pd.DataFrame(
@@ -612,9 +456,8 @@ def trace_from_simulation(
         }
     )
     horizon = float(getattr(sim_result.config, "duration_s", math.nan))
-    return TraceTables(
-        _prompts_frame(rollouts), rollouts, batches, step_rows, "simulation", horizon
-    )
+    prompts = _prompts_frame(rollouts)
+    return TraceTables(prompts, rollouts, batches, step_rows, "simulation", horizon)
 
 
 def _merge(left, right, on: str, what: str):
@@ -630,8 +473,8 @@ def full_chain(tables: TraceTables) -> pd.DataFrame:
     """Полная цепочка: строка на роллаут, столбцы ``TRACE_CHAIN``, затем остальные поля.
 
     rollouts ⟕ prompts по prompt_id ⟕ batches по training_batch_id ⟕ steps по optimizer_step
-    (левые соединения, validate="many_to_one": повтор идентификатора справа — ValueError, а не
-    размноженные строки; повтор rollout_id — тоже). Роллаут без пакета остаётся, дальше — <NA>.
+    (левые, validate="many_to_one": повтор id — ValueError, а не размноженные строки).
+    Роллаут без пакета остаётся, дальше по цепочке — <NA>.
     """
     tables = _check_tables(tables)
     r = tables.rollouts
@@ -684,9 +527,8 @@ def rollouts_for_step(tables: TraceTables, optimizer_step: Any) -> pd.DataFrame:
 def find_orphans(tables: TraceTables, include_unfinished: bool = False) -> pd.DataFrame:
     """Осиротевшие роллауты — без пакета (training_batch_id пуст) — с причиной ``ORPHAN_REASONS``.
 
-    reason: dropped — отброшен как несвежий; queued — готов, но не извлечён к концу; in_flight —
-    не закончил генерацию или проверку; unknown — отметок нет. include_unfinished=True добавляет
-    роллауты пакета незавершённого шага (unfinished): к обновлению весов они пока не привели.
+    reason — dropped, queued, in_flight или unknown, reason_text — по-русски; include_unfinished
+    добавляет роллауты пакета незавершённого шага (unfinished): к обновлению они не привели.
     """
     tables = _check_tables(tables)
     include_unfinished = flag("include_unfinished", include_unfinished)
@@ -740,8 +582,7 @@ def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd
         expected = {**dict.fromkeys(used_steps, last), **expected}
     else:
         raise ValueError(
-            "expected_version должно быть строкой, словарем {optimizer_step: версия} или None, "
-            f"получено {type(expected_version).__name__}"
+            f"expected_version должно быть строкой, {{шаг: версия}} или None: {expected_version!r}"
         )
     used["expected_verifier_version"] = [expected.get(s) for s in used_steps]
     ver, want = used["verifier_version"], used["expected_verifier_version"]
@@ -885,10 +726,9 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None) -> pd.DataFrame:
     events = None
     if loop_or_sim is not None:
         events = getattr(loop_or_sim, "events", None)
-        if not isinstance(events, pd.DataFrame) or not {"stage", *_REQUIRED[2:]} <= set(events):
+        if not isinstance(events, pd.DataFrame) or not {"stage", "start_s", "end_s"} <= set(events):
             raise ValueError(
-                "loop_or_sim должно быть результатом policy.sequential_loop или pipeline.simulate "
-                f"(с таблицей events) либо None, получено {type(loop_or_sim).__name__}"
+                f"loop_or_sim должно быть LoopResult, SimResult или None: {type(loop_or_sim)}"
             )
     r, b, s = tables.rollouts, tables.batches, tables.steps
     n, nan = len(r), math.nan
