@@ -1,85 +1,55 @@
-"""Урок 12.3, уровень C: тренер с очередью роллаутов (порог в токенах) и два генератора."""
+"""Урок 12.3, уровень C: тренер с очередью роллаутов (порог в токенах) и два генератора.
+
+Точка входа ``queue_generators_trainer``: ранг 0 — тренер (главный поток ведёт очередь и
+отвечает генераторам, второй поток обучает), ранги 1, 2 — генераторы, которые перед каждым
+запросом спрашивают разрешение. Таблицы прогона — ``queue_timeline_frame``,
+``queue_batches_frame``, ``queue_requests_frame``; сводка — ``queue_summary(_text)``.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-import os
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from course_utils.args import (
-    integer,
-    is_int,
-    nonnegative,
-    positive,
-    text,
-)
-from course_utils.multiproc.sync_loop import _reward_mean
-from course_utils.multiproc.transport import (
-    CLOCK_NOTE,
-    ROLE_GENERATOR,
-    ROLE_TRAINER,
-    RecvStats,
-    _device,
-    _Stages,
-    rank_results,
-    recv_object,
-    recv_tensors,
-    send_object,
-    send_tensors,
-    shared_time_ref,
-    state_checksum,
-)
-
-# ----------------------------------------------------------------------------- урок 12.3
+from course_utils.args import integer, is_int, nonnegative, positive, text
+from course_utils.multiproc import sync_loop, transport
+from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER
 
 QUEUE_EXPERIMENT = "queue_generators_trainer"
 QUEUE_TRAINER_RANK = 0
 QUEUE_GENERATOR_RANKS = (1, 2)
 WORKER_QUEUE_RU = "очередь (ранг 0)"
-# Пауза генератора после отказа, прежде чем снова спросить разрешение, с.
-QUEUE_RETRY_S = 0.02
-
-
-def _generator_worker(rank: int) -> str:
-    return f"{ROLE_GENERATOR} {rank}"
+QUEUE_RETRY_S = 0.02  # пауза генератора после отказа, прежде чем снова спросить разрешение, с
 
 
 def rollout_tokens(records) -> int:
-    """Стоимость группы роллаутов в очереди: Σ (токены запроса + токены ответа) по записям.
+    """Вес группы в очереди, токенов: Σ (токены запроса + токены ответа) по записям (шаг 12.3.4).
 
-    Так очередь считает «вес» работы в токенах, а не в записях: длинный многоходовой эпизод
-    весит больше короткого ответа (шаг 12.3.4). records — RolloutRecord или словари записей.
+    records — RolloutRecord или словари записей; длинный эпизод весит больше короткого ответа.
     """
-    total = 0
-    for r in records:
-        get = r.get if isinstance(r, Mapping) else lambda k, r=r: getattr(r, k)
-        total += len(get("prompt_tokens")) + len(get("response_tokens"))
-    return int(total)
+
+    def get(r, key):
+        return r[key] if isinstance(r, Mapping) else getattr(r, key)
+
+    return int(sum(len(get(r, "prompt_tokens")) + len(get(r, "response_tokens")) for r in records))
 
 
-def _recv_object_any(device, group) -> tuple[int, Any, RecvStats]:
-    """Принимает объект ``send_object`` от любого ранга (recv с src=None; умеет gloo, не NCCL).
-
-    Возвращает (глобальный ранг отправителя, объект, RecvStats).
-    """
+def _recv_object_any(group) -> tuple[int, Any]:
+    """(ранг отправителя, объект) ``send_object`` от любого ранга: recv(src=None), только gloo."""
     import torch
     import torch.distributed as dist
 
-    t0 = time.perf_counter()
-    size = torch.zeros(1, dtype=torch.int64, device=device)
+    size = torch.zeros(1, dtype=torch.int64)
     src = int(dist.recv(size, src=None, group=group))
-    n = int(size.item())
-    t1 = time.perf_counter()
-    payload = torch.empty(n, dtype=torch.uint8, device=device)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(payload, src=src, group=group)
-    obj = json.loads(payload.cpu().numpy().tobytes().decode("utf-8"))
-    return src, obj, RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=time.perf_counter() - t1)
+    return src, json.loads(payload.numpy().tobytes().decode("utf-8"))
 
 
 def queue_generators_trainer(
@@ -101,33 +71,15 @@ def queue_generators_trainer(
 ) -> dict:
     """Асинхронный RL-цикл с очередью в токенах: ранг 0 — тренер и очередь, ранги 1, 2 — генераторы.
 
-    Генератор перед каждым запросом спрашивает у тренера разрешение. Тренер разрешает,
-    только пока в очереди меньше ``max_queue_tokens`` токенов: порог ограничивает **начало**
-    работы, а уже начатые запросы («в полёте») доходят до очереди, поэтому глубина может
-    превысить порог — не больше чем на токены работы, бывшей в полёте, когда очередь пересекла
-    порог (overshoot < Σ по генераторам токенов одного запроса). После отказа генератор ждёт
-    ``retry_s`` секунд и спрашивает снова (обратное давление). С разрешением генератор
-    собирает ``prompts_per_request · group_size`` роллаутов настоящим ``generate_rollouts``
-    той версией весов, что у него есть, и отправляет группу (записи, токены, версию) тренеру.
-    В ответе на каждый запрос тренер сообщает номер последней версии весов; если у генератора
-    старее, тренер тут же присылает новые веса (``send_tensors``), и генератор их загружает.
-
-    Тренер: отдельный поток обучения ждёт, пока в очереди наберётся ≥ ``batch_tokens``
-    токенов, забирает группы в порядке прихода (FIFO), пока пакет не наберёт ``batch_tokens``,
-    делает ``grpo_step`` на fp32-копии и (по желанию) спит ``train_delay_s`` секунд — имитация
-    медленного тренера, чтобы сделать μ < λ; после шага версия u → u+1 и готовится снимок
-    весов для генераторов. Главный поток всё это время обслуживает сообщения генераторов.
-    Задержка политики группы L = u − v ≥ 0 (u — версия тренера перед шагом, v — версия
-    генерации). Через ``duration_s`` секунд тренер отвечает генераторам «стоп», принимает
-    уже начатые запросы (слив) и новых шагов не начинает; остаток очереди — в отчёте.
-
-    Токены группы — ``rollout_tokens`` (запрос + ответ всех записей). Скорости, токен/с:
-    λ — наблюдаемый приток в очередь, λ_предл — предложенная нагрузка Σ_g токены_g / время
-    генерации_g (сколько генераторы дали бы без отказов), μ — токены пакетов / время, когда
-    тренер занят (шаг + train_delay_s); ρ = λ_предл / μ. Время — секунды от общей точки
-    отсчёта (см. ``CLOCK_NOTE``). Обмен: JSON-сообщения с полем type (request/rollouts от
-    генератора, grant/deny/stop от тренера); тренер принимает от того генератора, который
-    прислал раньше (``dist.recv(src=None)``, на NCCL — через отдельную группу gloo).
+    Тренер разрешает запрос, только пока в очереди < T = ``max_queue_tokens`` токенов; отказ —
+    пауза ``retry_s`` с и новый вопрос (обратное давление). Порог ограничивает начало работы, а
+    начатые запросы доходят, поэтому пик ≤ D + работа в полёте при пересечении < T + Σ_g токены
+    одного запроса. Поток обучения забирает группы FIFO, пока пакет не наберёт
+    ``batch_tokens``, делает ``grpo_step`` и спит ``train_delay_s`` с (медленный тренер, μ < λ);
+    версия u → u+1, задержка группы L = u − v ≥ 0. Генератор старой версии получает новые веса
+    вместе с ответом. Через ``duration_s`` с тренер отвечает «стоп» и сливает начатые запросы.
+    Скорости, токенов/с: λ — принятый приток, λ_предл = Σ_g токены_g / время генерации_g,
+    μ = токены пакетов / время занятости, ρ = λ_предл / μ; время — с от общей точки отсчёта.
     """
     if world_size != 3:
         raise ValueError(
@@ -146,151 +98,75 @@ def queue_generators_trainer(
     train_delay_s, seed = nonnegative("train_delay_s", train_delay_s), integer("seed", seed, 0)
     model = text("model", model)
     temperature, lr = positive("temperature", temperature), positive("lr", lr)
-    import torch
+    cfg = dict(locals())  # проверенные аргументы
     import torch.distributed as dist
 
-    from course_utils.multiproc import local_device
-    from course_utils.policy import load_policy
-
-    device = local_device(backend)
-    # Управляющие сообщения — на CPU: на gloo через основную группу, на NCCL — через
-    # отдельную группу gloo (NCCL не умеет «принять от любого»). Веса идут основной группой.
+    # Управляющие сообщения — на CPU: на NCCL через отдельную группу gloo (NCCL не умеет
+    # «принять от любого»); веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
-    t_ref = shared_time_ref(device)
-    stages = _Stages(t_ref, device)
-    torch.manual_seed(seed)
-    with stages.stage("load_model"):
-        net, tokenizer, info = load_policy(model, device=device)
+    r = sync_loop._start(QUEUE_EXPERIMENT, cfg)
     is_trainer = rank == QUEUE_TRAINER_RANK
-    common = {
-        "experiment": QUEUE_EXPERIMENT,
-        "rank": rank,
-        "world_size": world_size,
-        "backend": backend,
-        "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR,
-        "worker": ROLE_TRAINER if is_trainer else _generator_worker(rank),
-        "pid": os.getpid(),
-        "hostname": socket.gethostname(),
-        "device": str(device),
-        "model": info.describe(),
-        "model_id": info.model_id,
-        "num_params": info.num_params,
-        "engine_dtype": info.dtype,
-        "t_ref_unix": t_ref,
-        "clock_note": CLOCK_NOTE,
-        "config": {
-            "duration_s": float(duration_s),
-            "max_queue_tokens": max_queue_tokens,
-            "batch_tokens": batch_tokens,
-            "prompts_per_request": prompts_per_request,
-            "group_size": group_size,
-            "max_new_tokens": max_new_tokens,
-            "train_delay_s": float(train_delay_s),
-            "seed": seed,
-            "temperature": float(temperature),
-            "lr": float(lr),
-            "retry_s": float(retry_s),
-            "n_generators": len(QUEUE_GENERATOR_RANKS),
-        },
-    }
-    cfg = dict(common["config"])
-    if is_trainer:
-        out = _QueueTrainer(net, info, device, control, stages, cfg).run()
-    else:
-        out = _run_queue_generator(rank, net, tokenizer, info, device, control, stages, cfg)
-    return {**common, **out, "events": stages.events}
+    worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
+    head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
+    head["config"] = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
+    out = _QueueTrainer(r, control, cfg).run() if is_trainer else _run_generator(r, control, cfg)
+    return {**head, **out, "events": r.stages.events}
 
 
-def _run_queue_generator(rank, net, tokenizer, info, device, control, stages, cfg) -> dict:
-    import torch
+def _run_generator(r, control, cfg: dict) -> dict:
+    rank, stages, trainer = cfg["rank"], r.stages, QUEUE_TRAINER_RANK
+    engine = r.net.eval()
 
-    from course_utils.policy import generate_rollouts, make_tasks
-
-    cdev = _device("cpu")
-    trainer = QUEUE_TRAINER_RANK
-    engine = net.eval()
+    def ask(msg: dict) -> dict:
+        transport.send_object(msg, trainer, "cpu", control)
+        return transport.recv_object(trainer, "cpu", control)[0]
 
     def now() -> float:
         return time.time() - stages.t_ref
 
     with stages.stage("handshake"):
-        hello = {"model_id": info.model_id, "num_params": info.num_params, "dtype": info.dtype}
-        send_object({"type": "hello", **hello}, trainer, cdev, control)
-    version, k, staging = 0, 0, None
-    requests, fetches = [], []
+        hello = {"type": "hello", **sync_loop._model_card(r.info)}
+        transport.send_object(hello, trainer, "cpu", control)
+    version, k, staging, requests, fetches = 0, 0, None, [], []
     denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
     while True:
-        if first_ask is None:
-            first_ask = now()
+        first_ask = now() if first_ask is None else first_ask
         with stages.stage("permission", k):
-            send_object(
-                {"type": "request", "request_id": k, "version": version}, trainer, cdev, control
-            )
-            reply, _ = recv_object(trainer, cdev, control)
+            reply = ask({"type": "request", "request_id": k, "version": version})
         if reply.get("weights_follow"):
             wall0 = time.time()
-            meta, staging, rs = recv_tensors(trainer, device, staging)
+            meta, staging, rs = transport.recv_tensors(trainer, r.device, staging)
             stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
-            with stages.stage("load_weights", k) as load, torch.no_grad():
-                params = dict(engine.named_parameters())
-                for name, buf in staging.items():
-                    params[name].copy_(buf)
+            load_s = sync_loop._load_weights(engine, staging, stages, k)
             if int(meta["version"]) <= version:
                 raise RuntimeError(
                     f"генератор {rank}: пришли веса версии {meta['version']}, а у него уже "
                     f"{version} — версии должны только расти"
                 )
-            fetches.append(
-                {
-                    "time_s": wall0 - stages.t_ref,
-                    "request_id": k,
-                    "from_version": version,
-                    "version": int(meta["version"]),
-                    "bytes": rs.nbytes,
-                    "recv_s": rs.wait_s + rs.transfer_s,
-                    "load_s": load.duration_s,
-                }
-            )
             version = int(meta["version"])
-        kind = reply.get("type")
-        if kind == "stop":
+            fetches.append(
+                {"request_id": k, "version": version, "bytes": rs.nbytes, "load_s": load_s}
+            )
+        if reply.get("type") == "stop":
             break
-        if kind == "deny":
-            denials_total += 1
-            denials_k += 1
+        if reply.get("type") == "deny":
+            denials_total, denials_k = denials_total + 1, denials_k + 1
             with stages.stage("backpressure_wait", k) as wait:
                 time.sleep(cfg["retry_s"])
             backoff_s += wait.duration_s
             continue
-        if kind != "grant":
+        if reply.get("type") != "grant":
             raise RuntimeError(f"генератор {rank}: неизвестный ответ тренера {reply!r}")
         granted = now()
         req_seed = cfg["seed"] * 1_000_000 + rank * 100_000 + k
-        tasks = make_tasks(cfg["prompts_per_request"], seed=req_seed)
         with stages.stage("generate", k) as gen:
-            batch = generate_rollouts(
-                engine,
-                tokenizer,
-                tasks,
-                group_size=cfg["group_size"],
-                temperature=cfg["temperature"],
-                max_new_tokens=cfg["max_new_tokens"],
-                policy_version=version,
-                seed=req_seed,
-                run_id=f"q{cfg['seed']}r{rank}",
-            )
-        gen_end = now()
-        tokens = rollout_tokens(batch.records)
-        payload = {
-            "type": "rollouts",
-            "request_id": k,
-            "version": version,
-            "tokens": tokens,
-            "generate_s": gen.duration_s,
-            "records": [r.to_dict() for r in batch.records],
-        }
+            n_prompts, run_id = cfg["prompts_per_request"], f"q{cfg['seed']}r{rank}"
+            batch = sync_loop._generate(engine, r.tok, cfg, n_prompts, version, req_seed, run_id)
+        gen_end, tokens = now(), rollout_tokens(batch.records)
+        payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
+        payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
         with stages.stage("send_rollouts", k) as snd:
-            nbytes = send_object(payload, trainer, cdev, control)
+            transport.send_object(payload, trainer, "cpu", control)
         requests.append(
             {
                 "request_id": k,
@@ -302,26 +178,16 @@ def _run_queue_generator(rank, net, tokenizer, info, device, control, stages, cf
                 "sent_s": gen_end + snd.duration_s,
                 "version": version,
                 "tokens": tokens,
-                "output_tokens": batch.output_tokens,
-                "n_records": len(batch.records),
-                "generate_s": gen.duration_s,
-                "send_s": snd.duration_s,
-                "rollout_bytes": nbytes,
-                "reward_mean": _reward_mean(batch.records),
+                "reward_mean": sync_loop._reward_mean(batch.records),
             }
         )
         k, denials_k, first_ask = k + 1, 0, None
-    gen_s = sum(r["generate_s"] for r in requests)
-    tokens = sum(r["tokens"] for r in requests)
     return {
         "requests": requests,
         "weight_fetches": fetches,
         "n_requests": len(requests),
         "denials": denials_total,
         "backpressure_wait_s": backoff_s,
-        "tokens_generated": tokens,
-        "generate_s": gen_s,
-        "capacity_tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
         "final_version": version,
     }
 
@@ -329,111 +195,79 @@ def _run_queue_generator(rank, net, tokenizer, info, device, control, stages, cf
 class _QueueTrainer:
     """Тренер урока 12.3 в ранге 0: очередь (главный поток) и обучение (второй поток).
 
-    Главный поток принимает сообщения генераторов и меняет очередь под замком; поток обучения
-    ждёт пакет на условной переменной. Операции torch.distributed делает только главный поток.
-    Каждое событие очереди (разрешение, отказ, приход, снятие пакета) получает номер seq —
-    порядок событий под замком, по нему проверяется граница превышения порога.
+    Главный поток принимает сообщения генераторов и меняет очередь под замком, поток обучения
+    ждёт пакет на условной переменной; torch.distributed вызывает только главный поток. Каждое
+    событие очереди получает номер seq — по нему проверяется граница превышения порога.
     """
 
-    def __init__(self, net, info, device, control, stages, cfg) -> None:
-        import torch
-
-        from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
-
-        self.info, self.device, self.control, self.stages, self.cfg = (
-            info,
-            device,
-            control,
-            stages,
-            cfg,
+    def __init__(self, r, control, cfg: dict) -> None:
+        self.info, self.device, self.control = r.info, r.device, control
+        self.stages, self.cfg = r.stages, cfg
+        self.trainer, self.wire_dtype, self.amp, self.scaler, self.optimizer = (
+            sync_loop._fp32_trainer(r.net, r.device, cfg["lr"])
         )
-        self.wire_dtype = next(net.parameters()).dtype  # веса уходят движкам в их типе
-        self.trainer = net.float()
-        self.amp = trainer_autocast_dtype(device, self.wire_dtype)
-        self.scaler = grad_scaler_for(device, self.amp)  # float16 на T4: GradScaler
-        self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg["lr"])
         self.cond = threading.Condition()
-        self.seq = 0
         self.queue: deque = deque()
-        self.q_tokens = 0
-        self.q_rollouts = 0
-        self.version = 0
+        self.seq, self.q_tokens, self.q_rollouts, self.version = 0, 0, 0, 0
         self.snapshot = self._snapshot()
-        self.stopping = False
-        self.error: BaseException | None = None
-        self.timeline: list[dict] = []
-        self.permissions: list[dict] = []
-        self.arrivals: list[dict] = []
-        self.batches: list[dict] = []
-        self.weight_sends: list[dict] = []
-        self.in_flight: dict[tuple[int, int], dict] = {}
+        self.stopping, self.error = False, None
+        self.timeline, self.permissions, self.arrivals, self.batches = [], [], [], []
+        self.in_flight: set[tuple[int, int]] = set()
 
     def now(self) -> float:
         return time.time() - self.stages.t_ref
 
     def _snapshot(self) -> dict:
+        """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
         import torch
 
         with torch.no_grad():
-            return {
-                n: p.detach().to(self.wire_dtype).clone()
-                for n, p in self.trainer.named_parameters()
-            }
+            params = self.trainer.named_parameters()
+            return {n: p.detach().to(self.wire_dtype).clone() for n, p in params}
 
     def _next_seq(self) -> int:
         self.seq += 1
         return self.seq
 
-    def _mark(self, event: str) -> None:
-        """Строка временной шкалы очереди (вызывается под замком)."""
-        self.timeline.append(
-            {
-                "seq": self._next_seq(),
-                "time_s": self.now(),
-                "event": event,
-                "depth_tokens": self.q_tokens,
-                "depth_rollouts": self.q_rollouts,
-                "depth_groups": len(self.queue),
-            }
-        )
+    def _mark(self, event: str) -> dict:
+        """Строка шкалы очереди: глубина в токенах, роллаутах и группах после события (под замком)."""
+        row = {"seq": self._next_seq(), "time_s": self.now(), "event": event}
+        row.update(depth_tokens=self.q_tokens, depth_rollouts=self.q_rollouts)
+        row["depth_groups"] = len(self.queue)
+        self.timeline.append(row)
+        return row
 
-    # ------------------------------------------------------------------ поток обучения
+    def _take_batch(self) -> tuple[list[dict] | None, float | None]:
+        """Ждёт ≥ batch_tokens токенов и снимает группы FIFO, пока пакет не наберёт batch_tokens.
+
+        Под замком; возвращает (группы, время снятия, с) или (None, None) при остановке.
+        """
+        while not self.stopping and self.q_tokens < self.cfg["batch_tokens"]:
+            self.cond.wait(timeout=0.1)
+        if self.stopping:
+            return None, None
+        groups: list[dict] = []
+        while self.queue and sum(g["tokens"] for g in groups) < self.cfg["batch_tokens"]:
+            groups.append(self.queue.popleft())
+            self.q_tokens -= groups[-1]["tokens"]
+            self.q_rollouts -= len(groups[-1]["records"])
+        return groups, self._mark("batch")["time_s"]
 
     def _train_loop(self) -> None:
-        from course_utils.contract import RolloutRecord
         from course_utils.policy import grpo_step
 
         try:
-            b = 0
-            while True:
+            for b in itertools.count():
                 wall0 = time.time()
                 with self.cond:
-                    while not self.stopping and self.q_tokens < self.cfg["batch_tokens"]:
-                        self.cond.wait(timeout=0.1)
-                    waited = time.time() - wall0
-                    if self.stopping:
-                        self.stages.add("wait_rollouts", b, wall0, waited)
-                        return
-                    groups, tokens = [], 0
-                    while self.queue and tokens < self.cfg["batch_tokens"]:
-                        g = self.queue.popleft()
-                        groups.append(g)
-                        tokens += g["tokens"]
-                        self.q_tokens -= g["tokens"]
-                        self.q_rollouts -= len(g["records"])
-                    self._mark("batch")
-                    pop_seq, pop_s = self.timeline[-1]["seq"], self.timeline[-1]["time_s"]
-                    u = self.version
-                self.stages.add("wait_rollouts", b, wall0, waited)
-                records = [RolloutRecord.from_dict(d) for g in groups for d in g["records"]]
+                    groups, pop_s = self._take_batch()
+                self.stages.add("wait_rollouts", b, wall0, time.time() - wall0)
+                if groups is None:
+                    return
+                u, records = self.version, [rec for g in groups for rec in g["records"]]
                 with self.stages.stage("grpo_update", b) as upd:
-                    stats = grpo_step(
-                        self.trainer,
-                        self.optimizer,
-                        records,
-                        autocast_dtype=self.amp,
-                        scaler=self.scaler,
-                    )
+                    opts = {"autocast_dtype": self.amp, "scaler": self.scaler}
+                    stats = grpo_step(self.trainer, self.optimizer, records, **opts)
                 delay = 0.0
                 if self.cfg["train_delay_s"] > 0:
                     with self.stages.stage("train_delay", b) as slow:
@@ -444,71 +278,50 @@ class _QueueTrainer:
                 lags = [u - g["version"] for g in groups]
                 with self.cond:
                     self.version, self.snapshot = u + 1, snap
-                    end_s = self.now()
                     self.batches.append(
                         {
                             "batch": b,
-                            "pop_seq": pop_seq,
                             "pop_s": pop_s,
-                            "end_s": end_s,
+                            "end_s": self.now(),
                             "train_s": upd.duration_s,
                             "delay_s": delay,
-                            "busy_s": upd.duration_s + delay,
-                            "tokens": tokens,
+                            "tokens": sum(g["tokens"] for g in groups),
                             "n_groups": len(groups),
                             "n_records": len(records),
-                            "generators": [g["generator"] for g in groups],
-                            "behavior_versions": [g["version"] for g in groups],
                             "trainer_version": u,
+                            "new_version": u + 1,
+                            "behavior_versions": [g["version"] for g in groups],
                             "lags": lags,
                             "mean_lag": sum(lags) / len(lags),
                             "max_lag": max(lags),
-                            "new_version": u + 1,
                             "queue_wait_s": [pop_s - g["arrival_s"] for g in groups],
-                            "loss": stats["loss"],
-                            "clip_fraction": stats["clip_fraction"],
-                            "grad_norm": stats["grad_norm"],
-                            "policy_tokens": stats["policy_tokens"],
                             "reward_mean": stats["mean_reward"],
+                            **{k: stats[k] for k in ("loss", "clip_fraction", "grad_norm")},
                         }
                     )
-                b += 1
         except BaseException as exc:  # главный поток перебросит ошибку
             with self.cond:
-                self.error = exc
-                self.stopping = True
+                self.error, self.stopping = exc, True
                 self.cond.notify_all()
 
     # ------------------------------------------------------------------ главный поток
 
-    def _handshake(self) -> None:
-        mine = {"model_id": self.info.model_id, "num_params": self.info.num_params}
-        mine["dtype"] = self.info.dtype
-        for g in QUEUE_GENERATOR_RANKS:
-            hello, _ = recv_object(g, "cpu", self.control)
-            theirs = {k: hello.get(k) for k in mine}
-            if hello.get("type") != "hello" or theirs != mine:
-                raise RuntimeError(
-                    f"тренер: у генератора {g} другая модель: {theirs}, у тренера {mine}"
-                )
-
-    def _on_request(self, src: int, msg: Mapping) -> None:
+    def _on_request(self, src: int, msg: Mapping) -> str:
+        """Разрешение, если в очереди < T токенов, иначе отказ; после остановки — «стоп»."""
         key = (src, int(msg["request_id"]))
         with self.cond:
             depth = self.q_tokens
             if self.stopping:
                 decision = "stop"
-            elif depth < self.cfg["max_queue_tokens"]:
-                decision = "grant"
             else:
-                decision = "deny"
+                decision = "grant" if depth < self.cfg["max_queue_tokens"] else "deny"
             latest, snap = self.version, self.snapshot
             follow = decision != "stop" and int(msg["version"]) < latest
             seq = self._next_seq()
             if decision == "grant":
                 if key in self.in_flight:
                     raise RuntimeError(f"тренер: запрос {key} уже разрешён и ещё в полёте")
-                self.in_flight[key] = {"grant_seq": seq, "granted_s": self.now()}
+                self.in_flight.add(key)
             self.permissions.append(
                 {
                     "seq": seq,
@@ -518,154 +331,114 @@ class _QueueTrainer:
                     "decision": decision,
                     "granted": decision == "grant",
                     "depth_tokens": depth,
-                    "generator_version": int(msg["version"]),
-                    "latest_version": latest,
-                    "weights_sent": follow,
                 }
             )
         reply = {"type": decision, "latest_version": latest, "weights_follow": follow}
-        send_object(reply, src, "cpu", self.control)
+        transport.send_object(reply, src, "cpu", self.control)
         if follow:
-            with self.stages.stage("send_weights", key[1], WORKER_QUEUE_RU) as snd:
-                nbytes = send_tensors(snap, src, self.device, {"version": latest}, self.wire_dtype)
-            self.weight_sends.append(
-                {
-                    "time_s": self.now() - snd.duration_s,
-                    "generator": src,
-                    "version": latest,
-                    "bytes": nbytes,
-                    "send_s": snd.duration_s,
-                }
-            )
+            with self.stages.stage("send_weights", key[1], WORKER_QUEUE_RU):
+                meta = {"version": latest}
+                transport.send_tensors(snap, src, self.device, meta, self.wire_dtype)
+        return decision
 
     def _on_rollouts(self, src: int, msg: Mapping) -> None:
-        from course_utils.contract import validate_rollout
-
+        """Проверяет группу (контракт, токены, версия) и ставит её в конец очереди."""
         key = (src, int(msg["request_id"]))
-        problems = []
-        for i, d in enumerate(msg["records"]):
-            problems += [f"запись {i}: {p}" for p in validate_rollout(d)]
-        if problems:
-            raise ValueError(
-                f"тренер: группа генератора {src} нарушает контракт:\n" + "\n".join(problems[:10])
-            )
-        tokens = rollout_tokens(msg["records"])
+        records = sync_loop._records_from(msg["records"], f"группа генератора {src}")
+        tokens, version = rollout_tokens(records), int(msg["version"])
         if tokens != msg.get("tokens"):
             raise RuntimeError(
                 f"тренер: генератор {src} заявил {msg.get('tokens')} токенов, в записях {tokens}"
             )
-        versions = {d.get("policy_version") for d in msg["records"]}
+        versions = {rec.policy_version for rec in records}
         if versions != {msg["version"]}:
             raise RuntimeError(
                 f"тренер: версии записей {sorted(versions, key=str)} не совпадают с версией "
                 f"группы {msg['version']}"
             )
         with self.cond:
-            grant = self.in_flight.pop(key, None)
-            if grant is None:
+            if key not in self.in_flight:
                 raise RuntimeError(f"тренер: пришла группа {key}, на которую не было разрешения")
-            arrival_s = self.now()
+            self.in_flight.remove(key)
             self.q_tokens += tokens
-            self.q_rollouts += len(msg["records"])
-            self.queue.append(
-                {
-                    "generator": src,
-                    "request_id": key[1],
-                    "version": int(msg["version"]),
-                    "tokens": tokens,
-                    "records": msg["records"],
-                    "arrival_s": arrival_s,
-                }
-            )
-            self._mark("arrival")
-            self.arrivals.append(
-                {
-                    "seq": self.timeline[-1]["seq"],
-                    "time_s": arrival_s,
-                    "generator": src,
-                    "request_id": key[1],
-                    "tokens": tokens,
-                    "n_records": len(msg["records"]),
-                    "behavior_version": int(msg["version"]),
-                    "grant_seq": grant["grant_seq"],
-                    "granted_s": grant["granted_s"],
-                    "in_flight_s": arrival_s - grant["granted_s"],
-                    "generate_s": float(msg["generate_s"]),
-                    "depth_tokens": self.q_tokens,
-                }
-            )
+            self.q_rollouts += len(records)
+            row = self._mark("arrival")
+            group = {"version": version, "tokens": tokens, "records": records}
+            self.queue.append({**group, "arrival_s": row["time_s"]})
+            arrival = {"seq": row["seq"], "time_s": row["time_s"], "generator": src}
+            arrival.update(request_id=key[1], tokens=tokens, generate_s=float(msg["generate_s"]))
+            self.arrivals.append(arrival)
             self.cond.notify_all()
+
+    def _stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError("тренер: ошибка в потоке обучения") from self.error
 
     def run(self) -> dict:
         with self.stages.stage("handshake"):
-            self._handshake()
+            for g in QUEUE_GENERATOR_RANKS:
+                hello, _ = transport.recv_object(g, "cpu", self.control)
+                sync_loop._same_model(hello, self.info, f"генератора {g}")
         with self.cond:
-            self._mark("start")
-        start_s = self.timeline[0]["time_s"]
-        stop_at = start_s + self.cfg["duration_s"]
+            start_s = self._mark("start")["time_s"]
         worker = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
         worker.start()
         stopped: set[int] = set()
         stop_s = None
         while len(stopped) < len(QUEUE_GENERATOR_RANKS):
-            src, msg, _ = _recv_object_any(_device("cpu"), self.control)
-            if self.error is not None:
-                raise RuntimeError("тренер: ошибка в потоке обучения") from self.error
-            if stop_s is None and self.now() >= stop_at:
-                with self.cond:
-                    self.stopping = True
-                    self.cond.notify_all()
+            src, msg = _recv_object_any(self.control)
+            self._raise_if_failed()
+            if stop_s is None and self.now() >= start_s + self.cfg["duration_s"]:
+                self._stop()
                 stop_s = self.now()
             kind = msg.get("type") if isinstance(msg, Mapping) else None
             if src not in QUEUE_GENERATOR_RANKS or src in stopped:
                 raise RuntimeError(f"тренер: неожиданное сообщение от ранга {src}: {kind!r}")
             if kind == "request":
-                self._on_request(src, msg)
-                if self.permissions[-1]["decision"] == "stop":
+                if self._on_request(src, msg) == "stop":
                     stopped.add(src)
             elif kind == "rollouts":
                 self._on_rollouts(src, msg)
             else:
                 raise RuntimeError(f"тренер: неизвестный тип сообщения {kind!r} от ранга {src}")
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
+        self._stop()
         worker.join()
-        if self.error is not None:
-            raise RuntimeError("тренер: ошибка в потоке обучения") from self.error
+        self._raise_if_failed()
         if self.in_flight:
             raise RuntimeError(f"тренер: после слива в полёте остались {sorted(self.in_flight)}")
         with self.cond:
             self._mark("end")
         return self._report(start_s, stop_s if stop_s is not None else self.now())
 
-    # ------------------------------------------------------------------ отчёт
-
     def _report(self, start_s: float, stop_s: float) -> dict:
+        """Итог тренера: журналы очереди и скорости λ, λ_предл, μ (токенов/с), ρ, пик, задержки."""
         threshold = self.cfg["max_queue_tokens"]
         timeline = _with_in_flight(self.timeline, self.permissions, self.arrivals, threshold)
-        peak = max(timeline, key=lambda r: (r["depth_tokens"], -r["seq"]))
+        peak = max(timeline, key=lambda row: (row["depth_tokens"], -row["seq"]))
         end_s = timeline[-1]["time_s"]
+        window = end_s - start_s
         arrived = sum(a["tokens"] for a in self.arrivals)
         consumed = sum(b["tokens"] for b in self.batches)
-        busy = sum(b["busy_s"] for b in self.batches)
-        offered = 0.0
+        busy = sum(b["train_s"] + b["delay_s"] for b in self.batches)
+        offered = 0.0  # λ_предл = Σ_g токены_g / время генерации_g, токенов/с
         for g in QUEUE_GENERATOR_RANKS:
             mine = [a for a in self.arrivals if a["generator"] == g]
             gen_s = sum(a["generate_s"] for a in mine)
-            if gen_s > 0:
-                offered += sum(a["tokens"] for a in mine) / gen_s
-        lam = arrived / (end_s - start_s) if end_s > start_s else 0.0  # то же окно, что у занятости
-        mu = consumed / busy if busy > 0 else 0.0
+            offered += sum(a["tokens"] for a in mine) / gen_s if gen_s > 0 else 0.0
+        mu = consumed / busy if busy > 0 else 0.0  # μ = токены пакетов / время занятости
         lags = [lag for b in self.batches for lag in b["lags"]]
-        grants = sum(p["decision"] == "grant" for p in self.permissions)
-        denials = sum(p["decision"] == "deny" for p in self.permissions)
+        decisions = [p["decision"] for p in self.permissions]
+        crossing = peak["crossing_in_flight_tokens"]
         return {
             "timeline": timeline,
             "arrivals": self.arrivals,
             "permissions": self.permissions,
             "batches": self.batches,
-            "weight_sends": self.weight_sends,
             "threshold_tokens": threshold,
             "batch_tokens": self.cfg["batch_tokens"],
             "start_s": start_s,
@@ -674,43 +447,34 @@ class _QueueTrainer:
             "tokens_arrived": arrived,
             "tokens_consumed": consumed,
             "left_in_queue_tokens": self.q_tokens,
-            "left_in_queue_groups": len(self.queue),
-            "busy_s": busy,
-            "busy_fraction": busy / (end_s - start_s) if end_s > start_s else 0.0,
-            "lambda_tokens_per_s": lam,
+            "busy_fraction": busy / window if window > 0 else 0.0,
+            "lambda_tokens_per_s": arrived / window if window > 0 else 0.0,  # λ, то же окно W
             "offered_lambda_tokens_per_s": offered,
             "mu_tokens_per_s": mu,
-            "rho": offered / mu if mu > 0 else None,
+            "rho": offered / mu if mu > 0 else None,  # ρ = λ_предл / μ
             "peak_depth_tokens": peak["depth_tokens"],
-            "peak_time_s": peak["time_s"],
             "overshoot_tokens": max(0, peak["depth_tokens"] - threshold),
-            "peak_in_flight_tokens": peak["crossing_in_flight_tokens"]
-            if peak["crossing_in_flight_tokens"] is not None
-            else peak["in_flight_tokens"],
+            "peak_in_flight_tokens": crossing if crossing is not None else peak["in_flight_tokens"],
             "bound_holds": all(
-                r["bound_tokens"] is None or r["depth_tokens"] <= r["bound_tokens"]
-                for r in timeline
+                row["bound_tokens"] is None or row["depth_tokens"] <= row["bound_tokens"]
+                for row in timeline
             ),
-            "grants": grants,
-            "denials": denials,
+            "grants": decisions.count("grant"),
+            "denials": decisions.count("deny"),
             "n_batches": len(self.batches),
             "final_version": self.version,
             "mean_lag": sum(lags) / len(lags) if lags else None,
             "max_lag": max(lags) if lags else None,
-            "trainer_dtype": "float32",
-            "weights_checksum": state_checksum(self.trainer, dtype=self.wire_dtype),
         }
 
 
 def _with_in_flight(timeline, permissions, arrivals, threshold) -> list[dict]:
-    """Дополняет строки шкалы очереди работой «в полёте» и границей превышения порога.
+    """Строки шкалы очереди с работой «в полёте» и границей превышения порога T.
 
-    in_flight_tokens строки с номером s — токены запросов, разрешённых до s (grant_seq < s) и
-    пришедших не раньше s (включая группу, пришедшую этим событием). Когда очередь пересекает
-    порог T событием k (глубина до него D_{k−1} < T), новых разрешений нет, пока глубина ≥ T,
-    поэтому до возвращения ниже порога глубина ≤ bound = D_{k−1} + in_flight_tokens(k) < T +
-    in_flight_tokens(k). crossing_in_flight_tokens — это in_flight_tokens(k); ниже порога оба
-    поля None.
+    in_flight_tokens(s) — токены запросов, разрешённых до события s и пришедших не раньше s.
+    Когда событие k поднимает глубину до ≥ T (D_{k−1} < T), новых разрешений нет, пока
+    глубина ≥ T, поэтому глубина ≤ bound = D_{k−1} + in_flight(k) < T + in_flight(k);
+    crossing_in_flight_tokens = in_flight(k). Ниже порога оба поля None.
     """
     arrived_at = {(a["generator"], a["request_id"]): (a["seq"], a["tokens"]) for a in arrivals}
     grants = [
@@ -720,19 +484,16 @@ def _with_in_flight(timeline, permissions, arrivals, threshold) -> list[dict]:
     ]
     rows, prev_depth, crossing, bound = [], 0, None, None
     for row in timeline:
-        s = row["seq"]
-        flying = [(a_seq, tok) for g_seq, a_seq, tok in grants if g_seq < s <= a_seq]
-        in_flight = sum(tok for _, tok in flying)
+        flying = [tok for g_seq, a_seq, tok in grants if g_seq < row["seq"] <= a_seq]
         depth = row["depth_tokens"]
-        if depth >= threshold:
-            if prev_depth < threshold:
-                crossing, bound = in_flight, prev_depth + in_flight
-        else:
+        if depth < threshold:
             crossing, bound = None, None
+        elif prev_depth < threshold:
+            crossing, bound = sum(flying), prev_depth + sum(flying)
         rows.append(
             {
                 **row,
-                "in_flight_tokens": in_flight,
+                "in_flight_tokens": sum(flying),
                 "in_flight_requests": len(flying),
                 "crossing_in_flight_tokens": crossing,
                 "bound_tokens": bound,
@@ -747,7 +508,7 @@ def _with_in_flight(timeline, permissions, arrivals, threshold) -> list[dict]:
 
 def _queue_results(launch_result: Any) -> tuple[dict, list[dict]]:
     """(результат тренера, [результаты генераторов по рангам]) запуска queue_generators_trainer."""
-    ranks = rank_results(launch_result, QUEUE_EXPERIMENT)
+    ranks = transport.rank_results(launch_result, QUEUE_EXPERIMENT)
     (trainer,) = [r for r in ranks if r["role"] == ROLE_TRAINER]
     return trainer, [r for r in ranks if r["role"] == ROLE_GENERATOR]
 
@@ -755,151 +516,113 @@ def _queue_results(launch_result: Any) -> tuple[dict, list[dict]]:
 def queue_timeline_frame(launch_result: Any):
     """Глубина очереди во времени (pandas.DataFrame), строка на изменение очереди.
 
-    Столбцы: seq (порядок событий у тренера), time_s (с от общей точки отсчёта), event
-    ("start", "arrival" — пришла группа, "batch" — тренер забрал пакет, "end"), depth_tokens,
-    depth_rollouts, depth_groups (глубина после события), in_flight_tokens / in_flight_requests
-    (работа, разрешённая до события и ещё не дошедшая до очереди, включая приходящую этим
-    событием), crossing_in_flight_tokens и bound_tokens (выше порога: работа в полёте в момент
-    пересечения порога и граница глубины, см. ``queue_generators_trainer``), threshold_tokens.
-    Глубина — ступенчатая функция: рисуйте ``drawstyle="steps-post"``.
+    Столбцы: seq, time_s (с от общей точки отсчёта), event (start, arrival, batch, end),
+    depth_tokens / depth_rollouts / depth_groups после события, in_flight_tokens /
+    in_flight_requests, crossing_in_flight_tokens и bound_tokens (см. ``_with_in_flight``),
+    threshold_tokens. Глубина ступенчатая: рисуйте ``drawstyle="steps-post"``.
     """
     import pandas as pd
 
     trainer, _ = _queue_results(launch_result)
-    frame = pd.DataFrame(trainer["timeline"])
-    frame["threshold_tokens"] = trainer["threshold_tokens"]
-    for col in ("crossing_in_flight_tokens", "bound_tokens"):
-        frame[col] = frame[col].astype("Float64")
-    return frame
+    frame = pd.DataFrame(trainer["timeline"]).assign(threshold_tokens=trainer["threshold_tokens"])
+    return frame.astype({"crossing_in_flight_tokens": "Float64", "bound_tokens": "Float64"})
+
+
+_BATCH_COLUMNS = """batch pop_s end_s train_s delay_s tokens n_groups n_records trainer_version
+new_version behavior_versions lags mean_lag max_lag mean_queue_wait_s loss clip_fraction
+grad_norm reward_mean""".split()
 
 
 def queue_batches_frame(launch_result: Any):
-    """Пакеты, съеденные тренером (pandas.DataFrame), строка на пакет.
+    """Пакеты тренера (pandas.DataFrame), строка на пакет; времена — с, версии — номера.
 
-    Столбцы: batch, pop_s (с — когда пакет снят с очереди), end_s (конец шага), train_s и
-    delay_s (шаг GRPO и искусственная задержка, с), tokens, n_groups, n_records,
-    trainer_version (u — версия перед шагом), new_version (u+1), behavior_versions и lags (по
-    группам: v и L = u − v), mean_lag, max_lag, mean_queue_wait_s (среднее время группы в
-    очереди, с), loss, clip_fraction, grad_norm, reward_mean.
+    pop_s — снятие с очереди, end_s — конец шага, train_s и delay_s — шаг GRPO и задержка;
+    trainer_version u → new_version u+1, lags по группам L = u − v; mean_queue_wait_s —
+    среднее время группы в очереди, с; loss, clip_fraction, grad_norm, reward_mean.
     """
     import pandas as pd
 
     trainer, _ = _queue_results(launch_result)
-    columns = [
-        "batch",
-        "pop_s",
-        "end_s",
-        "train_s",
-        "delay_s",
-        "tokens",
-        "n_groups",
-        "n_records",
-        "trainer_version",
-        "new_version",
-        "behavior_versions",
-        "lags",
-        "mean_lag",
-        "max_lag",
-        "mean_queue_wait_s",
-        "loss",
-        "clip_fraction",
-        "grad_norm",
-        "reward_mean",
+    rows = [
+        {**b, "mean_queue_wait_s": sum(b["queue_wait_s"]) / len(b["queue_wait_s"])}
+        for b in trainer["batches"]
     ]
-    rows = []
-    for b in trainer["batches"]:
-        waits = b["queue_wait_s"]
-        rows.append({**b, "mean_queue_wait_s": sum(waits) / len(waits) if waits else 0.0})
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=_BATCH_COLUMNS)
 
 
 def queue_requests_frame(launch_result: Any):
-    """Запросы генераторов (pandas.DataFrame), строка на разрешённый запрос.
+    """Разрешённые запросы генераторов (pandas.DataFrame), по порядку granted_s.
 
-    Столбцы: worker ("генератор 1"…), rank, request_id, first_ask_s (первая просьба о
-    разрешении), granted_s, denials (отказов до разрешения), gen_start_s, gen_end_s, sent_s,
-    version (версия весов генерации), tokens, output_tokens, n_records, generate_s, send_s,
-    reward_mean; времена — секунды от общей точки отсчёта.
+    Столбцы: worker, rank, request_id, first_ask_s, granted_s, denials (отказов до
+    разрешения), gen_start_s, gen_end_s, sent_s (с от общей точки отсчёта), version, tokens,
+    reward_mean.
     """
     import pandas as pd
 
     _, generators = _queue_results(launch_result)
-    rows = []
-    for g in generators:
-        for r in g["requests"]:
-            rows.append({"worker": g.get("worker"), "rank": g.get("rank"), **r})
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(
+        [{"worker": g["worker"], "rank": g["rank"], **r} for g in generators for r in g["requests"]]
+    )
     if frame.empty:
         return frame
     return frame.sort_values(["granted_s", "rank"], kind="stable").reset_index(drop=True)
 
 
-# Ключ сводки → (подпись, единица); порядок — порядок строк queue_summary_text.
+# Ключ сводки → (подпись, единица, знаков после запятой; None — целое); порядок строк текста.
 QUEUE_SUMMARY_RU = {
-    "offered_lambda_tokens_per_s": ("λ_предл, предложенная нагрузка генераторов", "токенов/с"),
-    "mu_tokens_per_s": ("μ, скорость тренера, пока он занят", "токенов/с"),
-    "rho": ("ρ = λ_предл / μ", "раз"),
-    "lambda_tokens_per_s": ("λ, принятый приток в очередь (после допуска)", "токенов/с"),
-    "consumed_tokens_per_s": ("из него съел тренер: μ × доля занятости", "токенов/с"),
-    "accumulated_tokens_per_s": ("из него накопилось в очереди к концу", "токенов/с"),
-    "window_s": ("окно W: от старта до конца последнего шага", "с"),
-    "duration_s": ("длительность приёма запросов", "с"),
-    "grants": ("разрешений", "шт."),
-    "denials": ("отказов (обратное давление)", "шт."),
-    "generator_blocked_s": ("генераторы простояли после отказов (сумма)", "с"),
-    "generator_blocked_share": ("доля времени приёма, простоянная генераторами", "доля"),
-    "threshold_tokens": ("порог очереди T", "токенов"),
-    "batch_tokens": ("размер пакета", "токенов"),
-    "peak_depth_tokens": ("пиковая глубина очереди", "токенов"),
-    "overshoot_tokens": ("превышение порога max(0, пик − T)", "токенов"),
-    "peak_in_flight_tokens": ("работа в полёте при пересечении порога", "токенов"),
-    "overshoot_bound_holds": ("граница пик < T + работа в полёте выполнена", ""),
-    "n_batches": ("шагов обучения", "шт."),
-    "final_version": ("итоговая версия весов", ""),
-    "mean_lag": ("средняя задержка политики L = u − v", "версий"),
-    "max_lag": ("максимальная задержка политики", "версий"),
-    "busy_fraction": ("доля окна W, когда тренер занят", "доля"),
-    "left_in_queue_tokens": ("осталось в очереди после остановки", "токенов"),
+    "offered_lambda_tokens_per_s": (
+        "λ_предл, предложенная нагрузка генераторов",
+        "токенов/с",
+        None,
+    ),
+    "mu_tokens_per_s": ("μ, скорость тренера, пока он занят", "токенов/с", None),
+    "rho": ("ρ = λ_предл / μ", "раз", 2),
+    "lambda_tokens_per_s": ("λ, принятый приток в очередь (после допуска)", "токенов/с", None),
+    "consumed_tokens_per_s": ("из него съел тренер: μ × доля занятости", "токенов/с", None),
+    "accumulated_tokens_per_s": ("из него накопилось в очереди к концу", "токенов/с", None),
+    "window_s": ("окно W: от старта до конца последнего шага", "с", 1),
+    "duration_s": ("длительность приёма запросов", "с", 1),
+    "grants": ("разрешений", "шт.", None),
+    "denials": ("отказов (обратное давление)", "шт.", None),
+    "generator_blocked_s": ("генераторы простояли после отказов (сумма)", "с", 1),
+    "generator_blocked_share": ("доля времени приёма, простоянная генераторами", "доля", 2),
+    "threshold_tokens": ("порог очереди T", "токенов", None),
+    "batch_tokens": ("размер пакета", "токенов", None),
+    "peak_depth_tokens": ("пиковая глубина очереди", "токенов", None),
+    "overshoot_tokens": ("превышение порога max(0, пик − T)", "токенов", None),
+    "peak_in_flight_tokens": ("работа в полёте при пересечении порога", "токенов", None),
+    "overshoot_bound_holds": ("граница пик < T + работа в полёте выполнена", "", None),
+    "n_batches": ("шагов обучения", "шт.", None),
+    "final_version": ("итоговая версия весов", "", None),
+    "mean_lag": ("средняя задержка политики L = u − v", "версий", 2),
+    "max_lag": ("максимальная задержка политики", "версий", None),
+    "busy_fraction": ("доля окна W, когда тренер занят", "доля", 2),
+    "left_in_queue_tokens": ("осталось в очереди после остановки", "токенов", None),
 }
-_TWO_DECIMALS = {"rho", "busy_fraction", "mean_lag", "generator_blocked_share"}
-_ONE_DECIMAL = {"duration_s", "window_s", "generator_blocked_s"}
 
 
 def queue_summary(launch_result: Any) -> dict:
-    """Сводка запуска ``queue_generators_trainer``: словарь с английскими ключами.
+    """Сводка запуска ``queue_generators_trainer`` (ключи — ``QUEUE_SUMMARY_RU``).
 
-    Скорости (токенов/с) на одном окне W = конец последнего шага − старт (window_s, с):
-    lambda_tokens_per_s — принятый приток λ = пришедшие токены / W; consumed_tokens_per_s —
-    съеденные тренером / W = μ · busy_fraction; accumulated_tokens_per_s — оставшиеся в
-    очереди / W; λ = съедено + накоплено (токены сохраняются). offered_lambda_tokens_per_s —
-    λ_предл = Σ_g токены_g / время генерации_g (сколько генераторы дали бы без отказов);
-    mu_tokens_per_s — μ = токены пакетов / время занятости тренера; rho = λ_предл / μ (> 1 —
-    без обратного давления очередь росла бы без предела). generator_blocked_s — сумма по
-    генераторам времени ожидания после отказов (с), generator_blocked_share — она же / (число
-    генераторов × duration_s), duration_s — длительность приёма запросов (с). Остальное:
-    порог T, пик и превышение (токенов), разрешения и отказы, шаги, версии, задержки (версий).
-    Подписи и единицы — ``QUEUE_SUMMARY_RU``; текст — ``queue_summary_text``.
+    На одном окне W = конец последнего шага − старт (window_s, с), токенов/с: λ = пришедшие / W
+    = consumed_tokens_per_s (съеденные / W = μ · busy_fraction) + accumulated_tokens_per_s
+    (оставшиеся в очереди / W). λ_предл = Σ_g токены_g / время генерации_g, μ = токены пакетов /
+    время занятости, ρ = λ_предл / μ (> 1 — без обратного давления очередь росла бы без
+    предела). generator_blocked_s — Σ ожиданий после отказов, с; generator_blocked_share — она
+    же / (число генераторов × duration_s), duration_s — длительность приёма запросов, с.
     """
     trainer, generators = _queue_results(launch_result)
     window = float(trainer["end_s"] - trainer["start_s"])
     accepting = float(trainer["stop_s"] - trainer["start_s"])
-    blocked = float(sum(g.get("backpressure_wait_s", 0.0) for g in generators))
+    blocked = float(sum(g["backpressure_wait_s"] for g in generators))
     out = {k: trainer[k] for k in QUEUE_SUMMARY_RU if k in trainer}
-    out.update(
-        {
-            "consumed_tokens_per_s": trainer["tokens_consumed"] / window if window > 0 else 0.0,
-            "accumulated_tokens_per_s": trainer["left_in_queue_tokens"] / window
-            if window > 0
-            else 0.0,
-            "window_s": window,
-            "duration_s": accepting,
-            "generator_blocked_s": blocked,
-            "generator_blocked_share": blocked / (len(generators) * accepting)
-            if accepting > 0
-            else 0.0,
-            "overshoot_bound_holds": bool(trainer["bound_holds"]),
-        }
+    out["consumed_tokens_per_s"] = trainer["tokens_consumed"] / window if window > 0 else 0.0
+    out["accumulated_tokens_per_s"] = (
+        trainer["left_in_queue_tokens"] / window if window > 0 else 0.0
     )
+    out.update(window_s=window, duration_s=accepting, generator_blocked_s=blocked)
+    share = blocked / (len(generators) * accepting) if accepting > 0 else 0.0
+    out.update(generator_blocked_share=share, overshoot_bound_holds=bool(trainer["bound_holds"]))
     return {k: out[k] for k in QUEUE_SUMMARY_RU}
 
 
@@ -907,22 +630,17 @@ def queue_summary_text(launch_result_or_summary: Any) -> str:
     """Сводка очереди по-русски: строка «подпись, единица: значение» на величину."""
     from course_utils.fmt import num
 
-    if isinstance(launch_result_or_summary, Mapping) and "rho" in launch_result_or_summary:
-        summary = dict(launch_result_or_summary)
-    else:
-        summary = queue_summary(launch_result_or_summary)
+    summary = launch_result_or_summary
+    if not (isinstance(summary, Mapping) and "rho" in summary):
+        summary = queue_summary(summary)
     lines = []
-    for key, (label, unit) in QUEUE_SUMMARY_RU.items():
+    for key, (label, unit, digits) in QUEUE_SUMMARY_RU.items():
         value = summary.get(key)
         if value is None:
-            text = "—"
+            shown = "—"
         elif isinstance(value, bool):
-            text = "да" if value else "нет"
-        elif key in _TWO_DECIMALS:
-            text = num(float(value), 2)
-        elif key in _ONE_DECIMAL:
-            text = num(float(value), 1)
+            shown = "да" if value else "нет"
         else:
-            text = num(round(value))
-        lines.append(f"{label}{', ' + unit if unit else ''}: {text}")
+            shown = num(round(value)) if digits is None else num(float(value), digits)
+        lines.append(f"{label}{', ' + unit if unit else ''}: {shown}")
     return "\n".join(lines)
