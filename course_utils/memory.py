@@ -52,7 +52,6 @@ def _bytes(n: Real, b: Real = 1) -> int:
     return math.ceil(_exact(n) * _exact(b))
 
 
-# ---------------------------------------------------------------- единицы
 def to_unit(n_bytes: Real, unit: str = "GiB") -> float:
     """Байты в выбранной единице: n / 2³⁰ для "GiB", n / 10⁹ для "GB" и т. п. (float)."""
     nonnegative("n_bytes", n_bytes)
@@ -75,7 +74,7 @@ def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool =
     return f"{num(to_unit(n_bytes, unit), digits)}{NBSP}{unit_label(unit, explain)}"
 
 
-# ---------------------------------------------------------------- рецепты
+# ---------------------------------------------------------------- рецепты, состояние, KV-кэш
 @dataclass(frozen=True)
 class TrainingRecipe:
     """Байты на один параметр: веса, градиенты, моменты Adam m1 и m2, fp32-мастер-копия (все ≥ 0,
@@ -97,9 +96,7 @@ class TrainingRecipe:
     @property
     def total(self) -> Real:
         """Σ байт на параметр: b_param + b_grad + b_m1 + b_m2 + b_master."""
-        return (
-            self.param_bytes + self.grad_bytes + self.m1_bytes + self.m2_bytes + self.master_bytes
-        )
+        return sum(getattr(self, f.name) for f in fields(self)[:5])  # b_param + … + b_master
 
     @property
     def optimizer_bytes(self) -> Real:
@@ -155,7 +152,6 @@ def _as_recipe(value: Any) -> TrainingRecipe:
     )
 
 
-# ---------------------------------------------------------------- состояние
 def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
     """Модельное состояние B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master), байт, вверх
     до целого; без активаций, KV-кэша, буферов связи и фрагментации."""
@@ -190,7 +186,6 @@ def per_rank_state_bytes(
     return per_rank_breakdown(n_params, recipe, world_size, zero_stage)["total"]
 
 
-# ---------------------------------------------------------------- KV-кэш
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, bytes_per_value: Real
 ) -> int:
@@ -222,9 +217,8 @@ def max_concurrent_sequences(
     return max(0, math.floor(free / (_exact(kv_bytes_per_token) * tokens)))  # ⌊free/(kv_tok·T)⌋
 
 
-# ---------------------------------------------------------------- форма модели
-# обязательные ключи config.json → поля ModelShape
-_CONFIG_FIELDS = {
+# ---------------------------------------------------------------- форма модели и LoRA
+_CONFIG_FIELDS = {  # обязательные ключи config.json → поля ModelShape
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "intermediate_size": "intermediate_size",
@@ -240,9 +234,7 @@ def _config_dict(config: Any) -> dict:
     if isinstance(config, dict):
         return dict(config)
     if isinstance(config, str | os.PathLike):
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
+        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
         if not path.is_file():
             raise ValueError(f"config: файл {str(path)!r} не найден")
         try:
@@ -260,8 +252,7 @@ def _config_dict(config: Any) -> dict:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Форма плотного декодера с RMSNorm и SwiGLU (Qwen2/2.5, Llama, SmolLM2, Mistral, Qwen3);
-    смещения и q/k-norm — как в классах transformers (правила — в ``from_config``)."""
+    """Форма плотного декодера с RMSNorm и SwiGLU (правила смещений — в ``from_config``)."""
 
     vocab_size: int
     hidden_size: int
@@ -288,10 +279,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """Форма из config.json (словарь, путь к файлу/папке, PretrainedConfig) для qwen2, llama
-        (и без model_type), mistral, qwen3. Смещения: у qwen2 — q/k/v без o; attention_bias у llama
-        и qwen3 — q, k, v и o; mlp_bias у llama — gate/up/down; у mistral нет; у qwen3 — RMSNorm
-        q/k по head_dim. head_dim = config.head_dim или hidden_size // heads."""
+        """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3.
+        Смещения: qwen2 — q/k/v; attention_bias llama и qwen3 — q, k, v, o; mlp_bias llama —
+        gate/up/down; у qwen3 ещё RMSNorm q/k по d_h. head_dim по умолчанию hidden_size // heads."""
         d = _config_dict(config)
         missing = [k for k in _CONFIG_FIELDS if d.get(k) is None]
         if missing:
@@ -304,11 +294,7 @@ class ModelShape:
             "mistral": (False, False, False),
             "qwen3": (attn_bias, attn_bias, False),
         }
-        if model_type not in biases:
-            raise ValueError(
-                f"config: model_type {model_type!r} не поддерживается; допустимые: "
-                "qwen2, llama, mistral, qwen3 (плотный декодер с SwiGLU)"
-            )
+        choice("config['model_type']", model_type, biases)
         for k in (*_CONFIG_FIELDS, "num_key_value_heads", "head_dim"):
             if k in _CONFIG_FIELDS or d.get(k) is not None:  # 0 — ошибка, а не «нет ключа»
                 d[k] = integer(f"config[{k!r}]", d[k], 1)
@@ -343,21 +329,17 @@ class ModelShape:
         return dict(zip(LORA_TARGETS, [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]))
 
     def layer_params(self) -> int:
-        """Параметров в блоке: Σ d_in·d_out проекций + смещения + 2h RMSNorm (+ 2d_h у qwen3)."""
-        shapes = self.projection_shapes()
-        n = sum(a * b for a, b in shapes.values()) + 2 * self.hidden_size
-        if self.attention_bias:
-            n += shapes["q_proj"][1] + shapes["k_proj"][1] + shapes["v_proj"][1]
-        if self.o_proj_bias:
-            n += self.hidden_size
-        if self.mlp_bias:
-            n += 2 * self.intermediate_size + self.hidden_size
-        if self.qk_norm:
-            n += 2 * self.head_dim
-        return n
+        """Параметров в блоке: Σ d_in·d_out + Σ d_out смещений + 2h RMSNorm (+ 2d_h q/k-norm)."""
+        shapes = self.projection_shapes().values()
+        weights = sum(d_in * d_out for d_in, d_out in shapes)
+        # смещения есть у q, k, v (attention_bias), o (o_proj_bias), gate, up, down (mlp_bias)
+        on = (self.attention_bias,) * 3 + (self.o_proj_bias,) + (self.mlp_bias,) * 3
+        biases = sum(d_out for (_, d_out), has_bias in zip(shapes, on) if has_bias)
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        return weights + biases + norms
 
     def param_breakdown(self) -> dict[str, int]:
-        """Параметры по статьям: embeddings V·h, layers L·(блок), final_norm h, lm_head V·h или 0."""
+        """Параметры по статьям: embeddings V·h, layers L·блок, final_norm h, lm_head V·h или 0."""
         emb = self.vocab_size * self.hidden_size
         return {
             "embeddings": emb,
@@ -395,7 +377,6 @@ def _as_shape(value: Any, name: str = "shape_or_config") -> ModelShape:
         raise ValueError(f"{name}: {exc}") from exc
 
 
-# ---------------------------------------------------------------- LoRA
 def lora_trainable_params(
     shape_or_config: Any, rank: int, target_modules: tuple[str, ...] | list[str] = LORA_TARGETS[:4]
 ) -> int:
@@ -462,11 +443,9 @@ def colocation_peak(phases: _Phases) -> tuple[Real, str]:
 def sum_of_component_maxima(phases: _Phases) -> Real:
     """Завышенная оценка Σ_статей max_t B_статья(t) (в единицах статей) — ошибка «сложить пики
     ролей»: статьи разных фаз никогда не лежат в памяти одновременно."""
-    maxima: dict[str, Real] = {}
-    for _, comps in _check_phases(phases):
-        for key, value in comps.items():
-            maxima[key] = max(maxima.get(key, 0), value)
-    return sum(maxima.values())
+    checked = _check_phases(phases)
+    keys = dict.fromkeys(k for _, comps in checked for k in comps)  # в порядке появления
+    return sum(max(comps.get(k, 0) for _, comps in checked) for k in keys)
 
 
 def plot_memory_timeline(
@@ -482,14 +461,13 @@ def plot_memory_timeline(
     choice("unit", unit, _UNITS)
     if budget_bytes is not None:
         positive("budget_bytes", budget_bytes)
-    import matplotlib
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8.5, 4.2))
     # ненулевые статьи в порядке первого появления
     components = list(dict.fromkeys(k for _, c in checked for k, v in c.items() if v > 0))
-    cmap = matplotlib.colormaps["tab10" if len(components) <= 10 else "tab20"]
+    cmap = plt.colormaps["tab10" if len(components) <= 10 else "tab20"]
     xs = list(range(len(checked)))
     bottoms = [0.0] * len(checked)
     bar = {"width": 0.62, "edgecolor": "white", "linewidth": 0.8}
@@ -556,29 +534,29 @@ def _accelerate_convert_bytes(size: float) -> str:
 
 
 def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str, Any]:
-    """Правило ``accelerate estimate-memory`` (1.15) для строки dtype, байт: P_acc = параметры
-    ``AutoModel`` (без несвязанной lm_head) + d_h чисел буферов inv_freq (для числа на входе —
-    оно само); total = 4·P_acc; «Total Size» = total/k, k = 1, 2, 4, 8 для float32 … int4;
-    «Training using Adam» = max (не сумма) статей: float32 — 4P, 4P, 8P, 16P, float16 — 4P, 6P,
-    8P, 8P (model, gradients, optimizer, step); int8, int4 — N/A."""
+    """Правило ``accelerate estimate-memory`` (1.15), байт: P_acc = параметры ``AutoModel`` (без
+    несвязанной lm_head) + d_h чисел inv_freq (число на входе — само P_acc); total = 4·P_acc;
+    «Total Size» = total/k, k = 1, 2, 4, 8 для float32 … int4; «Training using Adam» = max (не
+    сумма) статей model, gradients, optimizer, step: float32 — 4P, 4P, 8P, 16P; float16 — 4P,
+    6P, 8P, 8P; int8, int4 — N/A."""
     dtype = choice("dtype", dtype, ACCELERATE_DTYPES)
     if isinstance(n_params_or_shape, Real):  # число параметров: 7.5e9 можно, 7.5 нельзя
         counted = integer("n_params_or_shape", n_params_or_shape, 1)
-        buffers, largest = 0, None
+        buffers, largest, lm_head = 0, None, 0
     else:
         shape = _as_shape(n_params_or_shape, "n_params_or_shape")
         b = shape.param_breakdown()
         counted = b["embeddings"] + b["layers"] + b["final_norm"]  # AutoModel: без lm_head
+        lm_head = b["lm_head"]  # 0, если голова связана с эмбеддингами
         buffers = shape.head_dim  # inv_freq + original_inv_freq, по d_h/2 float32
         largest = 4 * max(b["embeddings"], shape.layer_params(), shape.hidden_size, buffers)
     total = 4 * (counted + buffers)  # 4·P_acc байт
-    if dtype == "float32":  # статьи estimate_training_usage(total)
+    usage = None  # статьи estimate_training_usage(total); для int8 и int4 их нет
+    if dtype == "float32":
         usage = {"model": total, "optimizer": 2 * total, "gradients": total, "step": 4 * total}
     elif dtype == "float16":  # «1.5 from weight gradient + computation (GEMM)»
         usage = {"model": total, "optimizer": 2 * total, "gradients": total + total // 2}
         usage["step"] = usage["optimizer"]
-    else:  # для int8 и int4 accelerate обучение не оценивает
-        usage = None
     k = _ACCELERATE_DIVISOR[dtype]
     reported = max(usage.values()) if usage else None
     printed = {
@@ -588,6 +566,7 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
     }
     return {
         "params_counted": counted,
+        "lm_head_params": lm_head,
         "buffer_values": buffers,
         "total_size": total,
         "largest_layer": largest,
@@ -598,21 +577,16 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
     }
 
 
-def accelerate_printout(
-    config: Any, dtypes: tuple[str, ...] | list[str] = ACCELERATE_DTYPES, model_name: str = ""
-) -> str:
+def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE_DTYPES) -> str:
     """Таблица настоящего ``accelerate estimate-memory`` — его же кодом, без сети: загрузка с Hub
     подменена моделью на meta из config (имя из data/model_configs, путь или словарь)."""
+    known = isinstance(config, str) and config in HUB_REPOS
+    d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
+    dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
     import contextlib
     import io
     from unittest import mock
 
-    known = isinstance(config, str) and config in HUB_REPOS
-    d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
-    dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
-    if not isinstance(model_name, str):
-        raise ValueError(f"model_name должно быть строкой, получено {model_name!r}")
-    name = model_name or (HUB_REPOS[config] if known else "config.json")
     import accelerate.commands.estimate as est
     import torch
     from accelerate import init_empty_weights
@@ -622,6 +596,7 @@ def accelerate_printout(
         with init_empty_weights():
             return AutoModel.from_config(AutoConfig.for_model(**d), dtype=torch.float32)
 
+    name = HUB_REPOS[config] if known else "config.json"
     args = est.estimate_command_parser().parse_args([name, "--dtypes", *dtypes])
     out = io.StringIO()
     with mock.patch.object(est, "create_empty_model", on_meta), contextlib.redirect_stdout(out):
@@ -653,24 +628,18 @@ _ESTIMATE_ROWS = (  # (статья, что о ней у accelerate)
     ("шаг оптимизатора", f"{_HIDDEN} step"),
     ("обучение с Adam: итог", "печатает: «Training using Adam»"),
 )
-_DEFAULT_RECIPE = {"float32": "fp32_adam", "float16": "bf16_mixed_adam"}
 
 
-def accelerate_estimate(
-    n_params_or_shape: Any, dtype: str = "float16", recipe: TrainingRecipe | str | None = None
-):
+def accelerate_estimate(n_params_or_shape: Any, dtype: str = "float16"):
     """Таблица pandas: правило accelerate и калькулятор курса по статьям, с объяснением разниц;
-    dtype "float32" или "float16" (рецепт по умолчанию "fp32_adam" или "bf16_mixed_adam")."""
+    dtype "float32" или "float16" (рецепт курса — "fp32_adam" или "bf16_mixed_adam")."""
     import pandas as pd
 
     dtype = choice("dtype", dtype, ("float32", "float16"))
     acc = accelerate_rule(n_params_or_shape, dtype)
-    r = _as_recipe(recipe if recipe is not None else _DEFAULT_RECIPE[dtype])
-    if isinstance(n_params_or_shape, Real):
-        n, lm_head = acc["params_counted"], 0
-    else:
-        shape = _as_shape(n_params_or_shape, "n_params_or_shape")
-        n, lm_head = shape.num_params, shape.param_breakdown()["lm_head"]
+    r = RECIPES["fp32_adam" if dtype == "float32" else "bf16_mixed_adam"]
+    lm_head = acc["lm_head_params"]
+    n = acc["params_counted"] + lm_head  # N модели: AutoModel + голова
     p_acc = acc["params_counted"] + acc["buffer_values"]
     fp16, usage, pr = dtype == "float16", acc["training"], acc["printed"]
     why_n = []
@@ -682,34 +651,26 @@ def accelerate_estimate(
         why_n.append(f"{buf} буферов inv_freq accelerate считает весами")
     per_p = acc["training_reported"] // p_acc  # Б/параметр в «Training using Adam»
     same = " (здесь они совпадают)" if per_p == r.total else ""
-    fp16_note = ", хотя комментарий в его коде говорит «веса в FP16 и FP32» (это 2 + 4 = 6)"
-    why_weights = "accelerate: 4 Б/параметр" + (fp16_note if fp16 else "")
-    why_grads = "accelerate: " + (
-        "6 Б/параметр (1.5 × fp32: «градиент весов + вычисления GEMM»)" if fp16 else "4 Б/параметр"
-    )
-    why_step = (
-        "accelerate: step = " + ("optimizer = 8" if fp16 else "4 × fp32 = 16") + " Б/параметр"
-    )
+    fp16_weights = ", хотя комментарий в его коде говорит «веса в FP16 и FP32» (это 2 + 4 = 6)"
+    fp16_grads = "6 Б/параметр (1.5 × fp32: «градиент весов + вычисления GEMM»)"
     why = [
         "; ".join(why_n) or "число параметров совпадает",
         f"обе оценки: {4 // acc['divisor']} Б/параметр (у нас b_param = {r.param_bytes:g}); "
         "разница только в N",
-        f"{why_weights}; у нас b_param + b_master = {r.param_bytes:g} + {r.master_bytes:g}",
-        f"{why_grads}; у нас b_grad = {r.grad_bytes:g} — хранимый градиент",
+        f"accelerate: 4 Б/параметр{fp16_weights if fp16 else ''}; у нас b_param + b_master = "
+        f"{r.param_bytes:g} + {r.master_bytes:g}",
+        f"accelerate: {fp16_grads if fp16 else '4 Б/параметр'}; у нас b_grad = {r.grad_bytes:g} "
+        "— хранимый градиент",
         f"обе оценки: 8 Б/параметр (у нас b_m1 + b_m2 = {r.m1_bytes:g} + {r.m2_bytes:g})",
-        f"{why_step}; у калькулятора такой статьи нет",
+        f"accelerate: step = {'optimizer = 8' if fp16 else '4 × fp32 = 16'} Б/параметр; "
+        "у калькулятора такой статьи нет",
         f"accelerate печатает максимум статей ({per_p} Б/параметр), а не сумму; калькулятор "
         f"курса — сумму: {r.total:g} Б/параметр{same}",
     ]
     stages = ("model", "gradients", "optimizer", "step")
     acc_bytes = [p_acc, acc["total_size"] // acc["divisor"], *(usage[s] for s in stages)]
-    per_param = (
-        r.param_bytes,
-        r.param_bytes + r.master_bytes,
-        r.grad_bytes,
-        r.m1_bytes + r.m2_bytes,
-    )
-    ours = [*(_bytes(n, b) for b in per_param), None, state_bytes(n, r)]  # N·b по статьям
+    b_ours = (r.param_bytes, r.param_bytes + r.master_bytes, r.grad_bytes, r.m1_bytes + r.m2_bytes)
+    ours = [*(_bytes(n, b) for b in b_ours), None, state_bytes(n, r)]  # N·b по статьям
     gib = ["—" if b is None else fmt_bytes(b, explain=False) for b in ours]
     frame = pd.DataFrame(
         {
@@ -734,8 +695,7 @@ def tensor_bytes(tensors) -> int:
     """Σ numel·element_size по тензорам (None пропускаются), байт; один тензор — как [тензор]."""
     import torch
 
-    if isinstance(tensors, torch.Tensor):
-        tensors = [tensors]
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
     if isinstance(tensors, str | bytes | dict) or not hasattr(tensors, "__iter__"):
         raise ValueError(
             "tensors должно быть списком или генератором тензоров torch (для state_dict — "
@@ -760,12 +720,8 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
             f"получено {optimizer!r}"
         )
     include_step = flag("include_step", include_step)
-    return tensor_bytes(
-        value
-        for state in optimizer.state.values()
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor) and (include_step or key != "step")
-    )
+    states = [(k, v) for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)]
+    return tensor_bytes(v for k, v in states if include_step or k != "step")
 
 
 def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
@@ -786,14 +742,7 @@ def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
 
 
 def measure_zero_state(
-    rank: int,
-    world_size: int,
-    backend: str,
-    hidden: int = 256,
-    layers: int = 4,
-    seed: int = 0,
-    batch: int = 8,
-    lr: float = 1e-3,
+    rank: int, world_size: int, backend: str, hidden: int = 256, layers: int = 4, seed: int = 0
 ) -> dict:
     """Уровень C: ``ZeroRedundancyOptimizer(AdamW)`` + DDP, один шаг; ранг меряет байты весов,
     градиентов и состояний AdamW, которые хранит. Прогноз ZeRO-1 (fp32_adam): ⌈N/D⌉·8 Б на ранг;
@@ -802,12 +751,8 @@ def measure_zero_state(
     world_size = integer("world_size", world_size, 1)
     h = integer("hidden", hidden, 1)
     n_layers = integer("layers", layers, 1)
-    b = integer("batch", batch, 1)
-    lr = positive("lr", lr)
     import torch
-    import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
     from torch.optim import AdamW
 
     from course_utils.multiproc import local_device
@@ -815,11 +760,11 @@ def measure_zero_state(
     device = local_device(backend)
     model = build_probe_model(h, n_layers, seed).to(device)
     ids = [device.index] if device.type == "cuda" else None
-    ddp = DistributedDataParallel(model, device_ids=ids)
-    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=AdamW, lr=lr)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=AdamW, lr=1e-3)
     gen = torch.Generator().manual_seed(seed * 1000 + 17 + rank)
-    x = torch.randn(b, h, generator=gen).to(device)
-    target = torch.randn(b, h, generator=gen).to(device)
+    x = torch.randn(8, h, generator=gen).to(device)  # пакет из 8 примеров
+    target = torch.randn(8, h, generator=gen).to(device)
     loss = torch.nn.functional.mse_loss(ddp(x), target)
     loss.backward()
     optimizer.step()
@@ -828,16 +773,15 @@ def measure_zero_state(
     n_params = sum(p.numel() for p in params)
     opt_bytes = optimizer_state_bytes(optimizer.optim)
     assigned = [p for group in optimizer.optim.param_groups for p in group["params"]]
-    with torch.no_grad():
-        checksum = torch.stack([p.double().sum() for p in params]).sum()
-    mine = torch.stack([torch.tensor(float(opt_bytes), dtype=torch.float64), checksum.cpu()])
-    gathered = [torch.zeros_like(mine, device=device) for _ in range(world_size)]
-    dist.all_gather(gathered, mine.to(device))  # (байты состояния, Σ весов) каждого ранга
+    checksum = sum(p.detach().double().sum().item() for p in params)  # Σ весов: равны ли ранги
+    mine = torch.tensor([opt_bytes, checksum], dtype=torch.float64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+    torch.distributed.all_gather(gathered, mine)  # (байты состояния, Σ весов) каждого ранга
     by_rank = [int(t[0].item()) for t in gathered]
 
     rec = RECIPES["fp32_adam"]
     adam = rec.m1_bytes + rec.m2_bytes  # Б/параметр в состоянии AdamW
-    zero1 = per_rank_breakdown(n_params, rec, world_size, zero_stage=1)
+    zero1 = per_rank_breakdown(n_params, rec, world_size, zero_stage=1)["optimizer"]
     return {
         "rank": rank,
         "pid": os.getpid(),
@@ -851,6 +795,6 @@ def measure_zero_state(
         "optimizer_state_bytes_by_rank": by_rank,
         "optimizer_state_bytes_sum": sum(by_rank),
         "full_optimizer_state_bytes_predicted": _bytes(n_params, adam),
-        "predicted_zero1_optimizer_bytes_per_rank": zero1["optimizer"],
+        "predicted_zero1_optimizer_bytes_per_rank": zero1,
         "params_in_sync": all(t[1].item() == gathered[0][1].item() for t in gathered),
     }
