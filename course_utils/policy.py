@@ -1,26 +1,14 @@
-"""Уровень B: настоящая причинная языковая модель в RL-контуре.
+"""Уровень B: настоящая причинная языковая модель в RL-контуре (уроки 12.1–12.5).
 
-Что здесь есть:
-
-* ``load_policy`` — модель и токенизатор: ``COURSE_MODEL``, иначе на Colab с GPU
-  ``Qwen/Qwen2.5-0.5B-Instruct``, иначе крошечная модель курса ``data/tiny_arith_lm``;
-  без сети — быстрый откат на крошечную модель с сообщением;
-* арифметическая задача и её проверяющая система (из ``course_utils.arith_task``);
-* ``generate_rollouts`` — семплирование с температурой и top-p, которое записывает
-  логарифм вероятности каждого выбранного токена под тем распределением, из которого он
-  действительно выбран (после температуры и отсечения top-p с перенормировкой);
-* ``recompute_logprobs`` — пересчёт log π тренером (teacher forcing): температура применяется,
-  top-p — нет, как в TRL и verl; разрыв μ − π из-за top-p остаётся виден;
-* ``grpo_step`` — групповые преимущества и клиппированная функция потерь по токенам политики
-  (одна или несколько PPO-эпох по пакету; ``GradScaler`` для fp16 на T4);
-* ``sequential_loop`` — однопроцессный эталонный цикл с таймерами всех этапов.
-
-Таймеры на GPU синхронизируют устройство, память на GPU — ``torch.cuda.max_memory_allocated``,
-на CPU — пиковый RSS процесса (так и подписано в результатах).
+``load_policy`` — модель и токенизатор, ``generate_rollouts`` — семплирование с log μ выбранных
+токенов, ``recompute_logprobs`` — log π тренера, ``grpo_step`` — шаг GRPO, ``sync_weights`` —
+веса тренера в движок, ``sequential_loop`` — однопроцессный эталонный цикл с таймерами этапов.
+Крошечная модель курса: ``python -m course_utils.policy build-tiny-model``.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import inspect
 import json
@@ -31,77 +19,31 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from course_utils.args import integer
-from course_utils.arith_task import (
-    DEFAULT_MIX,
-    VERIFIER_VERSION,
-    ArithTask,
-    is_informative_group,
-    make_tasks,
-    scalar_reward,
-    target_response,
-    verify,
-)
+from course_utils import arith_task
+from course_utils.args import choice, integer, positive, real, text
+from course_utils.arith_task import ArithTask, is_informative_group, make_tasks, scalar_reward
 from course_utils.contract import RolloutRecord
+from course_utils.memory import MODEL_CONFIGS_DIR, available_model_configs
 from course_utils.offpolicy import clipped, grpo_loss
-from course_utils.profile import STAGES
+from course_utils.profile import STAGES, stage_columns
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
 from course_utils.tracing import StageTimer
 
-__all__ = [
-    "DEFAULT_HUB_MODEL",
-    "TINY_MODEL_DIR",
-    "VERIFIER_VERSION",
-    "ArithTask",
-    "DEFAULT_MIX",
-    "PolicyInfo",
-    "RolloutBatch",
-    "LoopResult",
-    "make_tasks",
-    "target_response",
-    "verify",
-    "resolve_model_name",
-    "pick_device",
-    "pick_dtype",
-    "load_policy",
-    "random_shape_model",
-    "decode_ids",
-    "RANDOM_PREFIX",
-    "sampling_logprobs",
-    "generate_rollouts",
-    "recompute_logprobs",
-    "group_advantages",
-    "is_informative_group",
-    "grad_scaler_for",
-    "trainer_autocast_dtype",
-    "peak_memory",
-    "grpo_step",
-    "sync_weights",
-    "cache_bytes",
-    "colocated_memory_timeline",
-    "MemoryTimeline",
-    "informative_group_fraction",
-    "sequential_loop",
-    "LOOP_STAGES",
-]
-
 DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 TINY_MODEL_NAME = "tiny"
-# "random:<имя>" — настоящая архитектура из data/model_configs/<имя>.json со случайными весами.
-RANDOM_PREFIX = "random:"
-RANDOM_SEED = 0
-MODEL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "model_configs"
-# Этапы эталонного цикла — одно определение на курс (profile.STAGES, без импорта torch).
-LOOP_STAGES = STAGES
+_RANDOM_PREFIX = "random:"  # random:<имя> — форма data/model_configs/<имя>.json, случайные веса
+LOOP_STAGES = STAGES  # этапы эталонного цикла — одно определение на курс (profile.STAGES)
 ADV_EPS = 1e-6  # ε в A = (r − mean)/(std + ε), как в verl (в TRL — 1e-4)
-NEAR_ZERO_LOGPROB = math.log(1e-8)  # log π_θ ниже этого: π_θ почти не даёт токену массы, нат
-
-
-# --------------------------------------------------------------------------- загрузка модели
+_NEAR_ZERO_LOGPROB = math.log(1e-8)  # log π_θ ниже этого: π_θ почти не даёт токену массы, нат
+# Столбцы таблицы sequential_loop из итогов grpo_step (после informative_groups).
+_LOOP_STATS = "loss epochs clip_fraction grad_norm near_zero_pi_tokens skipped_steps".split()
 
 
 @dataclass
@@ -120,9 +62,8 @@ class PolicyInfo:
     @property
     def label(self) -> str:
         """Короткое имя модели для заголовков графиков и строк вывода уровня B."""
-        if self.is_random:
-            return f"{self.model_id} (случайные веса, настоящая форма)"
-        return self.model_id
+        suffix = " (случайные веса, настоящая форма)" if self.is_random else ""
+        return self.model_id + suffix
 
     def describe(self) -> str:
         """Одна строка для подписей к измерениям уровня B."""
@@ -135,26 +76,19 @@ class PolicyInfo:
         )
 
 
-def _on_colab() -> bool:
-    return "google.colab" in sys.modules
+def _info(model, model_id: str, device, dtype: torch.dtype, **flags) -> PolicyInfo:
+    """PolicyInfo модели: num_params = Σ numel по параметрам, штук."""
+    n = sum(p.numel() for p in model.parameters())
+    return PolicyInfo(model_id, n, str(device), str(dtype).replace("torch.", ""), **flags)
 
 
 def resolve_model_name(name: str | None = None) -> str:
-    """Какую модель берёт уровень B: ``name``, иначе ``COURSE_MODEL``, иначе по окружению.
-
-    На Colab с GPU — ``Qwen/Qwen2.5-0.5B-Instruct``, в остальных случаях — ``"tiny"``
-    (крошечная модель из ``data/tiny_arith_lm``).
-    """
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise ValueError(f"name должно быть непустой строкой или None, получено {name!r}")
-    if name:
-        return name.strip()
-    env = os.environ.get("COURSE_MODEL", "").strip()
-    if env:
-        return env
-    if _on_colab() and torch.cuda.is_available():
-        return DEFAULT_HUB_MODEL
-    return TINY_MODEL_NAME
+    """Модель уровня B: name, иначе $COURSE_MODEL, на Colab с GPU — Qwen2.5-0.5B, иначе «tiny»."""
+    if name is not None:
+        return text("name", name).strip()
+    colab_gpu = "google.colab" in sys.modules and torch.cuda.is_available()
+    default = DEFAULT_HUB_MODEL if colab_gpu else TINY_MODEL_NAME
+    return os.environ.get("COURSE_MODEL", "").strip() or default
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -171,19 +105,13 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
-    """Тип весов: на CPU float32; на GPU bfloat16, если вычислительная способность ≥ 8.0, иначе float16.
-
-    ``torch.cuda.is_bf16_supported()`` на T4 (7.5) отвечает «да» через эмуляцию, поэтому
-    решение принимается по ``torch.cuda.get_device_capability``.
-    """
+    """Тип весов: на CPU float32; на GPU bfloat16 при compute capability ≥ 8.0, иначе float16."""
     if dtype is not None:
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype, None)
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype: допустимы float32, float16, bfloat16; получено {dtype!r}")
-        return dtype
+        dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        return choice("dtype", dtype, (torch.float32, torch.float16, torch.bfloat16))
     if device.type != "cuda":
         return torch.float32
+    # решает capability: is_bf16_supported() на T4 (7.5) отвечает «да» через эмуляцию
     major, _ = torch.cuda.get_device_capability(device)
     return torch.bfloat16 if major >= 8 else torch.float16
 
@@ -191,8 +119,8 @@ def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> 
 def _hub_reachable(host: str = "huggingface.co", timeout_s: float = 1.5) -> bool:
     """Быстрая проверка сети: TCP-соединение с хабом за ``timeout_s`` секунд."""
     try:
-        with socket.create_connection((host, 443), timeout=timeout_s):
-            return True
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
     except OSError:
         return False
 
@@ -210,25 +138,12 @@ def _load_pretrained(source: str, device: torch.device, dtype: torch.dtype, loca
     return model.to(device).eval(), tokenizer
 
 
-def random_shape_model(
-    shape: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-):
-    """Модель настоящей формы со случайными весами и токенизатор курса: ``(model, tokenizer)``.
-
-    Архитектура — ``data/model_configs/<shape>.json`` (например ``"Qwen2.5-0.5B"``: 24 слоя,
-    GQA с 2 головами KV, словарь 151 936, 494 032 768 параметров), веса — инициализация
-    transformers при зерне ``RANDOM_SEED``; сеть не нужна. Токенизатор — крошечный токенизатор
-    курса (320 токенов): id из словаря модели за его пределами ``decode_ids`` показывает как
-    ``⟨id⟩``. Такая модель меряет время и память настоящей формы, а не качество ответов.
-    """
+def random_shape_model(shape: str, device="cpu", dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)``: форма ``data/model_configs/<shape>.json``, случайные веса (зерно 0),
+    токенизатор курса; меряет время и память настоящей формы, а не качество ответов."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    names = sorted(p.stem for p in MODEL_CONFIGS_DIR.glob("*.json"))
-    if not isinstance(shape, str) or shape not in names:
-        raise ValueError(
-            f"random:<имя>: имя должно быть одним из {names} (data/model_configs), "
-            f"получено {shape!r}"
-        )
+    choice("random:<имя> (data/model_configs)", shape, available_model_configs())
     config = AutoConfig.for_model(**json.loads((MODEL_CONFIGS_DIR / f"{shape}.json").read_text()))
     tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL_DIR), local_files_only=True)
     tokenizer.padding_side = "left"
@@ -236,7 +151,7 @@ def random_shape_model(
     config.bos_token_id = None
     dev = torch.device(device)
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        torch.manual_seed(RANDOM_SEED)
+        torch.manual_seed(0)  # зерно случайных весов
         with dev:  # веса создаются сразу на устройстве, без копии на CPU
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -245,19 +160,13 @@ def random_shape_model(
 
 
 def decode_ids(tokenizer, ids) -> str:
-    """Текст ответа; id, которых нет в словаре токенизатора (случайные веса настоящей формы
-    выбирают их из словаря модели), показываются как ``⟨id⟩``, а не теряются молча."""
-    size, parts, run = len(tokenizer), [], []
-    for i in (int(t) for t in ids):
-        if 0 <= i < size:
-            run.append(i)
-            continue
-        if run:
-            parts.append(tokenizer.decode(run, skip_special_tokens=True))
-            run = []
-        parts.append(f"⟨{i}⟩")
-    if run:
-        parts.append(tokenizer.decode(run, skip_special_tokens=True))
+    """Текст ответа; id вне словаря токенизатора показываются как ``⟨id⟩``, а не теряются молча."""
+    size, parts = len(tokenizer), []
+    for known, seg in groupby((int(t) for t in ids), key=lambda i: 0 <= i < size):
+        seg = list(seg)
+        parts += (
+            [tokenizer.decode(seg, skip_special_tokens=True)] if known else [f"⟨{i}⟩" for i in seg]
+        )
     return "".join(parts)
 
 
@@ -266,90 +175,53 @@ def load_policy(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
 ):
-    """Загружает модель уровня B. Возвращает ``(model, tokenizer, info: PolicyInfo)``.
-
-    Модель с хаба, которую нельзя загрузить (нет сети, ``HF_HUB_OFFLINE=1`` без кэша),
-    заменяется крошечной моделью курса с сообщением на русском — без долгого ожидания сети.
-    """
+    """Модель уровня B: ``(model, tokenizer, info: PolicyInfo)``; недоступная модель с хаба (нет
+    сети, ``HF_HUB_OFFLINE=1`` без кэша) быстро заменяется крошечной моделью курса с сообщением."""
     requested = resolve_model_name(name)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
-    if requested.startswith(RANDOM_PREFIX):
-        shape = requested[len(RANDOM_PREFIX) :]
-        model, tokenizer = random_shape_model(shape, dev, dt)
-        info = PolicyInfo(
-            model_id=requested,
-            num_params=sum(p.numel() for p in model.parameters()),
-            device=str(dev),
-            dtype=str(dt).replace("torch.", ""),
-            is_tiny=False,
-            is_random=True,
-        )
-        return model, tokenizer, info
-    fell_back, reason = False, ""
+    if requested.startswith(_RANDOM_PREFIX):
+        model, tokenizer = random_shape_model(requested[len(_RANDOM_PREFIX) :], dev, dt)
+        return model, tokenizer, _info(model, requested, dev, dt, is_tiny=False, is_random=True)
     is_tiny = requested == TINY_MODEL_NAME or Path(requested).resolve() == TINY_MODEL_DIR
-    if is_tiny:
-        source = str(TINY_MODEL_DIR)
-        if not (TINY_MODEL_DIR / "config.json").exists():
-            raise FileNotFoundError(
-                f"Крошечная модель не найдена в {TINY_MODEL_DIR}; пересоберите её: "
-                "python -m course_utils.policy build-tiny-model"
-            )
-        model, tokenizer = _load_pretrained(source, dev, dt, local_only=True)
-    else:
-        source = requested
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-        is_local_dir = Path(requested).is_dir()
-        local_only = offline or is_local_dir or not _hub_reachable()
-        try:
-            model, tokenizer = _load_pretrained(source, dev, dt, local_only=local_only)
-        except (OSError, ValueError) as exc:
-            why = "нет сети или HF_HUB_OFFLINE=1" if local_only else type(exc).__name__
-            reason = f"модель {requested!r} недоступна ({why}); взята крошечная модель курса"
-            print(f"[уровень B] {reason}.")
-            fell_back, is_tiny, source = True, True, str(TINY_MODEL_DIR)
-            model, tokenizer = _load_pretrained(source, dev, dt, local_only=True)
-    info = PolicyInfo(
-        model_id="tiny_arith_lm" if is_tiny else requested,
-        num_params=sum(p.numel() for p in model.parameters()),
-        device=str(dev),
-        dtype=str(dt).replace("torch.", ""),
-        is_tiny=is_tiny,
-        fell_back=fell_back,
-        reason=reason,
-    )
+    if is_tiny and not (TINY_MODEL_DIR / "config.json").exists():
+        raise FileNotFoundError(
+            f"Крошечная модель не найдена в {TINY_MODEL_DIR}; пересоберите её: "
+            "python -m course_utils.policy build-tiny-model"
+        )
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    local_only = is_tiny or offline or Path(requested).is_dir() or not _hub_reachable()
+    reason = ""
+    try:
+        source = str(TINY_MODEL_DIR) if is_tiny else requested
+        model, tokenizer = _load_pretrained(source, dev, dt, local_only=local_only)
+    except (OSError, ValueError) as exc:
+        if is_tiny:
+            raise
+        why = "нет сети или HF_HUB_OFFLINE=1" if local_only else type(exc).__name__
+        reason = f"модель {requested!r} недоступна ({why}); взята крошечная модель курса"
+        print(f"[уровень B] {reason}.")
+        model, tokenizer = _load_pretrained(str(TINY_MODEL_DIR), dev, dt, local_only=True)
+    tiny = is_tiny or bool(reason)
+    model_id = "tiny_arith_lm" if tiny else requested
+    info = _info(model, model_id, dev, dt, is_tiny=tiny, fell_back=bool(reason), reason=reason)
     return model, tokenizer, info
 
 
-# --------------------------------------------------------------------------- семплирование
-
-
-def _check_decoding(temperature: float, top_p: float) -> None:
-    if not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature должна быть > 0, получено {temperature!r}")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p должно лежать в (0, 1], получено {top_p!r}")
-
-
 def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0):
-    """Логарифмы вероятностей распределения, из которого реально семплируют.
-
-    ``z = logits / T``; токены вне ядра top-p (наименьшее множество самых вероятных
-    токенов с суммарной вероятностью ≥ p) получают ``-inf``; затем
-    ``log μ(y) = z_y − logsumexp(z по оставшимся токенам)`` — вероятности перенормированы.
-    Считается в float32; форма ``[..., vocab]`` сохраняется.
-    """
+    """log μ распределения семплирования, нат, float32: ``z = logits / T``, токены вне ядра top-p
+    (наименьшего множества самых вероятных с суммой вероятностей ≥ p) получают ``-inf``, затем
+    ``log μ(y) = z_y − logsumexp(z ядра)``; форма ``[..., vocab]``."""
     if not isinstance(logits, torch.Tensor) or logits.dim() < 1:
         raise ValueError("logits должен быть тензором формы [..., vocab]")
-    _check_decoding(temperature, top_p)
+    positive("temperature", temperature)
+    real("top_p", top_p, 0.0, 1.0, low_open=True)
     z = logits.float() / float(temperature)
     if top_p < 1.0:
         sorted_z, order = torch.sort(z, dim=-1, descending=False)
-        cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= (1.0 - top_p)
+        drop_sorted = sorted_z.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)
         drop_sorted[..., -1] = False  # самый вероятный токен остаётся всегда
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        z = z.masked_fill(drop, float("-inf"))
+        z = z.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return torch.log_softmax(z, dim=-1)
 
 
@@ -359,57 +231,40 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _returned_cache(output):
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
-
-
 def _forward(model, input_ids, attention_mask, position_ids, cache=None):
+    """Логиты последней позиции ``[B, V]`` и KV-кэш после прохода."""
     kwargs = {_cache_kwarg(model): cache} if cache is not None else {}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kwargs["logits_to_keep"] = 1  # логиты только последней позиции: prefill не держит [B, T, V]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=True,
-        **kwargs,
-    )
-    return out.logits[:, -1, :], _returned_cache(out)
+    kwargs.update(attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    out = model(input_ids=input_ids, **kwargs)
+    cache = getattr(out, "cache", None)
+    return out.logits[:, -1, :], (out.past_key_values if cache is None else cache)
+
+
+def _tensor_bytes(tensors) -> int:
+    """Σ numel · element_size по тензорам (не-тензоры пропускаются), байт."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def cache_bytes(cache) -> int:
-    """Байты тензоров K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size.
-
-    Читает ``cache.layers[i].keys/.values`` (transformers 5.x); для старого формата — кортежи
-    ``(k, v)`` по слоям.
-    """
+    """Байты K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size."""
     if cache is None:
         raise ValueError("cache: кэш не передан (None)")
-    layers = getattr(cache, "layers", None)
-    pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else list(cache)
-    total = 0
-    for k, v in pairs:
-        for t in (k, v):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+    layers = getattr(cache, "layers", None)  # transformers 5.x; раньше — кортежи (k, v) по слоям
+    pairs = [(la.keys, la.values) for la in layers] if layers is not None else list(cache)
+    return _tensor_bytes(t for k, v in pairs for t in (k, v))
 
 
 def _sync_fn(device: torch.device):
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return None
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
 
 def _stop_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(i) for i in src)
-    return ids
+    """id конца ответа: eos из generation_config модели (число или список) и из токенизатора."""
+    eos = [getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id]
+    lists = [e if isinstance(e, list | tuple) else [e] for e in eos if e is not None]
+    return {int(i) for ids in lists for i in ids}
 
 
 def _prompt_ids(tokenizer, task: ArithTask) -> list[int]:
@@ -419,24 +274,25 @@ def _prompt_ids(tokenizer, task: ArithTask) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def _padded(rows, fill: int, left: bool = False) -> torch.Tensor:
+    """Тензор long ``[len(rows), max len]``: строки, дополненные ``fill`` слева или справа."""
+    width = max(map(len, rows))
+    pads = [[fill] * (width - len(r)) for r in rows]
+    return torch.tensor([p + list(r) if left else list(r) + p for p, r in zip(pads, rows)])
+
+
 @dataclass
 class RolloutBatch:
-    """Результат генерации: записи контракта, тексты ответов, задачи и времена этапов (с)."""
+    """Результат генерации: записи контракта, тексты ответов, времена этапов (с) и токены."""
 
     records: list[RolloutRecord]
     texts: list[str]
-    tasks: list[ArithTask]
     timings: dict[str, float]
     input_tokens: int
     output_tokens: int
     kv_cache_bytes: int = 0  # байты KV-кэша в конце декодирования (все последовательности пакета)
     kv_cache_tokens: int = 0  # сохранённых в кэше токенов: последовательности × длина кэша
     prefill_tokens: int = 0  # токенов, прошедших prefill (без паддинга; меньше при share_prefill)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Скорость декодирования: выходные токены / время decode, токен/с."""
-        return self.output_tokens / max(self.timings.get("decode", 0.0), 1e-12)
 
 
 @torch.no_grad()
@@ -456,56 +312,35 @@ def generate_rollouts(
     swap_weights: dict | None = None,
     share_prefill: bool = False,
 ) -> RolloutBatch:
-    """Группы из ``group_size`` ответов на каждую задачу; пакетное декодирование с KV-кэшем.
-
-    Для каждого выбранного токена пишется ``log μ_v(y_t | x, y_<t)`` под распределением
-    ``sampling_logprobs(logits, T, p)`` — тем, из которого он выбран. Этапы (prepare,
-    prefill, decode, reward) записываются в ``timer``; время в секундах.
-
-    Опыт шага 12.1.4: если заданы ``swap_at = k`` и ``swap_weights`` (state_dict версии
-    ``policy_version + 1``), движок подменяет веса **на месте** посреди ответа — токены с номера k
-    выбирает уже новая версия (KV-кэш начала ответа остаётся от старой). Такие записи получают
-    ``token_policy_versions`` и ``policy_version=None``.
-
-    ``share_prefill=True`` (шаг 12.3.3): запрос группы проходит prefill один раз, затем его
-    KV-кэш и логиты размножаются на G ответов (``cache.batch_repeat_interleave``); число токенов
-    prefill падает в G раз, распределение ответов то же.
-    """
-    if not isinstance(tasks, (list, tuple)) or not tasks:
-        raise ValueError("tasks должен быть непустым списком ArithTask")
-    if not all(isinstance(t, ArithTask) for t in tasks):
-        raise ValueError("tasks: каждый элемент должен быть ArithTask (см. make_tasks)")
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size должно быть целым ≥ 1, получено {group_size!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens должно быть целым ≥ 1, получено {max_new_tokens!r}")
-    if not isinstance(policy_version, int) or policy_version < 0:
-        raise ValueError(f"policy_version должно быть целым ≥ 0, получено {policy_version!r}")
-    _check_decoding(temperature, top_p)
+    """Группы по ``group_size`` ответов на задачу с KV-кэшем; на токен — ``log μ(y_t | x, y_<t)``
+    из ``sampling_logprobs(logits, T, p)``, нат; этапы prepare, prefill, decode, reward — в
+    ``timer``, с. ``swap_at = k`` (12.1.4): с токена k веса ``swap_weights``; ``share_prefill``
+    (12.3.3): один prefill на группу."""
+    ok = isinstance(tasks, list | tuple) and tasks and all(isinstance(t, ArithTask) for t in tasks)
+    if not ok:
+        raise ValueError("tasks должен быть непустым списком ArithTask (см. make_tasks)")
+    group_size = integer("group_size", group_size, 1)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    policy_version = integer("policy_version", policy_version, 0)
+    positive("temperature", temperature)
+    real("top_p", top_p, 0.0, 1.0, low_open=True)
     if (swap_at is None) != (swap_weights is None):
         raise ValueError("swap_at и swap_weights задаются только вместе")
-    if swap_at is not None and (not isinstance(swap_at, int) or not 1 <= swap_at < max_new_tokens):
-        raise ValueError(f"swap_at должно быть целым в [1, max_new_tokens), получено {swap_at!r}")
+    if swap_at is not None:
+        swap_at = integer("swap_at", swap_at, 1, max_new_tokens - 1)
     device = next(model.parameters()).device
     timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
     gen = torch.Generator(device=device).manual_seed(int(seed))
     stop = _stop_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
-
     with timer.stage("prepare"):
         unique = [_prompt_ids(tokenizer, t) for t in tasks]
         prompts = [p for p in unique for _ in range(group_size)]
         rows = unique if share_prefill else prompts
-        width = max(map(len, rows))
         n = len(prompts)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, p in enumerate(rows):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids = _padded(rows, pad_id, left=True).to(device)
+        mask = _padded([[1] * len(p) for p in rows], 0, left=True).to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-
     with timer.stage("prefill"):
         logits, cache = _forward(model, ids, mask, positions)
         if share_prefill:  # один prefill на группу: кэш и логиты запроса копируются G раз
@@ -513,7 +348,6 @@ def generate_rollouts(
             logits = logits.repeat_interleave(group_size, dim=0)
             mask = mask.repeat_interleave(group_size, dim=0)
             positions = positions.repeat_interleave(group_size, dim=0)
-
     with timer.stage("decode"):
         out_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
         out_logp = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
@@ -524,11 +358,11 @@ def generate_rollouts(
         for step in range(max_new_tokens):
             logp = sampling_logprobs(logits, temperature, top_p)
             token = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
-            token = torch.where(done, torch.full_like(token, pad_id), token)
+            token = token.masked_fill(done, pad_id)
             out_tokens[:, step] = token
             out_logp[:, step] = logp.gather(-1, token[:, None]).squeeze(-1)
             finished_now = ~done & torch.isin(token, stop_t)
-            lengths = torch.where(finished_now, torch.full_like(lengths, step + 1), lengths)
+            lengths[finished_now] = step + 1
             done |= finished_now
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
@@ -540,18 +374,15 @@ def generate_rollouts(
         out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
         ended = done.cpu()
         kv_bytes = cache_bytes(cache)
-        kv_tokens = n * (mask.shape[1])  # позиций в кэше: запрос с паддингом + декодированные
+        kv_tokens = n * mask.shape[1]  # позиций в кэше: запрос с паддингом + декодированные
         del cache
-
     with timer.stage("reward"):
         records, texts = [], []
         decoding = {"temperature": float(temperature), "top_p": float(top_p)}
         for i, prompt in enumerate(prompts):
-            task = tasks[i // group_size]
-            k = int(lengths[i])
+            task, k = tasks[i // group_size], int(lengths[i])
             response = out_tokens[i, :k].tolist()
-            text = decode_ids(tokenizer, response)
-            texts.append(text)
+            texts.append(decode_ids(tokenizer, response))
             group = f"{run_id}-v{policy_version}-{task.task_id}"
             mixed = swap_at is not None and k > swap_at
             versions = (
@@ -567,22 +398,18 @@ def generate_rollouts(
                     policy_mask=[0] * len(prompt) + [1] * k,
                     behavior_logprobs=[float(x) for x in out_logp[i, :k].double().tolist()],
                     decoding=dict(decoding),
-                    reward=verify(text, task),
+                    reward=arith_task.verify(texts[-1], task),
                     stop_reason="eos" if bool(ended[i]) else "length",
-                    verifier_version=VERIFIER_VERSION,
+                    verifier_version=arith_task.VERIFIER_VERSION,
                     trace_id=f"tr-{group}-g{i % group_size:02d}",
                     prompt_id=task.task_id,
                     group_id=group,
                 )
             )
-    timings = {s: 0.0 for s in ("prepare", "prefill", "decode", "reward")}
-    for ev in timer.events[-4:]:
-        timings[ev["stage"]] = ev["end_s"] - ev["start_s"]
     return RolloutBatch(
         records=records,
         texts=texts,
-        tasks=[tasks[i // group_size] for i in range(n)],
-        timings=timings,
+        timings={ev["stage"]: ev["end_s"] - ev["start_s"] for ev in timer.events[-4:]},
         input_tokens=sum(map(len, prompts)),
         prefill_tokens=sum(map(len, rows)),
         output_tokens=int(lengths.sum()),
@@ -591,31 +418,13 @@ def generate_rollouts(
     )
 
 
-# --------------------------------------------------------------------------- сторона тренера
-
-
-def _records_to_batch(records, device):
-    seqs = [list(r.prompt_tokens) + list(r.response_tokens) for r in records]
-    width = max(map(len, seqs))
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    pol = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (s, r) in enumerate(zip(seqs, records)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        pol[i, : len(s)] = torch.tensor(r.policy_mask, dtype=torch.bool)
-    return ids.to(device), attn.to(device), pol.to(device)
-
-
 def _checked_records(records) -> list[RolloutRecord]:
     if not isinstance(records, (list, tuple)) or not records:
         raise ValueError("records должен быть непустым списком записей роллаутов")
     out = [r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r) for r in records]
     for r in out:
         if len(r.policy_mask) != len(r.prompt_tokens) + len(r.response_tokens):
-            raise ValueError(
-                f"records: у {r.sample_id} длина маски не равна длине последовательности"
-            )
+            raise ValueError(f"records: у {r.sample_id} длина маски ≠ длине последовательности")
     return out
 
 
@@ -628,63 +437,46 @@ def recompute_logprobs(
     autocast_dtype: torch.dtype | None = None,
     micro_batch: int = 8,
 ) -> list[torch.Tensor]:
-    """Teacher forcing: ``log π(y_t | x, y_<t) = log_softmax(logits / T)[y_t]`` (нат) для
-    каждого токена политики (маска = 1).
-
-    Как в TRL (GRPOTrainer) и verl (актор делит логиты на температуру): ``T`` по умолчанию
-    берётся из ``decoding`` каждой записи, а top-p тренер **не** применяет, даже если движок
-    семплировал с top-p < 1. Поэтому там ``log μ − log π = −log(масса ядра) ≥ 0`` — разрыв
-    движка и тренера из-за top-p виден, а не спрятан. Явное ``top_p < 1`` — только для опыта
-    «а если бы тренер тоже отсекал ядро» (урок 12.1); явное ``temperature`` — для всех записей.
-    Прямой проход по «запрос + ответ» пакетами по ``micro_batch`` записей (логиты словаря
-    в 150 тысяч токенов иначе не помещаются в память T4); логиты позиции t−1 предсказывают
-    токен t. Возвращает список тензоров float32, по одному на запись, длиной = числу токенов
-    политики.
-    """
+    """Teacher forcing: ``log π(y_t | x, y_<t) = log_softmax(logits / T)[y_t]``, нат, float32, один
+    тензор на запись; ``T`` — из ``decoding`` записи, top-p тренер не применяет (как TRL и verl),
+    поэтому ``log μ − log π = −log(масса ядра) ≥ 0`` виден."""
     recs = _checked_records(records)
-    if not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch должно быть целым ≥ 1, получено {micro_batch!r}")
+    micro_batch = integer("micro_batch", micro_batch, 1)
     device = next(model.parameters()).device
     ctx = torch.enable_grad() if with_grad else torch.no_grad()
     use_amp = autocast_dtype is not None and device.type == "cuda"
     out = []
     for start in range(0, len(recs), micro_batch):
         chunk = recs[start : start + micro_batch]
-        ids, attn, pol = _records_to_batch(chunk, device)
+        seqs = [list(r.prompt_tokens) + list(r.response_tokens) for r in chunk]
+        ids = _padded(seqs, 0).to(device)
+        attn = _padded([[1] * len(s) for s in seqs], 0).to(device)
+        pol = _padded([r.policy_mask for r in chunk], 0).bool().to(device)
         with ctx, torch.autocast(device.type, dtype=autocast_dtype, enabled=use_amp):
             logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
             for i, r in enumerate(chunk):
-                temp = (
-                    temperature if temperature is not None else r.decoding.get("temperature", 1.0)
-                )
-                where = pol[i, 1:]
+                temp = r.decoding.get("temperature", 1.0) if temperature is None else temperature
+                where = pol[i, 1:]  # логиты позиции t−1 предсказывают токен t
                 logp = sampling_logprobs(logits[i][where], temp, top_p)
                 out.append(logp.gather(-1, ids[i, 1:][where][:, None]).squeeze(-1))
     return out
 
 
-def _group_indices(recs: list[RolloutRecord]) -> dict[str, list[int]]:
-    """Номера записей по группам: ключ — ``group_id``, иначе ``prompt_id``, иначе ``sample_id``."""
+def _grouped_rewards(records, reward_weights) -> tuple[list[float], list[list[int]]]:
+    """Скалярные награды и номера записей по группам (group_id, иначе prompt_id, sample_id)."""
+    recs = _checked_records(records)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(recs):
         groups[r.group_id or r.prompt_id or r.sample_id].append(i)
-    return groups
+    return [scalar_reward(r.reward, reward_weights) for r in recs], list(groups.values())
 
 
 def group_advantages(records, reward_weights: dict[str, float] | None = None) -> list[float]:
-    """Групповые преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + ε)``, ε = 1e-6, безразмерные.
-
-    ``r_i = scalar_reward(reward_i, reward_weights)``; группа — записи с одним ``group_id``
-    (или ``prompt_id``). ``std_g`` — несмещённая оценка, делитель N − 1 (``torch.std`` по
-    умолчанию), как в TRL (``GRPOTrainer``, ε = 1e-4) и verl
-    (``compute_grpo_outcome_advantage``, ε = 1e-6). Неинформативная группа
-    (``is_informative_group``: все награды равны, или ответ один и std не определено) даёт
-    A = 0 (verl для группы из одного ответа берёт mean = 0, std = 1, то есть A = r).
-    """
-    recs = _checked_records(records)
-    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
-    adv = [0.0] * len(recs)
-    for idx in _group_indices(recs).values():
+    """Преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + ε)``, ε = 1e-6, безразмерные;
+    ``r_i = scalar_reward(reward_i, reward_weights)``; неинформативная группа даёт A = 0."""
+    rewards, groups = _grouped_rewards(records, reward_weights)
+    adv = [0.0] * len(rewards)
+    for idx in groups:
         vals = [rewards[i] for i in idx]
         if not is_informative_group(vals):
             continue
@@ -696,39 +488,22 @@ def group_advantages(records, reward_weights: dict[str, float] | None = None) ->
 
 
 def informative_group_fraction(records, reward_weights: dict[str, float] | None = None) -> float:
-    """Доля информативных групп (``is_informative_group``) по скалярной награде, от 0 до 1.
-
-    Награда та же, что у ``group_advantages``: ``scalar_reward(reward, reward_weights)``,
-    с формат-наградой. Группа с одинаковой правильностью, но разным форматом — информативна.
-    """
-    recs = _checked_records(records)
-    rewards = [scalar_reward(r.reward, reward_weights) for r in recs]
-    groups = _group_indices(recs).values()
+    """Доля информативных групп (``is_informative_group``) по награде ``group_advantages``, 0…1."""
+    rewards, groups = _grouped_rewards(records, reward_weights)
     return sum(is_informative_group([rewards[i] for i in idx]) for idx in groups) / len(groups)
 
 
 def trainer_autocast_dtype(device, engine_dtype: torch.dtype) -> torch.dtype | None:
-    """Тип autocast тренера: тип весов движка на CUDA, если он не float32, иначе None (float32).
-
-    Тренер хранит float32-копию; на T4 считает в float16, на A100/H100 — в bfloat16."""
+    """Тип autocast тренера (веса float32): тип движка на CUDA, если он не float32, иначе None."""
     dev = torch.device(device)
     return engine_dtype if dev.type == "cuda" and engine_dtype != torch.float32 else None
 
 
 def grad_scaler_for(device, autocast_dtype: torch.dtype | None):
-    """``torch.amp.GradScaler("cuda")``, если тренер считает в autocast float16 на CUDA, иначе None.
-
-    В float16 (T4: bfloat16 нет) градиенты меньше ~6·10⁻⁸ обращаются в 0, а больше 65 504 — в
-    inf. Поэтому потерю умножают на масштаб S, градиенты перед отсечением и шагом делят на S,
-    а шаг с inf/NaN пропускают и уменьшают S. У bfloat16 диапазон как у float32 — масштаб не
-    нужен; на CPU и в float32 ничего не меняется.
-    """
-    dev = torch.device(device)
-    return (
-        torch.amp.GradScaler("cuda")
-        if dev.type == "cuda" and autocast_dtype == torch.float16
-        else None
-    )
+    """``GradScaler("cuda")`` для autocast float16 на CUDA, иначе None: потеря × S, градиенты ÷ S
+    (в float16 градиенты < ~6·10⁻⁸ обращаются в 0, > 65 504 — в inf; шаг с inf/NaN пропускается)."""
+    on_cuda = torch.device(device).type == "cuda"
+    return torch.amp.GradScaler("cuda") if on_cuda and autocast_dtype == torch.float16 else None
 
 
 def grpo_step(
@@ -746,84 +521,56 @@ def grpo_step(
     epochs: int = 1,
     scaler: torch.amp.GradScaler | None = None,
 ) -> dict:
-    """Шаг GRPO по записям роллаутов: ``epochs`` обновлений (PPO-эпох) по одному пакету.
-
-    ``ρ_t = exp(log π_θ − log π_old)``, ``L = −(1/N) Σ_t min(ρ_t A, clip(ρ_t, 1−ε, 1+ε) A)``,
-    сумма только по токенам политики (маска = 1), N — их число. ``π_old`` — ``old_logprobs``
-    (по умолчанию ``behavior_logprobs`` из записей) и в эпохах не меняется. Доля клиппирования —
-    как в PPO, TRL и verl: доля токенов, где активен клиппированный член (его градиент 0), то есть
-    ``ρ > 1+ε`` при ``A > 0`` или ``ρ < 1−ε`` при ``A < 0``. Если ``π_old`` пересчитан этой же
-    моделью, в первой эпохе ρ = 1 и доля равна 0 по построению; клиппирование видно со второй.
-    Возвращает loss, clip_fraction, grad_norm (до отсечения) — средние по эпохам,
-    clip_fraction_by_epoch, near_zero_pi_tokens (токены, которые μ выбрал, а π_θ хоть в одной
-    эпохе почти не даёт им массы: ``log π_θ < log 1e-8``, ρ ≈ 0 и градиента от них нет;
-    обратный случай μ = 0 < π — ``offpolicy.support_violations``),
-    skipped_steps (шаги, пропущенные ``scaler`` из-за inf/NaN), policy_tokens, total_tokens.
-    Градиент накапливается по микропакетам из ``micro_batch`` записей (результат тот же).
-    ``scaler`` — ``grad_scaler_for(...)`` при fp16 на CUDA. ``after_stage(name)`` (если задан)
-    вызывается после «forward_backward» (градиенты ещё живы) и после «optimizer_step».
-    """
+    """Шаг GRPO, ``epochs`` PPO-эпох по пакету: ``ρ_t = exp(log π_θ − log π_old)``,
+    ``L = −(1/N) Σ_t min(ρ_t A, clip(ρ_t, 1−ε, 1+ε) A)`` по N токенам политики; ``π_old`` —
+    ``old_logprobs`` (иначе ``behavior_logprobs``); клиппирование — ``offpolicy.clipped``."""
     recs = _checked_records(records)
-    if not 0 < clip_eps < 1:
-        raise ValueError(f"clip_eps должно лежать в (0, 1), получено {clip_eps!r}")
-    if not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm должно быть > 0, получено {max_grad_norm!r}")
+    real("clip_eps", clip_eps, 0.0, 1.0, low_open=True, high_open=True)
+    positive("max_grad_norm", max_grad_norm)
     epochs = integer("epochs", epochs, 1)
+    micro_batch = integer("micro_batch", micro_batch, 1)
     device = next(model.parameters()).device
     timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
     if old_logprobs is None:
         old_logprobs = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in recs]
-    if len(old_logprobs) != len(recs):
-        raise ValueError("old_logprobs: нужен ровно один тензор на запись")
-    for i, (o, r) in enumerate(zip(old_logprobs, recs)):
-        if len(o) != r.num_policy_tokens:
-            raise ValueError(
-                f"old_logprobs[{i}]: {len(o)} значений, а токенов политики {r.num_policy_tokens}"
-            )
-    n_tok = max(sum(r.num_policy_tokens for r in recs), 1)
+    lengths = [len(o) for o in old_logprobs]
+    if lengths != [r.num_policy_tokens for r in recs]:
+        raise ValueError(
+            f"old_logprobs: по тензору на запись длиной в её токены политики: {lengths}"
+        )
+    old = [o.to(device).float() for o in old_logprobs]
+    n_tok = max(sum(lengths), 1)
+    forward = {"with_grad": True, "autocast_dtype": autocast_dtype, "micro_batch": micro_batch}
+    after = after_stage or (lambda stage: None)  # после forward_backward и optimizer_step
     losses, norms, clip_by_epoch, skipped, low, adv = [], [], [], 0, None, None
     for _ in range(epochs):
         with timer.stage("forward_backward"):  # вся работа шага — внутри этапов (Σ этапов = шаг)
             if adv is None:  # преимущества — часть потерь: A_i по группам, один раз на пакет
-                adv = group_advantages(recs, reward_weights)
+                adv_i = group_advantages(recs, reward_weights)
+                adv = [torch.full((n,), a, device=device) for n, a in zip(lengths, adv_i)]
                 model.train()
             optimizer.zero_grad(set_to_none=True)
-            loss, ratios, advs, news = 0.0, [], [], []
-            # Накопление градиента по микропакетам: Σ_чанков (−Σ surr / N) — тот же градиент,
-            # что у одного прохода, но логиты в памяти только для одного микропакета.
+            loss, news = 0.0, []
+            # Σ_чанков (−Σ surr / N) — тот же градиент, что у одного прохода, но логиты в памяти
+            # только для одного микропакета.
             for start in range(0, len(recs), micro_batch):
-                chunk = recs[start : start + micro_batch]
-                new = recompute_logprobs(
-                    model,
-                    chunk,
-                    with_grad=True,
-                    autocast_dtype=autocast_dtype,
-                    micro_batch=len(chunk),
-                )
-                new_c = torch.cat(new)
-                old_c = torch.cat(
-                    [o.to(device).float() for o in old_logprobs[start : start + micro_batch]]
-                )
-                a_c = torch.cat(
-                    [torch.full((len(t),), a, device=device) for t, a in zip(new, adv[start:])]
-                ).float()
-                part = grpo_loss(new_c, old_c, a_c, clip_eps=clip_eps, num_tokens=n_tok)
-                (part if scaler is None else scaler.scale(part)).backward()
-                loss += float(part.detach())
-                ratios.append(torch.exp(new_c.detach() - old_c))  # ρ_t для доли клиппирования
-                advs.append(a_c)
+                part = slice(start, start + micro_batch)
+                new_c = torch.cat(recompute_logprobs(model, recs[part], **forward))
+                old_c, adv_c = torch.cat(old[part]), torch.cat(adv[part])
+                surr = grpo_loss(new_c, old_c, adv_c, clip_eps=clip_eps, num_tokens=n_tok)
+                (surr if scaler is None else scaler.scale(surr)).backward()
+                loss += float(surr.detach())
                 news.append(new_c.detach())
             if scaler is not None:
                 scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            ratio, a_all = torch.cat(ratios), torch.cat(advs)
-            hit = clipped(ratio, a_all, clip_eps)  # знак A: offpolicy.clipped
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+            new_all = torch.cat(news)
+            ratio = torch.exp(new_all - torch.cat(old))  # ρ_t для доли клиппирования
+            hit = clipped(ratio, torch.cat(adv), clip_eps)
             clip_by_epoch.append(float(hit.float().mean()) if ratio.numel() else 0.0)
-            under = torch.cat(news) < NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
+            under = new_all < _NEAR_ZERO_LOGPROB  # ≈ нулевая масса под π_θ (и −inf)
             low = under if low is None else low | under
-            norms.append(float(grad_norm))
-        if after_stage is not None:
-            after_stage("forward_backward")
+        after("forward_backward")
         with timer.stage("optimizer_step"):
             if scaler is None:
                 optimizer.step()
@@ -832,13 +579,12 @@ def grpo_step(
                 scaler.step(optimizer)  # при inf/NaN в градиентах шаг пропускается
                 scaler.update()
                 skipped += int(scaler.get_scale() < scale)
-        if after_stage is not None:
-            after_stage("optimizer_step")
+        after("optimizer_step")
         losses.append(loss)
     with timer.stage("optimizer_step"):  # уборка после шага тоже время шага: Σ этапов = шаг
         optimizer.zero_grad(set_to_none=True)
         model.eval()
-        stats = {
+        return {
             "loss": sum(losses) / epochs,
             "clip_fraction": sum(clip_by_epoch) / epochs,
             "clip_fraction_by_epoch": clip_by_epoch,
@@ -850,37 +596,24 @@ def grpo_step(
             "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
             "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
         }
-        del ratios, advs, news, ratio, a_all, hit, under, low
-    return stats
 
 
 @torch.no_grad()
 def sync_weights(trainer_model, engine_model) -> int:
-    """Копирует веса тренера в отдельную копию движка (с приведением типа). Возвращает байты движка."""
-    src = dict(trainer_model.state_dict())
-    moved = 0
-    for name, dst in engine_model.state_dict().items():
+    """Копирует веса тренера в копию движка (с приведением типа); возвращает байты движка."""
+    src, dst = trainer_model.state_dict(), engine_model.state_dict()
+    for name, tensor in dst.items():
         if name not in src:
             raise ValueError(f"engine_model: параметр {name} отсутствует у тренера")
-        dst.copy_(src[name])
-        moved += dst.numel() * dst.element_size()
-    return moved
-
-
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        tensor.copy_(src[name])
+    return _tensor_bytes(dst.values())
 
 
 @dataclass
 class MemoryTimeline:
-    """Память по фазам одного совмещённого шага.
-
-    ``phases`` — точный учёт тензоров ``[(фаза, {компонент: байты})]`` (веса, градиенты,
-    состояние оптимизатора, KV-кэш; активации и временные буферы сюда не входят).
-    ``gpu`` — на GPU: ``[(фаза, torch.cuda.memory_allocated после фазы, пик за фазу)]``
-    в байтах; на CPU пусто. ``kv_tokens`` — позиций в KV-кэше фазы генерации (последовательности ×
-    длина кэша). ``device`` и ``info`` — чем измерено.
-    """
+    """Память по фазам совмещённого шага, байт: ``phases`` — точный учёт тензоров
+    ``[(фаза, {компонент: байты})]``, ``gpu`` — ``[(фаза, memory_allocated, пик за фазу)]``
+    (на CPU пусто), ``kv_tokens`` — позиций в KV-кэше генерации."""
 
     phases: list
     gpu: list
@@ -899,61 +632,41 @@ def colocated_memory_timeline(
     seed: int = 0,
     info: PolicyInfo | None = None,
 ) -> MemoryTimeline:
-    """Совмещённое размещение: одна float32-копия модели по очереди генерирует и обучается.
-
-    Сначала шаг прогрева (создаёт состояние AdamW), затем измеряемый шаг с фазами
-    «генерация» → «пересчёт log π» → «прямой и обратный проход» → «шаг оптимизатора» →
-    «после шага». Для каждой фазы — точный учёт тензоров, а на GPU ещё и
-    ``torch.cuda.memory_allocated``/``max_memory_allocated`` на её границе.
-    """
-    if not isinstance(tasks, (list, tuple)) or not tasks:
-        raise ValueError("tasks должен быть непустым списком ArithTask")
-    if not lr > 0:
-        raise ValueError(f"lr должно быть > 0, получено {lr!r}")
+    """Совмещённое размещение: одна float32-копия модели по очереди генерирует и обучается;
+    после шага прогрева (создаёт состояние AdamW) память меряется по фазам одного шага."""
+    positive("lr", lr)
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     net = copy.deepcopy(model).float()
     opt = torch.optim.AdamW(net.parameters(), lr=lr)
     kwargs = {"group_size": group_size, "max_new_tokens": max_new_tokens}
-    warm = generate_rollouts(net, tokenizer, list(tasks), seed=seed, **kwargs)
-    grpo_step(net, opt, warm.records)
+    grpo_step(net, opt, generate_rollouts(net, tokenizer, tasks, seed=seed, **kwargs).records)
     phases, gpu = [], []
 
-    def resident() -> dict:
+    def mark(name: str, extra: dict | None = None) -> None:
         state = [t for st in opt.state.values() for t in st.values()]
         grads = [p.grad for p in net.parameters() if p.grad is not None]
-        out = {
-            "веса": _tensor_bytes(net.parameters()),
-            "состояние оптимизатора": _tensor_bytes(state),
-        }
-        if grads:
-            out["градиенты"] = _tensor_bytes(grads)
-        return out
-
-    def mark(name: str, extra: dict | None = None) -> None:
-        phases.append((name, {**resident(), **(extra or {})}))
+        sizes = {"веса": _tensor_bytes(net.parameters())}
+        sizes["состояние оптимизатора"] = _tensor_bytes(state)
+        sizes |= {"градиенты": _tensor_bytes(grads)} if grads else {}
+        phases.append((name, {**sizes, **(extra or {})}))
         if cuda:
             torch.cuda.synchronize(device)
-            gpu.append(
-                (name, torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device))
-            )
+            peak = torch.cuda.max_memory_allocated(device)
+            gpu.append((name, torch.cuda.memory_allocated(device), peak))
             torch.cuda.reset_peak_memory_stats(device)
 
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    batch = generate_rollouts(net, tokenizer, list(tasks), seed=seed + 1, **kwargs)
+    batch = generate_rollouts(net, tokenizer, tasks, seed=seed + 1, **kwargs)
     mark("генерация", {"KV-кэш": batch.kv_cache_bytes})
     old = recompute_logprobs(net, batch.records)
     mark("пересчёт log π")
     names = {"forward_backward": "прямой и обратный проход", "optimizer_step": "шаг оптимизатора"}
     grpo_step(net, opt, batch.records, old_logprobs=old, after_stage=lambda s: mark(names[s]))
     mark("после шага")
-    kv_tokens = batch.kv_cache_tokens
-    return MemoryTimeline(phases, gpu, str(device), kv_tokens, info)
-
-
-# --------------------------------------------------------------------------- эталонный цикл
+    return MemoryTimeline(phases, gpu, str(device), batch.kv_cache_tokens, info)
 
 
 @dataclass
@@ -966,9 +679,7 @@ class LoopResult:
     info: PolicyInfo | None = None
     memory_kind: str = ""
     texts: list[str] = field(default_factory=list)
-
-    def stage_columns(self) -> list[str]:
-        return [f"{s}_s" for s in LOOP_STAGES]
+    stage_columns = staticmethod(stage_columns)  # столбцы <этап>_s таблицы steps
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -977,9 +688,8 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
     import resource
 
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    scale = 1 if sys.platform == "darwin" else 1024
-    return int(kib * scale), "пиковый RSS процесса (CPU)"
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: байты на macOS, КиБ на Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "пиковый RSS процесса (CPU)"
 
 
 def sequential_loop(
@@ -999,26 +709,12 @@ def sequential_loop(
     epochs: int = 1,
     micro_batch: int = 8,
 ) -> LoopResult:
-    """Однопроцессный эталонный RL-цикл: prepare → prefill → decode → reward →
-    logprob_recompute → forward_backward → optimizer_step → weight_sync.
-
-    Тренер — fp32-копия модели (на GPU с autocast; при float16 — с ``GradScaler``), движок —
-    отдельная копия в типе модели; после ``epochs`` шагов оптимизатора по пакету веса
-    копируются в движок и версия растёт на 1. ``π_old`` пересчитывает сам тренер перед
-    обновлением, поэтому при ``epochs = 1`` ρ = 1 и ``clip_fraction`` равна 0 по построению
-    (это не «клиппирование не понадобилось»); при ``epochs ≥ 2`` вторая и следующие эпохи
-    идут по уже сдвинутой π_θ, и клиппирование становится видно.
-    ``T_step = Σ этапов`` (время стены шага тоже записано, ``wall_s``); память — пик за шаг
-    на GPU или пиковый RSS процесса на CPU.
-    """
-    import pandas as pd
-
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps должно быть целым ≥ 1, получено {steps!r}")
-    if not isinstance(prompts_per_step, int) or prompts_per_step < 1:
-        raise ValueError(f"prompts_per_step должно быть целым ≥ 1, получено {prompts_per_step!r}")
-    if not lr > 0:
-        raise ValueError(f"lr должно быть > 0, получено {lr!r}")
+    """Однопроцессный эталонный RL-цикл по этапам ``LOOP_STAGES``: ``T_step = Σ этапов``, с.
+    Тренер — fp32-копия модели, движок — копия в её типе, веса в движок после ``epochs`` шагов;
+    ``π_old`` пересчитывает сам тренер, поэтому при ``epochs = 1`` ``clip_fraction`` = 0."""
+    steps = integer("steps", steps, 1)
+    prompts_per_step = integer("prompts_per_step", prompts_per_step, 1)
+    positive("lr", lr)
     epochs = integer("epochs", epochs, 1)
     if model is None:
         model, tokenizer, info = load_policy(name)
@@ -1032,44 +728,25 @@ def sequential_loop(
     scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4), иначе None
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
     timer = StageTimer(worker="main", sync=_sync_fn(device))
+    sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+    sampling |= {"group_size": group_size, "timer": timer}
+    train = {"autocast_dtype": amp, "micro_batch": micro_batch}
     version, rows, records, texts, step_of_event = 0, [], [], [], []
-    iterator = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(iterator, desc="шаги цикла")
-    for step in iterator:
+    for step in tqdm(range(steps), desc="шаги цикла", disable=not progress):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         n_events = len(timer.events)
         wall0 = time.perf_counter()
-        tasks = make_tasks(prompts_per_step, seed=seed * 1000 + step)
+        step_seed = seed * 1000 + step
+        tasks = make_tasks(prompts_per_step, seed=step_seed)
         batch = generate_rollouts(
-            engine,
-            tokenizer,
-            tasks,
-            group_size=group_size,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            policy_version=version,
-            seed=seed * 1000 + step,
-            timer=timer,
+            engine, tokenizer, tasks, policy_version=version, seed=step_seed, **sampling
         )
+        recs = batch.records
         with timer.stage("logprob_recompute"):
-            old = recompute_logprobs(
-                trainer, batch.records, autocast_dtype=amp, micro_batch=micro_batch
-            )
+            old = recompute_logprobs(trainer, recs, **train)
         stats = grpo_step(
-            trainer,
-            optimizer,
-            batch.records,
-            old,
-            autocast_dtype=amp,
-            timer=timer,
-            epochs=epochs,
-            scaler=scaler,
-            micro_batch=micro_batch,
+            trainer, optimizer, recs, old, timer=timer, epochs=epochs, scaler=scaler, **train
         )
         with timer.stage("weight_sync"):
             sync_weights(trainer, engine)
@@ -1078,56 +755,27 @@ def sequential_loop(
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - wall0
         peak, kind = peak_memory(device)
-        stage_s = {f"{s}_s": 0.0 for s in LOOP_STAGES}
+        stage_s = dict.fromkeys(stage_columns(), 0.0)
         for ev in timer.events[n_events:]:
             stage_s[f"{ev['stage']}_s"] += ev["end_s"] - ev["start_s"]
         step_of_event.extend([step] * (len(timer.events) - n_events))
-        records.extend(batch.records)
+        records.extend(recs)
         texts.extend(batch.texts)
-        rows.append(
-            {
-                "step": step,
-                "behavior_version": version - 1,
-                **stage_s,
-                "stages_sum_s": sum(stage_s.values()),
-                "wall_s": wall,
-                "input_tokens": batch.input_tokens,
-                "output_tokens": batch.output_tokens,
-                "policy_tokens": stats["policy_tokens"],
-                "mean_reward": stats["mean_reward"],
-                "informative_groups": informative_group_fraction(batch.records),
-                "loss": stats["loss"],
-                "epochs": epochs,
-                "clip_fraction": stats["clip_fraction"],  # при epochs = 1 — 0 по построению
-                "grad_norm": stats["grad_norm"],
-                "near_zero_pi_tokens": stats["near_zero_pi_tokens"],
-                "skipped_steps": stats["skipped_steps"],
-                "peak_memory_bytes": peak,
-            }
-        )
+        row = {"step": step, "behavior_version": version - 1, **stage_s}
+        row |= {"stages_sum_s": sum(stage_s.values()), "wall_s": wall}
+        row |= {"input_tokens": batch.input_tokens, "output_tokens": batch.output_tokens}
+        row |= {k: stats[k] for k in ("policy_tokens", "mean_reward")}
+        row["informative_groups"] = informative_group_fraction(recs)
+        row |= {k: stats[k] for k in _LOOP_STATS}  # clip_fraction при epochs = 1 — 0 по построению
+        rows.append({**row, "peak_memory_bytes": peak})
     if info is None:
-        info = PolicyInfo(
-            model_id=getattr(engine.config, "_name_or_path", "model"),
-            num_params=sum(p.numel() for p in engine.parameters()),
-            device=str(device),
-            dtype=str(engine_dtype).replace("torch.", ""),
-            is_tiny=False,
-        )
-    events = timer.to_frame()
-    events["step"] = step_of_event
-    return LoopResult(
-        steps=pd.DataFrame(rows),
-        events=events,
-        records=records,
-        info=info,
-        memory_kind=kind,
-        texts=texts,
-    )
+        model_id = getattr(engine.config, "_name_or_path", "model")
+        info = _info(engine, model_id, device, engine_dtype, is_tiny=False)
+    events = timer.to_frame().assign(step=step_of_event)
+    return LoopResult(pd.DataFrame(rows), events, records, info, memory_kind=kind, texts=texts)
 
 
 def _main(argv: list[str] | None = None) -> int:
-    import argparse
-
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["rehearse"]:  # репетиция уровня B на модели настоящей формы
         from course_utils import rehearsal
@@ -1137,13 +785,12 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-tiny-model", help="пересобрать data/tiny_arith_lm")
     sub.add_parser("rehearse", help="репетиция уровня B: --model random:Qwen2.5-0.5B --json")
-    b.add_argument("--out", default=str(TINY_MODEL_DIR))
-    b.add_argument("--steps", type=int, default=None)
-    b.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args(argv)
-    kwargs = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
-    out = build_tiny_model(args.out, **kwargs)
-    print(f"Крошечная модель сохранена в {out}")
+    b.add_argument("--out", dest="out_dir", metavar="OUT", default=str(TINY_MODEL_DIR))
+    for flag in ("--steps", "--seed"):  # не заданы — значения build_tiny_model по умолчанию
+        b.add_argument(flag, type=int, default=argparse.SUPPRESS)
+    kwargs = vars(parser.parse_args(argv))
+    del kwargs["command"]
+    print(f"Крошечная модель сохранена в {build_tiny_model(**kwargs)}")
     return 0
 
 
