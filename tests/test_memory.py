@@ -725,7 +725,7 @@ def test_zero_redundancy_optimizer_state_per_rank():
 
     hidden, layers = 128, 3
     res = launch(
-        "course_utils.memory:measure_zero_state",
+        "course_utils.multiproc.zero_state:measure_zero_state",
         nprocs=2,
         args={"hidden": hidden, "layers": layers, "seed": 0},
         timeout_s=90,

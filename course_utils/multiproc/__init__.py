@@ -2,8 +2,9 @@
 
 ``launch("модуль:функция", nprocs, args)`` запускает ранги как отдельные процессы (окружение как у
 ``torchrun``), ждёт их с дедлайном, убивает всю группу при сбое и возвращает ``LaunchResult``.
-Точки входа: ``sync_loop`` (12.1), ``queue_loop`` (12.3), ``weight_broadcast`` (12.4),
-``checkpointed_trainer`` (12.5), ``smoke`` (проверка связи); обмен между рангами — ``transport``.
+Точки входа: ``sync_loop`` (12.1), ``zero_state`` (12.2), ``queue_loop`` (12.3),
+``weight_broadcast`` (12.4), ``checkpointed_trainer`` (12.5), ``smoke`` (проверка связи); обмен
+между рангами — ``transport``.
 Те же точки входа без изменений работают под ``torchrun -m course_utils.multiproc --entry …``.
 """
 
