@@ -90,9 +90,6 @@ def test_smoke_allreduce_two_processes(tmp_path, monkeypatch):
         "rank_0.json",
         "rank_1.json",
     ]
-    frame = res.results_frame()
-    assert frame["rank"].tolist() == [0, 1] and frame["value"].tolist() == [3.0, 3.0]
-    assert "times_s" not in frame.columns  # списки не разворачиваются
     text = str(res)
     assert f"2{NBSP}процесса" in text and res.backend in text and "успешно" in text
     assert res.raise_for_status() is res
@@ -125,7 +122,6 @@ def test_failing_rank_is_reported_and_others_stopped(tmp_path):
     assert "Ранг 1: код выхода" in summary and "намеренная ошибка на ранге 1" in summary
     with pytest.raises(RuntimeError, match="намеренная ошибка на ранге 1"):
         res.raise_for_status()
-    assert "намеренная ошибка" in res.log(1, "stderr")
     _assert_all_gone(res)
 
 

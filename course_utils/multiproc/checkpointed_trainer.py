@@ -1,4 +1,8 @@
-"""Урок 12.5, уровень C: тренер с контрольными точками, kill -9 и восстановление."""
+"""Урок 12.5, уровень C: тренер с контрольными точками, kill -9 и восстановление.
+
+``checkpointed_trainer`` — точка входа ``multiproc.launch`` (один процесс), ``events_from_run_dir``
+— его журнал шагов как таблица.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +14,23 @@ import sys
 from pathlib import Path
 
 from course_utils import atomic
-from course_utils.args import (
-    integer,
-    optional_integer,
-)
+from course_utils.args import integer, optional_integer, path
 from course_utils.checkpoint import (
     COMPONENTS,
     EVENTS_FILE,
     ToyRLRun,
-    _path,
     checkpoint_name,
     latest_checkpoint,
     remove_incomplete,
     resume_full,
     save_checkpoint,
 )
+from course_utils.multiproc.transport import state_checksum
 
-# ----------------------------------------------------------------------------- уровень C
 
-
-def _append_event(path: Path, record: dict) -> None:
-    line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+def _append_event(log: Path, record: dict) -> None:
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -60,24 +58,19 @@ def checkpointed_trainer(
     kill_at_step: int | None = None,
     kill_during_write_at_step: int | None = None,
 ) -> dict:
-    """Уровень C: настоящий процесс ToyRLRun(seed) с контрольными точками в run_dir.
+    """Настоящий процесс ToyRLRun(seed) с контрольными точками в run_dir (один процесс).
 
-    При старте: ``remove_incomplete(run_dir)`` (недописанные временные каталоги удаляются,
-    полные копии прерванной замены ставятся на место) и продолжает с
-    ``latest_checkpoint(run_dir, components=COMPONENTS)`` — новейшей полной контрольной
-    точки, если она есть. Каждый шаг дописывает строку
-    {"pid": ..., "event": ...} в run_dir/events.jsonl (fsync), после шагов, кратных
-    checkpoint_every, пишет run_dir/step-NNNNNN. kill_at_step=k — после шага k (и его
-    контрольной точки, если она положена) процесс посылает себе SIGKILL (kill -9);
-    kill_during_write_at_step=k (k кратно checkpoint_every) — SIGKILL посреди записи
-    контрольной точки шага k: два файла данных уже во временном каталоге, manifest ещё нет.
-    Каждое убийство срабатывает один раз на run_dir (метка .killed-…), так что тот же вызов
-    при перезапуске доработает до конца. Для запуска: ``multiproc.launch(
-    "course_utils.multiproc.checkpointed_trainer:checkpointed_trainer", 1, args={"run_dir": ...})``; один процесс.
+    При старте — ``remove_incomplete(run_dir)`` и продолжение с новейшей полной точки
+    (``latest_checkpoint(..., components=COMPONENTS)``). Каждый шаг дописывает строку
+    {"pid", "event"} в run_dir/events.jsonl (fsync), шаги, кратные checkpoint_every, пишут
+    run_dir/step-NNNNNN. kill_at_step=k — SIGKILL себе после шага k (и его точки);
+    kill_during_write_at_step=k — SIGKILL посреди записи точки шага k (два файла данных уже
+    во временном каталоге, manifest ещё нет). Каждое убийство — один раз на run_dir (метка
+    .killed-…), так что тот же вызов при перезапуске доработает до конца.
     """
     if world_size != 1:
         raise ValueError(f"checkpointed_trainer рассчитан на один процесс: world_size={world_size}")
-    run_dir_p = _path("run_dir", run_dir)
+    run_dir_p = path("run_dir", run_dir)
     total_steps = integer("total_steps", total_steps, 1)
     checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
     kill_at_step = optional_integer("kill_at_step", kill_at_step, 1)
@@ -103,27 +96,21 @@ def checkpointed_trainer(
         _append_event(log, {"pid": os.getpid(), "event": event})
         events.append(event)
         if t % checkpoint_every == 0:
-            hook = None
-            if t == kill_write:
-                count = [0]
+            files: list[str] = []  # SIGKILL после второго записанного файла данных
 
-                def hook(fname: str, count=count, tag=f"write-{t}") -> None:
-                    count[0] += 1
-                    if count[0] == 2:
-                        _kill_self_once(run_dir_p, tag)
+            def hook(fname: str, files=files, tag=f"write-{t}") -> None:
+                files.append(fname)
+                if len(files) == 2:
+                    _kill_self_once(run_dir_p, tag)
 
+            target = run_dir_p / checkpoint_name(t)
+            hook_or_none = hook if t == kill_write else None
             save_checkpoint(
-                run.state_dict(),
-                run_dir_p / checkpoint_name(t),
-                run.config,
-                overwrite=True,
-                after_file=hook,
+                run.state_dict(), target, run.config, overwrite=True, after_file=hook_or_none
             )
-            written.append(checkpoint_name(t))
+            written.append(target.name)
         if t == kill_at_step:
             _kill_self_once(run_dir_p, f"step-{t}")
-    from course_utils.multiproc.transport import state_checksum
-
     return {
         "rank": rank,
         "pid": os.getpid(),
@@ -137,50 +124,42 @@ def checkpointed_trainer(
 
 
 def events_from_run_dir(run_dir: str | os.PathLike):
-    """Журнал run_dir/events.jsonl как таблица pandas: по строке на шаг (последнее событие шага).
+    """Журнал run_dir/events.jsonl (pandas): строка на шаг — его последнее вычисление.
 
-    Шаги, пересчитанные после восстановления, встречаются в журнале несколько раз; остаётся
-    последнее вычисление. Столбцы: step, поля события, pid, computations (сколько раз шаг
-    считали). В frame.attrs: lines, processes (число разных pid), recomputed (сколько лишних
-    вычислений), recomputed_steps, recomputed_identical (все повторы совпали с первым
-    вычислением), torn_lines (недописанные строки — процесс убит посреди записи).
+    Столбцы: поля события, pid, computations (сколько раз шаг считали). frame.attrs: lines,
+    processes (разных pid), recomputed (лишних вычислений), recomputed_steps,
+    recomputed_identical (повторы совпали с первым), torn_lines (недописанные строки).
     """
     import pandas as pd
 
-    path = _path("run_dir", run_dir) / EVENTS_FILE
-    if not path.is_file():
+    log = path("run_dir", run_dir) / EVENTS_FILE
+    if not log.is_file():
         raise ValueError(f"в {run_dir} нет журнала {EVENTS_FILE}")
-    by_step: dict[int, list[tuple[int, dict]]] = {}
-    torn = lines = 0
-    pids = set()
-    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not raw.strip():
-            continue
-        lines += 1
+    text = log.read_text(encoding="utf-8", errors="replace")
+    lines = [raw for raw in text.splitlines() if raw.strip()]
+    records, torn = [], 0  # (шаг, pid, событие) целых строк
+    for raw in lines:
         try:
             rec = json.loads(raw)
-            ev = rec["event"]
-            step = int(ev["step"])
+            records.append((int(rec["event"]["step"]), rec.get("pid"), rec["event"]))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             torn += 1
-            continue
-        pids.add(rec.get("pid"))
-        by_step.setdefault(step, []).append((rec.get("pid"), ev))
-    rows, recomputed_steps, identical = [], [], True
-    for step in sorted(by_step):
-        versions = by_step[step]
-        if len(versions) > 1:
-            recomputed_steps.append(step)
-            identical &= all(ev == versions[0][1] for _, ev in versions[1:])
-        pid, ev = versions[-1]
-        rows.append({**ev, "pid": pid, "computations": len(versions)})
-    frame = pd.DataFrame(rows)
+    by_step: dict[int, list[tuple]] = {}
+    for step, pid, ev in sorted(records, key=lambda x: x[0]):
+        by_step.setdefault(step, []).append((pid, ev))
+    again = [step for step, runs in by_step.items() if len(runs) > 1]
+    frame = pd.DataFrame(
+        [
+            {**runs[-1][1], "pid": runs[-1][0], "computations": len(runs)}
+            for runs in by_step.values()
+        ]
+    )
     frame.attrs.update(
-        lines=lines,
-        processes=len(pids),
-        recomputed=sum(len(v) - 1 for v in by_step.values()),
-        recomputed_steps=recomputed_steps,
-        recomputed_identical=identical,
+        lines=len(lines),
+        processes=len({pid for _, pid, _ in records}),
+        recomputed=len(records) - len(by_step),
+        recomputed_steps=again,
+        recomputed_identical=all(ev == by_step[s][0][1] for s in again for _, ev in by_step[s]),
         torn_lines=torn,
     )
     return frame

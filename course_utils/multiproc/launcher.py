@@ -1,36 +1,13 @@
-"""Уровень C: настоящие процессы ОС под ``torch.distributed`` и запускатель для ячейки ноутбука.
+"""Уровень C: запускатель ``launch`` — ранги как отдельные процессы ОС под ``torch.distributed``.
 
-``launch("пакет.модуль:функция", nprocs=2, args={...})`` запускает ``nprocs`` отдельных процессов
-Python (каждый в своей сессии и группе процессов), выдаёт им окружение как у ``torchrun``
-(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, свободный MASTER_PORT),
-ждёт их с дедлайном и возвращает ``LaunchResult``: словарь результата каждого ранга, время,
-а при сбое — ранг, код выхода и хвост его stderr (трассировку Python). По таймауту или после
-сбоя одного ранга остальные процессы убиваются целой группой (SIGKILL), сиротами ничего не
-остаётся; если умер сам запускатель (SIGKILL, перезапуск ядра), группу каждого ранга убивает
-его сторож. Родительский процесс группу ``torch.distributed`` не создаёт.
-
-Каждый процесс: читает окружение, вызывает ``dist.init_process_group(backend, timeout=...)``
-(init_method env://), затем ``fn(rank=..., world_size=..., backend=..., **args)``; функция
-возвращает JSON-сериализуемый словарь, он атомарно пишется в ``<result-dir>/rank_<r>.json``,
-после чего ``dist.destroy_process_group()``. stdout и stderr ранга пишутся в
-``<result-dir>/rank_<r>.stdout.txt`` и ``rank_<r>.stderr.txt``. Функция должна лежать в
-импортируемом модуле (не в ячейке ноутбука: ``__main__`` ноутбука из дочернего процесса не
-импортируется).
-
-Бэкенд по умолчанию: "nccl", если есть CUDA и GPU не меньше, чем процессов, иначе "gloo".
-
-Те же точки входа без изменений работают под ``torchrun`` (на нескольких GPU или узлах)::
-
-    torchrun --standalone --nproc_per_node=2 -m course_utils.multiproc \\
-        --entry course_utils.multiproc:smoke_allreduce --result-dir runs/smoke \\
-        --args '{"numel": 4096}'
-
-Без переменных RANK/WORLD_SIZE (запуск не из torchrun) ``python -m course_utils.multiproc
---entry ... --nprocs 2`` сам работает как запускатель ``launch`` и печатает сводку.
-
-Для проверки есть точки входа ``smoke_allreduce`` (all-reduce с замером времени),
-``fail_on_rank`` (намеренная ошибка на одном ранге) и ``sleep_forever`` (для таймаута).
-Запускатель рассчитан на Linux и macOS (группы процессов POSIX).
+``launch("пакет.модуль:функция", nprocs, args)`` выдаёт каждому процессу окружение как у
+``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, свободный MASTER_PORT…), ждёт их с
+дедлайном и возвращает ``LaunchResult``: результаты рангов (``<run_dir>/rank_<r>.json``), а при
+сбое — код выхода и хвост stderr. По таймауту или после сбоя ранга остальные убиваются целой
+группой процессов; если умер сам запускатель, группу ранга убивает его сторож — сирот нет.
+Те же точки входа работают под ``torchrun -m course_utils.multiproc --entry …``; без RANK
+``python -m course_utils.multiproc --entry … --nprocs 2`` сам работает как ``launch``.
+Бэкенд по умолчанию: "nccl", если GPU не меньше, чем процессов, иначе "gloo"; Linux и macOS.
 """
 
 from __future__ import annotations
@@ -41,7 +18,6 @@ import importlib
 import inspect
 import json
 import math
-import numbers
 import os
 import re
 import signal
@@ -57,29 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
-from course_utils.args import text
+from course_utils.args import choice, is_int, path, positive, text
 from course_utils.fmt import count
 
 BACKENDS = ("gloo", "nccl")
 MAX_NPROCS = 64
 STDERR_TAIL_LINES = 30
-# Сколько ждать остальные ранги после первого сбоя, прежде чем убить их (они зависли бы в
-# коллективной операции), с.
-FAILURE_GRACE_S = 1.0
-# Сколько ждать, пока зависшие процессы напечатают стек по SIGUSR1 перед SIGKILL, с.
-STACK_DUMP_WAIT_S = 0.3
-# Сколько ждать, пока убитые группы процессов действительно исчезнут, с.
-GROUP_EXIT_WAIT_S = 5.0
+FAILURE_GRACE_S = 1.0  # сколько ждать остальные ранги после первого сбоя, прежде чем убить, с
+STACK_DUMP_WAIT_S = 0.3  # сколько ждать стек зависших процессов (SIGUSR1) перед SIGKILL, с
+GROUP_EXIT_WAIT_S = 5.0  # сколько ждать, пока убитые группы процессов исчезнут, с
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-_RESERVED_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "COURSE_RUN_DIR",
-)
+_RESERVED_ENV = "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT".split()
+_RESERVED_ENV.append("COURSE_RUN_DIR")
 _RESERVED_ARGS = ("rank", "world_size", "backend")
 
 
@@ -96,23 +61,26 @@ class RankFailure:
     killed: bool = False  # True: ранг остановил запускатель (таймаут или сбой другого ранга)
 
     def describe(self, max_lines: int | None = None, note: str = "") -> str:
-        """Описание по-русски: ранг, код выхода или сигнал, затем хвост stderr (≤ max_lines строк).
+        """По-русски: ранг, код выхода или сигнал, хвост stderr (≤ max_lines строк).
 
         Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
         """
+        who = f"Ранг {self.rank}{note}"
         if self.killed:
-            head = f"Ранг {self.rank}{note}: остановлен запускателем (SIGKILL)"
-            lines = _hang_frames(self.stderr_tail)
+            head, lines = (
+                f"{who}: остановлен запускателем (SIGKILL)",
+                _hang_frames(self.stderr_tail),
+            )
             if lines:
                 head += ", где он ждал (самый глубокий вызов первым):"
-                lines = lines if max_lines is None else lines[:max_lines]
+            lines = lines[:max_lines]
         else:
             if self.exitcode is not None and self.exitcode < 0:
-                head = f"Ранг {self.rank}{note}: убит сигналом {_signal_name(-self.exitcode)}"
+                head = f"{who}: убит сигналом {_signal_name(-self.exitcode)}"
             elif self.exitcode == 0:
-                head = f"Ранг {self.rank}{note}: вышел с кодом 0, но не записал результат"
+                head = f"{who}: вышел с кодом 0, но не записал результат"
             else:
-                head = f"Ранг {self.rank}{note}: код выхода {self.exitcode}"
+                head = f"{who}: код выхода {self.exitcode}"
             lines = [ln for ln in self.stderr_tail.splitlines() if ln.strip()]
             if max_lines is not None:
                 lines = lines[-max_lines:] if max_lines > 0 else []
@@ -121,7 +89,7 @@ class RankFailure:
 
 @dataclass(repr=False)
 class LaunchResult:
-    """Итог запуска: статус "ok" | "failed" | "timeout", результаты по рангам и сбои."""
+    """Итог запуска: статус "ok" | "failed" | "timeout", результаты по рангам и сбои; время — с."""
 
     ok: bool
     status: str
@@ -150,12 +118,9 @@ class LaunchResult:
             lines += [f.describe(max_lines=3) for f in self.failures]
         else:
             lines = [f"{head} — ОШИБКА за {self.wall_s:.2f} с."]
-            for i, f in enumerate(self.failures):
-                if i == 0:
-                    lines.append(f.describe())
-                else:
-                    note = f" (после сбоя ранга {self.failures[0].rank})"
-                    lines.append(f.describe(max_lines=3, note=note))
+            lines += [f.describe() for f in self.failures[:1]]
+            note = f" (после сбоя ранга {self.failures[0].rank})" if self.failures else ""
+            lines += [f.describe(max_lines=3, note=note) for f in self.failures[1:]]
         if self.run_dir:
             lines.append(f"Журналы процессов: {self.run_dir}")
         return "\n".join(lines)
@@ -175,28 +140,6 @@ class LaunchResult:
             raise RuntimeError(self.summary())
         return self
 
-    def log(self, rank: int, stream: str = "stdout") -> str:
-        """Текст журнала ранга: stream = "stdout" или "stderr"."""
-        if not isinstance(rank, int) or not 0 <= rank < self.nprocs:
-            raise ValueError(f"rank должен быть целым в [0, {self.nprocs - 1}], получено {rank!r}")
-        if stream not in ("stdout", "stderr"):
-            raise ValueError(f"stream должен быть 'stdout' или 'stderr', получено {stream!r}")
-        path = Path(self.run_dir) / f"rank_{rank}.{stream}.txt"
-        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-
-    def results_frame(self):
-        """Таблица pandas: строка на ранг, столбец rank и скалярные поля верхнего уровня."""
-        import pandas as pd
-
-        rows = []
-        for rank, res in enumerate(self.results):
-            row: dict[str, Any] = {"rank": rank}
-            for key, value in (res or {}).items():
-                if key != "rank" and (value is None or isinstance(value, str | numbers.Number)):
-                    row[key] = value
-            rows.append(row)
-        return pd.DataFrame(rows)
-
 
 _THREAD_HEADER = re.compile(
     r"^(Current thread|Thread) 0x[0-9a-fA-F]+ .*\(most recent call first\):"
@@ -206,11 +149,11 @@ _THREAD_HEADER = re.compile(
 def _hang_frames(stderr_text: str) -> list[str]:
     """Кадры главного потока из дампа faulthandler (самый глубокий вызов первым)."""
     blocks: list[list[str]] = []
-    for line in stderr_text.splitlines():
-        if _THREAD_HEADER.match(line.strip()):
+    for line in map(str.strip, stderr_text.splitlines()):
+        if _THREAD_HEADER.match(line):
             blocks.append([])
-        elif blocks and line.strip().startswith("File "):
-            blocks[-1].append(line.strip())
+        elif blocks and line.startswith("File "):
+            blocks[-1].append(line)
     main_blocks = [b for b in blocks if any("_run_module_as_main" in ln for ln in b)]
     if not main_blocks:
         return []
@@ -230,15 +173,14 @@ def _signal_name(signum: int) -> str:
 
 
 def _resolve_entry(entry: Any):
-    """Импортирует "пакет.модуль:функция" и возвращает функцию; ValueError с понятным текстом."""
+    """Импортирует "пакет.модуль:функция": (модуль, функция); ValueError с понятным текстом."""
     if not isinstance(entry, str) or entry.count(":") != 1:
         raise ValueError(
             f"entry должно иметь вид 'пакет.модуль:функция' (ровно одно двоеточие), "
             f"получено {entry!r}"
         )
     module_name, func_name = entry.split(":")
-    parts = module_name.split(".")
-    if not all(p.isidentifier() for p in parts) or not func_name.isidentifier():
+    if not all(p.isidentifier() for p in [*module_name.split("."), func_name]):
         raise ValueError(
             f"entry: '{module_name}' должно быть именем модуля, '{func_name}' — именем функции "
             f"(пример: 'course_utils.multiproc:smoke_allreduce')"
@@ -265,11 +207,8 @@ def _resolve_entry(entry: Any):
 def _check_args(args: Any) -> dict:
     if args is None:
         return {}
-    if not isinstance(args, dict):
-        raise ValueError(f"args должно быть словарём или None, получено {type(args)}")
-    bad_keys = [k for k in args if not isinstance(k, str)]
-    if bad_keys:
-        raise ValueError(f"args: ключи должны быть строками, получено {bad_keys}")
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ValueError(f"args должно быть словарём со строковыми ключами или None: {args!r}")
     reserved = sorted(set(args) & set(_RESERVED_ARGS))
     if reserved:
         raise ValueError(f"args не должен содержать {reserved}: их задаёт запускатель")
@@ -287,36 +226,29 @@ def _check_env(env: Any) -> dict[str, str]:
         return {}
     if not isinstance(env, dict):
         raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
-    out = {}
     for key, value in env.items():
-        key = text("env: имя переменной", key)
-        if key in _RESERVED_ENV:
+        if text("env: имя переменной", key) in _RESERVED_ENV:
             raise ValueError(f"env: переменную {key} задаёт запускатель, её нельзя переопределить")
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise ValueError(
                 f"env: значение {key} должно быть строкой или числом, получено {value!r}"
             )
-        out[key] = str(value)
-    return out
+    return {key: str(value) for key, value in env.items()}
 
 
 def default_backend(nprocs: int) -> str:
     """Бэкенд по умолчанию: "nccl", если CUDA доступна и GPU ≥ nprocs, иначе "gloo"."""
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+    if not is_int(nprocs) or nprocs < 1:
         raise ValueError(f"nprocs должно быть целым ≥ 1, получено {nprocs!r}")
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs:
-        return "nccl"
-    return "gloo"
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
 
 
 def _check_backend(backend: Any, nprocs: int) -> str:
     if backend is None:
         return default_backend(nprocs)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend должен быть одним из {BACKENDS} или None, получено {backend!r}")
-    if backend == "nccl":
+    if choice("backend", backend, BACKENDS) == "nccl":
         import torch
 
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -337,56 +269,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _pythonpath(extra_dirs: list[str]) -> str:
-    dirs: list[str] = []
-    for d in [*extra_dirs, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
-        if d and d not in dirs:
-            dirs.append(d)
-    return os.pathsep.join(dirs)
-
-
 def _module_root(module) -> str | None:
     """Каталог, из которого импортируется пакет верхнего уровня модуля entry."""
-    top = sys.modules.get(module.__name__.split(".")[0])
-    path = getattr(top, "__file__", None)
-    if not path:
+    top = getattr(sys.modules.get(module.__name__.split(".")[0]), "__file__", None)
+    if not top:
         return None
-    p = Path(path).resolve()
+    p = Path(top).resolve()
     return str(p.parent.parent if p.name == "__init__.py" else p.parent)
 
 
-def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
+def _tail(file: Path, n: int = STDERR_TAIL_LINES) -> str:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        return "\n".join(file.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-n:])
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _stop_all(procs: list[subprocess.Popen], dump_stacks: bool) -> list[int]:
-    """Убивает группы всех ещё живых процессов; возвращает ранги, которые пришлось убить."""
-    alive = [r for r, p in enumerate(procs) if p.poll() is None]
-    if alive and dump_stacks and hasattr(signal, "SIGUSR1"):
-        for r in alive:  # стек зависшего процесса попадёт в его stderr (faulthandler)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(procs[r].pid, signal.SIGUSR1)
-        time.sleep(STACK_DUMP_WAIT_S)
-    for p in procs:  # и живые, и завершившиеся: в группе могли остаться их дочерние процессы
-        _kill_group(p.pid, signal.SIGKILL)
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=10)
-    # SIGKILL доставляется не мгновенно: ждём, пока группы (сторож, «внуки») опустеют.
-    deadline = time.monotonic() + GROUP_EXIT_WAIT_S
-    for p in procs:
-        while _group_exists(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-    return alive
 
 
 def _group_exists(pgid: int) -> bool:
@@ -399,40 +295,37 @@ def _group_exists(pgid: int) -> bool:
     return True
 
 
+def _stop_all(procs: list[subprocess.Popen], dump_stacks: bool) -> list[int]:
+    """Убивает группы всех процессов (SIGKILL); возвращает ранги, которые были ещё живы."""
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    if alive and dump_stacks and hasattr(signal, "SIGUSR1"):
+        for r in alive:  # стек зависшего процесса попадёт в его stderr (faulthandler)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(procs[r].pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_WAIT_S)
+    for p in procs:  # и живые, и завершившиеся: в группе могли остаться их дочерние процессы
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+    deadline = time.monotonic() + GROUP_EXIT_WAIT_S  # SIGKILL доходит не мгновенно
+    for p in procs:
+        while _group_exists(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return alive
+
+
 def _run_once(
-    entry: str,
-    nprocs: int,
-    args: dict,
-    timeout_s: float,
-    backend: str,
-    env: dict[str, str],
-    run_dir: Path,
-    extra_paths: list[str],
+    entry: str, nprocs: int, args: dict, timeout_s: float, backend: str, env: dict, run_dir: Path
 ) -> LaunchResult:
-    port = _free_port()
-    base_env = dict(os.environ)
-    base_env.update(env)
-    base_env["PYTHONPATH"] = _pythonpath(extra_paths)
+    base_env = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    base_env["COURSE_RUN_DIR"] = str(run_dir)
     base_env.setdefault("PYTHONUNBUFFERED", "1")
-    if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
-        base_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
-    cmd_tail = [
-        "--entry",
-        entry,
-        "--result-dir",
-        str(run_dir),
-        "--args",
-        json.dumps(args),
-        "--backend",
-        backend,
-        "--timeout-s",
-        repr(float(timeout_s)),
-    ]
+    base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     for rank in range(nprocs):
         for suffix in ("json", "stdout.txt", "stderr.txt"):
-            with contextlib.suppress(FileNotFoundError):
-                (run_dir / f"rank_{rank}.{suffix}").unlink()
-
+            (run_dir / f"rank_{rank}.{suffix}").unlink(missing_ok=True)
     procs: list[subprocess.Popen] = []
     exit_at: list[float | None] = [None] * nprocs
     changed = threading.Event()
@@ -443,101 +336,80 @@ def _run_once(
         changed.set()
 
     start = time.monotonic()
-    deadline = start + timeout_s
-    status = "ok"
-    killed: list[int] = []
+    deadline, status, killed = start + timeout_s, "ok", []
     # Канал «жив ли запускатель»: конец записи держит только этот процесс. Когда он умрёт (даже
     # от SIGKILL), ядро закроет конец записи, сторож каждого ранга прочтёт EOF и убьёт группу.
     alive_r, alive_w = os.pipe()
+    cmd = [sys.executable, "-m", "course_utils.multiproc", "--entry", entry, "--backend", backend]
+    cmd += ["--result-dir", str(run_dir), "--args", json.dumps(args), "--parent-fd", str(alive_r)]
+    cmd += ["--timeout-s", repr(float(timeout_s))]
     try:
         for rank in range(nprocs):
-            child_env = dict(base_env)
-            child_env.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(nprocs),
-                LOCAL_WORLD_SIZE=str(nprocs),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                COURSE_RUN_DIR=str(run_dir),
-            )
+            ranks = {
+                "RANK": rank,
+                "LOCAL_RANK": rank,
+                "WORLD_SIZE": nprocs,
+                "LOCAL_WORLD_SIZE": nprocs,
+            }
+            child_env = {**base_env, **{k: str(v) for k, v in ranks.items()}}
             with (
                 open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
             ):
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            *(sys.executable, "-m", "course_utils.multiproc", *cmd_tail),
-                            *("--parent-fd", str(alive_r)),
-                        ],
-                        env=child_env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
-                        pass_fds=(alive_r,),
-                    )
+                proc = subprocess.Popen(
+                    cmd,
+                    env=child_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
+                    pass_fds=(alive_r,),
                 )
+                procs.append(proc)
         os.close(alive_r)
         alive_r = -1
         for rank in range(nprocs):
             threading.Thread(target=waiter, args=(rank,), daemon=True).start()
-
         first_failure_at: float | None = None
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
+        while not all(p.poll() is not None for p in procs):
             now = time.monotonic()
             # Сбой — ненулевой код или код 0 без файла результата (sys.exit(0) раньше времени):
             # результат пишется до выхода, поэтому его отсутствие видно сразу.
-            failed = [
+            codes = [p.poll() for p in procs]
+            failed = any(
                 c not in (None, 0) or (c == 0 and not (run_dir / f"rank_{r}.json").exists())
                 for r, c in enumerate(codes)
-            ]
-            if any(failed) and first_failure_at is None:
+            )
+            if failed and first_failure_at is None:
                 first_failure_at = now
             if first_failure_at is not None and now >= first_failure_at + FAILURE_GRACE_S:
-                status = "failed"
-                killed = _stop_all(procs, dump_stacks=True)
+                status, killed = "failed", _stop_all(procs, dump_stacks=True)
                 break
             if now >= deadline:
-                status = "timeout"
-                killed = _stop_all(procs, dump_stacks=True)
+                status, killed = "timeout", _stop_all(procs, dump_stacks=True)
                 break
-            wake = deadline if first_failure_at is None else first_failure_at + FAILURE_GRACE_S
-            changed.wait(timeout=max(0.0, min(wake - now, 0.5)))
+            changed.wait(timeout=0.1)  # выход любого ранга будит раньше
             changed.clear()
     finally:
-        # Исключение (в том числе KeyboardInterrupt в ноутбуке) не должно оставить процессы.
-        _stop_all(procs, dump_stacks=False)
+        _stop_all(procs, dump_stacks=False)  # и при исключении (KeyboardInterrupt в ноутбуке)
         for fd in (alive_r, alive_w):
             if fd >= 0:
                 os.close(fd)
     wall_s = time.monotonic() - start
-
     results: list[dict | None] = [None] * nprocs
     failures: list[RankFailure] = []
     for rank, p in enumerate(procs):
-        path = run_dir / f"rank_{rank}.json"
-        if p.returncode == 0 and path.exists():
-            results[rank] = json.loads(path.read_text(encoding="utf-8"))
+        result_file = run_dir / f"rank_{rank}.json"
+        if p.returncode == 0 and result_file.exists():
+            results[rank] = json.loads(result_file.read_text(encoding="utf-8"))
         else:
-            failures.append(
-                RankFailure(
-                    rank=rank,
-                    exitcode=p.returncode,
-                    stderr_tail=_tail(run_dir / f"rank_{rank}.stderr.txt"),
-                    killed=rank in killed,
-                )
-            )
+            tail = _tail(run_dir / f"rank_{rank}.stderr.txt")
+            failures.append(RankFailure(rank, p.returncode, tail, killed=rank in killed))
     # Первым — ранг, упавший раньше всех: это причина, остальные — следствия.
     failures.sort(
         key=lambda f: (f.killed, 0.0 if f.killed else exit_at[f.rank] or math.inf, f.rank)
     )
-    if status == "ok" and failures:
-        status = "failed"
+    status = "failed" if status == "ok" and failures else status
     return LaunchResult(
         ok=status == "ok",
         status=status,
@@ -554,13 +426,6 @@ def _run_once(
     )
 
 
-def _port_collision(result: LaunchResult) -> bool:
-    return any(
-        "EADDRINUSE" in f.stderr_tail or "address already in use" in f.stderr_tail.lower()
-        for f in result.failures
-    )
-
-
 def launch(
     entry: str,
     nprocs: int = 2,
@@ -570,23 +435,17 @@ def launch(
     env: dict | None = None,
     run_dir: str | os.PathLike | None = None,
 ) -> LaunchResult:
-    """Запускает fn из entry в nprocs процессах ОС под torch.distributed; время wall_s в секундах.
+    """Запускает fn из entry в nprocs процессах ОС под torch.distributed; время wall_s — с.
 
-    entry — "пакет.модуль:функция"; функция вызывается как fn(rank=, world_size=, backend=,
-    **args) и возвращает JSON-сериализуемый словарь. 1 ≤ nprocs ≤ 64, timeout_s > 0 (с) — общий
-    дедлайн; backend ∈ {"gloo", "nccl"} или None (выбор по наличию GPU); env — добавочные
-    переменные окружения; run_dir — каталог результатов и журналов (по умолчанию временный).
+    entry — "пакет.модуль:функция", вызов fn(rank=, world_size=, backend=, **args) возвращает
+    JSON-словарь. 1 ≤ nprocs ≤ 64, timeout_s > 0 — общий дедлайн, с; backend — "gloo", "nccl"
+    или None (по наличию GPU); env — добавочные переменные; run_dir — каталог результатов и
+    журналов (по умолчанию временный). Занятый порт — одна повторная попытка.
     """
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or not 1 <= nprocs <= MAX_NPROCS:
+    if not is_int(nprocs) or not 1 <= nprocs <= MAX_NPROCS:
         raise ValueError(f"nprocs должно быть целым в [1, {MAX_NPROCS}], получено {nprocs!r}")
-    if not isinstance(timeout_s, numbers.Real) or isinstance(timeout_s, bool):
-        raise ValueError(f"timeout_s должно быть числом секунд > 0, получено {timeout_s!r}")
-    if not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise ValueError(
-            f"timeout_s должно быть конечным числом секунд > 0, получено {timeout_s!r}"
-        )
-    args = _check_args(args)
-    env = _check_env(env)
+    timeout_s = positive("timeout_s", timeout_s)
+    args, env = _check_args(args), _check_env(env)
     module, fn = _resolve_entry(entry)
     backend = _check_backend(backend, nprocs)
     try:
@@ -600,45 +459,33 @@ def launch(
         pass  # сигнатуру встроенной функции не прочитать — проверит дочерний процесс
     if os.name != "posix":
         raise RuntimeError("launch работает только в Linux и macOS (нужны группы процессов POSIX)")
-
     if run_dir is None:
         run_path = Path(tempfile.mkdtemp(prefix="course_launch_"))
     else:
-        if not isinstance(run_dir, str | os.PathLike):
-            raise ValueError(f"run_dir должно быть путём или None, получено {run_dir!r}")
-        run_path = Path(run_dir).resolve()
+        run_path = path("run_dir", run_dir).resolve()
         run_path.mkdir(parents=True, exist_ok=True)
-    extra_paths = [str(_REPO_ROOT)]
-    root = _module_root(module)
-    if root:
-        extra_paths.append(root)
-    result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path, extra_paths)
-    if result.status == "failed" and _port_collision(result):
+    paths = [
+        str(_REPO_ROOT),
+        _module_root(module),
+        *os.environ.get("PYTHONPATH", "").split(os.pathsep),
+    ]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path)
+    tails = " ".join(f.stderr_tail for f in result.failures).lower()
+    if result.status == "failed" and ("eaddrinuse" in tails or "address already in use" in tails):
         # Свободный порт успел занять кто-то другой: одна повторная попытка с новым портом.
-        result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path, extra_paths)
+        result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path)
     return result
 
 
 # ----------------------------------------------------------------------------- дочерний процесс
 
 
-def _env_int(name: str) -> int:
-    value = os.environ.get(name)
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise RuntimeError(
-            f"переменная окружения {name} должна быть целым числом, получено {value!r}"
-        ) from None
-
-
 def local_device(backend: str):
     """Устройство ранга: cuda:LOCAL_RANK для "nccl", иначе cpu (torch.device)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend должен быть одним из {BACKENDS}, получено {backend!r}")
     import torch
 
-    if backend == "nccl":
+    if choice("backend", backend, BACKENDS) == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
@@ -648,22 +495,28 @@ class _ReportedError(Exception):
 
 
 def _reap_group_when_launcher_dies(alive_fd: int) -> None:
-    """Сторож ранга: отдельный процесс в группе ранга ждёт EOF канала от запускателя и убивает группу.
+    """Сторож ранга: процесс в группе ранга ждёт EOF канала от запускателя и убивает группу.
 
-    Конец записи канала держит только запускатель; когда тот умирает (SIGKILL от OOM, перезапуск
-    ядра Colab), ядро ОС закрывает его, ``os.read`` возвращает b"" и сторож шлёт SIGKILL всей
-    группе: рангу, его «внукам» и себе. Отдельный процесс, а не поток: ему не нужен GIL ранга,
-    занятого долгим вызовом C. Работает в Linux и macOS (fork и группы процессов POSIX).
+    Конец записи держит только запускатель; когда тот умирает (OOM, перезапуск ядра Colab),
+    ``os.read`` возвращает b"" и сторож шлёт SIGKILL всей группе: рангу, «внукам» и себе.
+    Процесс, а не поток: ему не нужен GIL ранга, занятого долгим вызовом C.
     """
     if os.fork() == 0:  # сторож: до импорта torch, потоков ещё нет
-        try:
+        with contextlib.suppress(OSError):
             while os.read(alive_fd, 1):
                 pass
-        except OSError:
-            pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
         os._exit(0)
     os.close(alive_fd)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name, "")
+    if not value.lstrip("-").isdigit():
+        raise RuntimeError(
+            f"переменная окружения {name} должна быть целым числом, получено {value!r}"
+        )
+    return int(value)
 
 
 def _child_main(ns: argparse.Namespace) -> int:
@@ -675,36 +528,25 @@ def _child_main(ns: argparse.Namespace) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if ns.parent_fd >= 0:
         _reap_group_when_launcher_dies(ns.parent_fd)
-    rank = _env_int("RANK")
-    world_size = _env_int("WORLD_SIZE")
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     if ns.result_dir:
         os.environ.setdefault("COURSE_RUN_DIR", str(Path(ns.result_dir).resolve()))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     args = json.loads(ns.args) if ns.args else {}
     _, fn = _resolve_entry(ns.entry)
-
     import torch
     import torch.distributed as dist
 
-    backend = ns.backend
-    if backend is None:
-        backend = (
-            "nccl"
-            if torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-            else "gloo"
-        )
+    backend = ns.backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     init_kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=ns.timeout_s)}
     if backend == "nccl":
-        device = local_device(backend)
-        torch.cuda.set_device(device)
-        init_kwargs["device_id"] = device
+        init_kwargs["device_id"] = local_device(backend)
+        torch.cuda.set_device(init_kwargs["device_id"])
     dist.init_process_group(backend, init_method="env://", **init_kwargs)
     try:
         result = fn(rank=rank, world_size=world_size, backend=backend, **args)
     except SystemExit as exc:
         print(
-            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула "
-            f"результат",
+            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула результат",
             file=sys.stderr,
             flush=True,
         )
@@ -723,16 +565,16 @@ def _child_main(ns: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"результат {ns.entry} не сериализуется в JSON: {exc}") from exc
     if ns.result_dir:
-        out_dir = Path(ns.result_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(out_dir / f"rank_{rank}.json", text)
+        Path(ns.result_dir).mkdir(parents=True, exist_ok=True)
+        atomic.write_text(Path(ns.result_dir) / f"rank_{rank}.json", text)
     else:
         print(json.dumps(result, ensure_ascii=False), flush=True)
     dist.destroy_process_group()
     return 0
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ранг (если RANK и WORLD_SIZE заданы, как в torchrun) или запускатель launch."""
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.multiproc",
         description="Точка входа ранга (под launch или torchrun) или запускатель (без RANK).",
@@ -744,12 +586,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=300.0, help="таймаут, с")
     parser.add_argument("--nprocs", type=int, default=2, help="только в режиме запускателя")
     parser.add_argument("--parent-fd", type=int, default=-1, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ранг (если RANK и WORLD_SIZE заданы, как в torchrun) или запускатель launch."""
-    ns = _parse(argv)
+    ns = parser.parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         try:
             return _child_main(ns)
@@ -759,13 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             sys.stderr.flush()
             return 1
-    result = launch(
-        ns.entry,
-        nprocs=ns.nprocs,
-        args=json.loads(ns.args),
-        timeout_s=ns.timeout_s,
-        backend=ns.backend,
-        run_dir=ns.result_dir,
-    )
+    kwargs = {"args": json.loads(ns.args), "timeout_s": ns.timeout_s, "backend": ns.backend}
+    result = launch(ns.entry, nprocs=ns.nprocs, run_dir=ns.result_dir, **kwargs)
     print(result.summary())
     return 0 if result.ok else 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import socket
@@ -13,20 +12,11 @@ import time
 from pathlib import Path
 
 from course_utils import atomic
-from course_utils.args import (
-    choice,
-    integer,
-)
+from course_utils.args import choice, integer
 from course_utils.multiproc.launcher import local_device
+from course_utils.multiproc.transport import device_sync
 
-# ----------------------------------------------------------------------------- точки входа
-
-
-def _sync_if_cuda(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
+FAIL_MODES = ("raise", "exit0", "sigkill")
 
 
 def smoke_allreduce(
@@ -34,13 +24,10 @@ def smoke_allreduce(
 ) -> dict:
     """Проверка связи: all_reduce(SUM) тензора из (rank+1); ожидается Σ_{r=1..W} r = W(W+1)/2.
 
-    Каждый из repeats замеров — время одного all_reduce в секундах (perf_counter, с
-    синхронизацией CUDA на GPU). bytes = numel · 4 (float32).
+    Каждый из repeats замеров — время одного all_reduce, с (perf_counter, с синхронизацией
+    CUDA на GPU); bytes = numel · 4 (float32).
     """
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-        raise ValueError(f"numel должно быть целым ≥ 1, получено {numel!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats должно быть целым ≥ 1, получено {repeats!r}")
+    numel, repeats = integer("numel", numel, 1), integer("repeats", repeats, 1)
     import torch
     import torch.distributed as dist
 
@@ -48,20 +35,18 @@ def smoke_allreduce(
     base = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
     expected = world_size * (world_size + 1) / 2
     times_s = []
-    value = math.nan
     for _ in range(repeats):
         t = base.clone()
-        _sync_if_cuda(device)
+        device_sync(device)
         t0 = time.perf_counter()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        _sync_if_cuda(device)
+        device_sync(device)
         times_s.append(time.perf_counter() - t0)
         if not bool(torch.all(t == expected)):
             raise RuntimeError(
                 f"all_reduce дал неверную сумму на ранге {rank}: ожидалось {expected}, "
                 f"получено от {t.min().item()} до {t.max().item()}"
             )
-        value = float(t[0].item())
     return {
         "rank": rank,
         "world_size": world_size,
@@ -71,14 +56,11 @@ def smoke_allreduce(
         "device": str(device),
         "numel": numel,
         "bytes": numel * 4,
-        "value": value,
+        "value": float(t[0].item()),
         "expected": expected,
         "times_s": times_s,
         "median_s": statistics.median(times_s),
     }
-
-
-FAIL_MODES = ("raise", "exit0", "sigkill")
 
 
 def fail_on_rank(
@@ -86,9 +68,8 @@ def fail_on_rank(
 ) -> dict:
     """Для проверки отчёта о сбое: ранг bad_rank падает, остальные ждут в barrier.
 
-    mode: "raise" — RuntimeError; "exit0" — sys.exit(0) без результата (ранг «тихо» исчез);
-    "sigkill" — ранг убивает себя SIGKILL (как OOM killer). Остальные ранги зависли бы (или
-    упали) в barrier — запускатель должен их остановить. 0 ≤ bad_rank < world_size.
+    mode: "raise" — RuntimeError; "exit0" — sys.exit(0) без результата; "sigkill" — ранг
+    убивает себя SIGKILL (как OOM killer). Остальных должен остановить запускатель.
     """
     bad_rank = integer("bad_rank", bad_rank, 0, world_size - 1)
     mode = choice("mode", mode, FAIL_MODES)
@@ -105,9 +86,9 @@ def fail_on_rank(
 
 
 def sleep_forever(rank: int, world_size: int, backend: str, spawn_grandchild: bool = False) -> dict:
-    """Для проверки таймаута: спит бесконечно (по желанию — с дочерним процессом-«внуком»).
+    """Для проверки таймаута: спит бесконечно (по желанию — с процессом-«внуком»).
 
-    Внук получает в командной строке путь COURSE_RUN_DIR, а его pid пишется в
+    Внук получает путь COURSE_RUN_DIR в командной строке, его pid пишется в
     ``COURSE_RUN_DIR/grandchild_<rank>.pid``: тест проверяет, что убит и он.
     """
     if spawn_grandchild:
