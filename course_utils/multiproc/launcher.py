@@ -125,8 +125,7 @@ class LaunchResult:
             lines.append(f"Журналы процессов: {self.run_dir}")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
     def __repr__(self) -> str:
         return (
@@ -546,7 +545,8 @@ def _child_main(ns: argparse.Namespace) -> int:
         result = fn(rank=rank, world_size=world_size, backend=backend, **args)
     except SystemExit as exc:
         print(
-            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула результат",
+            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула "
+            f"результат",
             file=sys.stderr,
             flush=True,
         )

@@ -1,9 +1,8 @@
 """Урок 12.3, уровень C: тренер с очередью роллаутов (порог в токенах) и два генератора.
 
-Точка входа ``queue_generators_trainer``: ранг 0 — тренер (главный поток ведёт очередь и
-отвечает генераторам, второй поток обучает), ранги 1, 2 — генераторы, которые перед каждым
-запросом спрашивают разрешение. Таблицы прогона — ``queue_timeline_frame``,
-``queue_batches_frame``, ``queue_requests_frame``; сводка — ``queue_summary(_text)``.
+Точка входа ``queue_generators_trainer`` (ранг 0 — тренер с очередью, ранги 1, 2 — генераторы),
+таблицы прогона ``queue_timeline_frame``, ``queue_batches_frame``, ``queue_requests_frame``
+и сводка ``queue_summary`` / ``queue_summary_text``.
 """
 
 from __future__ import annotations
@@ -29,10 +28,7 @@ QUEUE_RETRY_S = 0.02  # пауза генератора после отказа,
 
 
 def rollout_tokens(records) -> int:
-    """Вес группы в очереди, токенов: Σ (токены запроса + токены ответа) по записям (шаг 12.3.4).
-
-    records — RolloutRecord или словари записей; длинный эпизод весит больше короткого ответа.
-    """
+    """Вес группы в очереди, токенов: Σ (запрос + ответ) по записям (RolloutRecord или словари)."""
 
     def get(r, key):
         return r[key] if isinstance(r, Mapping) else getattr(r, key)
@@ -193,11 +189,8 @@ def _run_generator(r, control, cfg: dict) -> dict:
 
 
 class _QueueTrainer:
-    """Тренер урока 12.3 в ранге 0: очередь (главный поток) и обучение (второй поток).
-
-    Главный поток принимает сообщения генераторов и меняет очередь под замком, поток обучения
-    ждёт пакет на условной переменной; torch.distributed вызывает только главный поток. Каждое
-    событие очереди получает номер seq — по нему проверяется граница превышения порога.
+    """Тренер в ранге 0: главный поток ведёт очередь под замком и один вызывает torch.distributed,
+    второй поток обучает. Событие очереди получает номер seq — по нему проверяется граница.
     """
 
     def __init__(self, r, control, cfg: dict) -> None:
@@ -230,7 +223,7 @@ class _QueueTrainer:
         return self.seq
 
     def _mark(self, event: str) -> dict:
-        """Строка шкалы очереди: глубина в токенах, роллаутах и группах после события (под замком)."""
+        """Строка шкалы очереди: глубина (токены, роллауты, группы) после события; под замком."""
         row = {"seq": self._next_seq(), "time_s": self.now(), "event": event}
         row.update(depth_tokens=self.q_tokens, depth_rollouts=self.q_rollouts)
         row["depth_groups"] = len(self.queue)

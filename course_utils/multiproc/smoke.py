@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,6 @@ def smoke_allreduce(
         "world_size": world_size,
         "backend": backend,
         "pid": os.getpid(),
-        "hostname": socket.gethostname(),
         "device": str(device),
         "numel": numel,
         "bytes": numel * 4,

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -42,13 +41,9 @@ def _start(experiment: str, cfg: dict) -> SimpleNamespace:
         "world_size": cfg["world_size"],
         "backend": cfg["backend"],
         "pid": os.getpid(),
-        "hostname": socket.gethostname(),
         "device": str(device),
         "model": info.describe(),
-        "model_id": info.model_id,
         "num_params": info.num_params,
-        "engine_dtype": info.dtype,
-        "t_ref_unix": t_ref,
         "clock_note": transport.CLOCK_NOTE,
     }
     return SimpleNamespace(
@@ -69,7 +64,7 @@ def _same_model(hello: dict, info, who: str) -> None:
 
 
 def _fp32_trainer(net, device, lr: float) -> tuple:
-    """fp32-копия весов для обучения: (модель, тип весов движка, тип autocast, GradScaler, AdamW)."""
+    """fp32-копия для обучения: (модель, тип весов движка, тип autocast, GradScaler, AdamW)."""
     import torch
 
     from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
