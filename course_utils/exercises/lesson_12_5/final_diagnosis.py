@@ -5,17 +5,12 @@ import random
 
 from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
+from course_utils.exercises.lesson_12_5.manifest_gaps import has_state
 from course_utils.exercises.step import Step, Trap
 
 STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
 _ESS_FLOOR, _CRASH, _RISKS = 0.5, "crash_test", ("высокий", "низкий")
 _MODELS = ("Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
-_FEATURE = {"queue": "asynchronous", "curriculum": "curriculum"}
-_FEATURE["normalizer"] = "running_reward_norm"  # компонент нужен, только если есть функция
-
-
-def _applies(component: str, run: dict) -> bool:
-    return component not in _FEATURE or bool(run[_FEATURE[component]])
 
 
 def _diag_trace(gens: list, r: float, f: float, t: float, s: float) -> list[dict]:
@@ -123,7 +118,7 @@ def final_diagnosis_task(variant: int) -> dict:
     task["queue"] = _draw_queue(rng, mode)
     run = {"curriculum": rng.random() < 0.5, "running_reward_norm": rng.random() < 0.5}
     run["asynchronous"] = True
-    have = [c for c in checkpoint.COMPONENTS if _applies(c, run)]
+    have = [c for c in checkpoint.COMPONENTS if has_state(c, run)]
     lost = rng.sample([c for c in have if c not in ("policy", "optimizer")], rng.randint(1, 3))
     kept = [c for c in have if c not in lost]  # crash_tested=False, иначе no_crash_test — верный
     task["checkpoint"] = {**run, "components": kept, "crash_tested": False}
@@ -166,7 +161,7 @@ def _diagnosis(task: dict) -> dict:
     high = v["max_lag"] > q["max_lag"] or min(shares) < _ESS_FLOOR
     high_by_mean = v["mean_lag"] > q["max_lag"] or v["mean_share"] < _ESS_FLOOR
     v |= {"risk": _RISKS[not high], "mean_risk": _RISKS[not high_by_mean]}
-    needed = (c for c in checkpoint.COMPONENTS if _applies(c, ck))
+    needed = (c for c in checkpoint.COMPONENTS if has_state(c, ck))
     v["missing"] = [c for c in needed if c not in ck["components"]]
     v["gaps"] = v["missing"] + ([] if ck["crash_tested"] else [_CRASH])
     return v
@@ -187,7 +182,7 @@ def final_diagnosis_solution(task: dict, ref: dict) -> str:
     fits = ("помещается" if v["fits"] else "**не** помещается", "да" if v["fits16"] else "нет")
     lag_sign = ">" if v["max_lag"] > q["max_lag"] else "≤"
     ess_sign = "<" if min(v["shares"]) < _ESS_FLOOR else "≥"
-    na = ", ".join(f"`{c}`" for c in checkpoint.COMPONENTS if not _applies(c, ck)) or "—"
+    na = ", ".join(f"`{c}`" for c in checkpoint.COMPONENTS if not has_state(c, ck)) or "—"
     return f"**1. Узкое место.** Длиннейшая цепочка (`pipeline.critical_path`): {chain}, {path['length']:.1f} с. У генерации на пути только самый медленный сборщик.\n\n{contrib}\n\nУзкое место — **{ref['bottleneck']}**; больше всего работы у `{v['most_work']}` ({path['work'][v['most_work']]:.1f} с), но не на пути: её ускорение шаг не сокращает.\n\n**2. Память** (`{mem['recipe']}`, D = {mem['world_size']}, ZeRO-{mem['zero_stage']}): веса {b['params'] / gib:.2f} + градиенты {b['grads'] / gib:.2f} + оптимизатор {b['optimizer'] / gib:.2f} = {m['state'] / gib:.2f} ГиБ; KV = 2·{shape.num_layers}·{shape.num_kv_heads}·{shape.head_dim}·({mem['sequences']}·{mem['tokens_per_sequence']})·2 Б = {m['kv'] / gib:.2f} ГиБ; + резерв {mem['reserve_gib']} ГиБ = {m['need'] / gib:.2f} ГиБ против {mem['gpu_gb']} ГБ = {m['cap'] / gib:.2f} ГиБ — {fits[0]}. По «16 Б на параметр» вышло бы {m['need16'] / gib:.2f} ГиБ (помещается: {fits[1]}) — это один рецепт, не закон.\n\n**3. Несвежесть.** Наибольшая задержка {v['max_lag']} {lag_sign} предела {q['max_lag']}; min ESS/n = {min(v['shares']):.2f} {ess_sign} {_ESS_FLOOR} (по пакетам: {', '.join(f'{x:.2f}' for x in v['shares'])}). Риск — **{ref['staleness_risk']}**; средние (задержка {v['mean_lag']:.2f}, ESS/n {v['mean_share']:.2f}) хвост прячут.\n\n**4. Восстановление.** Нет в манифесте: {', '.join(f'`{c}`' for c in v['missing'])} (не нужны запуску: {na}); проверки аварией не было — нужен `crash_test`: каталог на месте ещё не доказывает, что запуск можно продолжить.\n\n**Ответ:** `{ref!r}`."
 
 

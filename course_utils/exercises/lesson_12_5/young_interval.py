@@ -3,11 +3,7 @@
 import math
 import random
 
-from course_utils.checkpoint_interval import (
-    checkpoint_overhead as overhead,
-    daly_interval,
-    young_interval,
-)
+from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
 from course_utils.exercises.step import Step, Trap
 
@@ -48,7 +44,8 @@ def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
     def answer(s: float, mtbf: float) -> dict:
-        h_i, h_s, rec = overhead(i, c, mtbf), overhead(s, c, mtbf), recommend_interval(i, s)
+        h_i, h_s = checkpoint_overhead(i, c, mtbf), checkpoint_overhead(s, c, mtbf)
+        rec = recommend_interval(i, s)
         return {"I_star_min": s / 60, "H_current": h_i, "H_star": h_s, "recommend": rec}
 
     return {
