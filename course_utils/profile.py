@@ -1,61 +1,25 @@
 """Последовательный базовый профиль RL-цикла (лекция, шаг 12.1.5): бухгалтерия времени шага.
 
-Один шаг эталонного цикла проходит этапы ``STAGES`` строго по очереди, поэтому его длительность —
-сумма времён этапов: T_seq = Σ T_этапа (с). Это не модель производительности кластера, а ответ на
-первый вопрос: какой этап доминирует и сколько максимум даст его ускорение (закон Амдала).
-
-* ``synthetic_profile`` — синтетический профиль уровня A (строка на шаг, столбцы ``<этап>_s``);
-  ``policy.sequential_loop(...).steps`` имеет те же столбцы, и все функции ниже работают с обоими;
-* ``stage_medians`` — медиана каждого этапа без шагов прогрева;
-* ``sequential_time``, ``dominant_stage``, ``speedup_bound``, ``speedup`` — арифметика профиля;
-* ``profile_table`` и ``plot_stage_bar`` — таблица и горизонтальная составная полоса.
-
-Времена этапов передаются словарём или ``pandas.Series`` «этап → секунды».
+Этапы ``STAGES`` идут строго по очереди, поэтому шаг длится T_seq = Σ T_этапа (с). Профиль
+отвечает на первый вопрос: какой этап доминирует и сколько даст его ускорение (закон Амдала).
+Времена этапов — словарь или ``pandas.Series`` «этап → секунды»; таблица шагов — столбцы
+``<этап>_s`` (как у ``synthetic_profile`` и ``policy.sequential_loop(...).steps``).
+Здесь же единая палитра этапов курса ``stage_colors`` / ``STAGE_LABELS_RU``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from course_utils.args import is_number, text
+from course_utils.args import choice, integer, nonnegative, positive, text
 
-__all__ = [
-    "DEFAULT_MEDIANS_S",
-    "NOISE_SIGMA",
-    "STAGES",
-    "STAGE_LABELS_RU",
-    "stage_colors",
-    "WARMUP_FACTOR",
-    "dominant_stage",
-    "plot_stage_bar",
-    "profile_table",
-    "sequential_time",
-    "amdahl_speedup",
-    "speedup_bound",
-    "stage_columns",
-    "stage_medians",
-    "synthetic_profile",
-]
-
-# Этапы эталонного цикла; policy.LOOP_STAGES ссылается сюда (здесь нет импорта torch).
-STAGES: tuple[str, ...] = (
-    "prepare",
-    "prefill",
-    "decode",
-    "reward",
-    "logprob_recompute",
-    "forward_backward",
-    "optimizer_step",
-    "weight_sync",
-)
-
+# Этапы эталонного цикла по порядку и их подписи; policy.LOOP_STAGES ссылается сюда.
 STAGE_LABELS_RU: dict[str, str] = {
     "prepare": "подготовка запросов",
     "prefill": "предзаполнение (prefill)",
@@ -66,42 +30,18 @@ STAGE_LABELS_RU: dict[str, str] = {
     "optimizer_step": "шаг оптимизатора",
     "weight_sync": "синхронизация весов",
 }
+STAGES: tuple[str, ...] = tuple(STAGE_LABELS_RU)
 
-# Медианы этапов небольшого синхронного запуска с длинными ответами (с): доминирует декодирование.
-DEFAULT_MEDIANS_S: dict[str, float] = {
-    "prepare": 0.05,
-    "prefill": 0.3,
-    "decode": 6.0,
-    "reward": 0.4,
-    "logprob_recompute": 0.8,
-    "forward_backward": 2.2,
-    "optimizer_step": 0.3,
-    "weight_sync": 0.6,
-}
-
-# σ логнормального шума по этапам: время шага = медиана · exp(σ·ξ), ξ ~ N(0, 1).
-NOISE_SIGMA: dict[str, float] = {
-    "prepare": 0.2,
-    "prefill": 0.1,
-    "decode": 0.15,
-    "reward": 0.25,
-    "logprob_recompute": 0.08,
-    "forward_backward": 0.05,
-    "optimizer_step": 0.05,
-    "weight_sync": 0.1,
-}
-
+# Значения по этапам в порядке STAGES (prepare … weight_sync).
+# Медианы небольшого синхронного запуска с длинными ответами, с: доминирует декодирование.
+DEFAULT_MEDIANS_S = dict(zip(STAGES, (0.05, 0.3, 6.0, 0.4, 0.8, 2.2, 0.3, 0.6)))
+# σ логнормального шума: время шага = медиана · exp(σ·ξ), ξ ~ N(0, 1).
+NOISE_SIGMA = dict(zip(STAGES, (0.2, 0.1, 0.15, 0.25, 0.08, 0.05, 0.05, 0.1)))
 # Во сколько раз первый шаг медленнее (прогрев: выделение памяти, состояние Adam, ядра, кэши).
-WARMUP_FACTOR: dict[str, float] = {
-    "prepare": 3.0,
-    "prefill": 2.0,
-    "decode": 1.3,
-    "reward": 1.5,
-    "logprob_recompute": 2.0,
-    "forward_backward": 2.0,
-    "optimizer_step": 4.0,
-    "weight_sync": 1.5,
-}
+WARMUP_FACTOR = dict(zip(STAGES, (3.0, 2.0, 1.3, 1.5, 2.0, 2.0, 4.0, 1.5)))
+# Этапы вне STAGES на рисунках курса: у каждого свой постоянный цвет.
+_EXTRA_STAGES = ("queue_wait", "backpressure", "verifier", "checkpoint")
+_TOKEN_KEYS = {"input_tokens": "prefill", "output_tokens": "decode"}
 
 
 def stage_columns() -> list[str]:
@@ -109,7 +49,6 @@ def stage_columns() -> list[str]:
     return [f"{s}_s" for s in STAGES]
 
 
-# ---------------------------------------------------------------- проверка входа
 def _label(stage: str) -> str:
     return STAGE_LABELS_RU.get(stage, stage)
 
@@ -121,29 +60,19 @@ def _stage_times(stage_times: Any, name: str = "stage_times") -> dict[str, float
             f"{name}: ожидается один профиль (dict или Series «этап → с»), получена таблица; "
             "сведите её через stage_medians(...)"
         )
-    if isinstance(stage_times, pd.Series):
-        if not stage_times.index.is_unique:
-            raise ValueError(f"{name}: этапы в индексе Series повторяются")
-        items = list(stage_times.items())
-    elif isinstance(stage_times, Mapping):
-        items = list(stage_times.items())
-    else:
+    if isinstance(stage_times, pd.Series) and not stage_times.index.is_unique:
+        raise ValueError(f"{name}: этапы в индексе Series повторяются")
+    if not isinstance(stage_times, pd.Series | Mapping):
         raise ValueError(
             f"{name}: ожидается dict или pandas.Series «этап → время, с», "
             f"получено {type(stage_times).__name__}"
         )
-    if not items:
+    if len(stage_times) == 0:
         raise ValueError(f"{name} пуст: нужен хотя бы один этап со временем ≥ 0 с")
-    out: dict[str, float] = {}
-    for key, value in items:
-        key = text(f"{name}: имя этапа", key)
-        if not is_number(value) or not math.isfinite(float(value)) or value < 0:
-            raise ValueError(
-                f"{name}[{key!r}]: время этапа должно быть конечным числом ≥ 0 с, "
-                f"получено {value!r}"
-            )
-        out[key] = float(value)
-    return out
+    return {
+        text(f"{name}: имя этапа", key): nonnegative(f"{name}[{key!r}], с", value)
+        for key, value in stage_times.items()
+    }
 
 
 def _positive_total(times: dict[str, float], name: str = "stage_times") -> float:
@@ -153,79 +82,44 @@ def _positive_total(times: dict[str, float], name: str = "stage_times") -> float
     return total
 
 
-def _known_stage(times: dict[str, float], stage: Any) -> str:
-    if not isinstance(stage, str) or stage not in times:
-        raise ValueError(f"stage: этап должен быть одним из {list(times)}, получено {stage!r}")
-    return stage
-
-
-# ---------------------------------------------------------------- синтетический профиль
 def synthetic_profile(
     steps: int = 10, seed: int = 0, scale: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
     """Синтетический профиль уровня A: строка на шаг, столбцы ``step`` и ``<этап>_s`` (с).
 
-    T_этапа(шаг) = DEFAULT_MEDIANS_S[этап] · scale[этап] · exp(σ_этапа · ξ), ξ ~ N(0, 1),
-    σ — из NOISE_SIGMA; на шаге 0 время ещё умножается на WARMUP_FACTOR (прогрев).
-    ``scale`` — множители медиан отдельных этапов, например ``{"reward": 20}`` (медленный
-    верификатор): так доминирующим становится другой этап. Детерминирован по ``seed``.
+    T_этапа(шаг) = DEFAULT_MEDIANS_S · scale · exp(σ · ξ), ξ ~ N(0, 1), σ — из NOISE_SIGMA;
+    на шаге 0 время ещё умножается на WARMUP_FACTOR (прогрев). ``scale`` — множители медиан
+    этапов, например ``{"reward": 20}`` (медленный верификатор). Детерминирован по ``seed``.
     """
-    if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps: нужно целое число шагов ≥ 1, получено {steps!r}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed: нужно целое ≥ 0, получено {seed!r}")
+    steps = integer("steps", steps, 1)
+    seed = integer("seed", seed, 0)
+    if not isinstance(scale, Mapping | None):
+        raise ValueError(f"scale: ожидается словарь «этап → множитель медианы», получено {scale!r}")
     factors = dict.fromkeys(STAGES, 1.0)
-    if scale is not None:
-        if not isinstance(scale, Mapping):
-            raise ValueError(
-                f"scale: ожидается словарь «этап → множитель медианы», "
-                f"получено {type(scale).__name__}"
-            )
-        for stage, factor in scale.items():
-            if stage not in factors:
-                raise ValueError(f"scale: неизвестный этап {stage!r}; этапы: {list(STAGES)}")
-            if not is_number(factor) or not math.isfinite(float(factor)) or factor <= 0:
-                raise ValueError(
-                    f"scale[{stage!r}]: множитель должен быть конечным числом > 0, "
-                    f"получено {factor!r}"
-                )
-            factors[stage] = float(factor)
-    rng = np.random.default_rng(int(seed))
-    noise = rng.standard_normal((int(steps), len(STAGES)))
-    data: dict[str, Any] = {"step": np.arange(int(steps))}
-    for j, stage in enumerate(STAGES):
-        times = DEFAULT_MEDIANS_S[stage] * factors[stage] * np.exp(NOISE_SIGMA[stage] * noise[:, j])
-        times[0] *= WARMUP_FACTOR[stage]
-        data[f"{stage}_s"] = times
-    return pd.DataFrame(data)
+    for stage, factor in (scale or {}).items():
+        factors[choice("scale: этап", stage, STAGES)] = positive(f"scale[{stage!r}]", factor)
+    noise = np.random.default_rng(seed).standard_normal((steps, len(STAGES)))
+    medians = np.array([DEFAULT_MEDIANS_S[s] * factors[s] for s in STAGES])
+    times = medians * np.exp(np.array([NOISE_SIGMA[s] for s in STAGES]) * noise)  # с
+    times[0] *= [WARMUP_FACTOR[s] for s in STAGES]
+    return pd.DataFrame({"step": np.arange(steps), **dict(zip(stage_columns(), times.T))})
 
 
 def stage_medians(frame: pd.DataFrame, skip_warmup: int = 1) -> pd.Series:
     """Медиана времени каждого этапа (с) по шагам после первых ``skip_warmup`` (прогрев).
 
-    Нужны столбцы ``<этап>_s`` для всех STAGES (как у synthetic_profile и
-    ``policy.sequential_loop(...).steps``); при наличии столбца ``step`` шаги упорядочиваются
-    по нему. Возвращает Series с индексом STAGES.
+    Нужны столбцы ``<этап>_s`` для всех STAGES; шаги упорядочиваются по ``step``, если он есть.
     """
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(
-            f"frame: ожидается pandas.DataFrame со столбцами <этап>_s, "
-            f"получено {type(frame).__name__}"
+            f"frame: ожидается pandas.DataFrame со столбцами <этап>_s, получено {frame!r}"
         )
-    missing = [c for c in stage_columns() if c not in frame.columns]
-    if missing:
+    if missing := [c for c in stage_columns() if c not in frame.columns]:
         raise ValueError(f"frame: нет столбцов времени этапов: {', '.join(missing)}")
-    if not isinstance(skip_warmup, numbers.Integral) or isinstance(skip_warmup, bool):
-        raise ValueError(f"skip_warmup: нужно целое ≥ 0, получено {skip_warmup!r}")
-    if not 0 <= skip_warmup < len(frame):
-        raise ValueError(
-            f"skip_warmup: должно быть от 0 до {len(frame) - 1} (в таблице {len(frame)} шагов), "
-            f"получено {skip_warmup}"
-        )
+    skip_warmup = integer("skip_warmup", skip_warmup, 0, len(frame) - 1)
     if "step" in frame.columns:
         frame = frame.sort_values("step", kind="stable")
-    values = frame[stage_columns()].iloc[int(skip_warmup) :]
-    arr = values.to_numpy(dtype=float)
+    arr = frame[stage_columns()].iloc[skip_warmup:].to_numpy(dtype=float)
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError("frame: времена этапов должны быть конечными числами ≥ 0 с")
     out = pd.Series(np.median(arr, axis=0), index=list(STAGES), name="медиана, с")
@@ -233,7 +127,6 @@ def stage_medians(frame: pd.DataFrame, skip_warmup: int = 1) -> pd.Series:
     return out
 
 
-# ---------------------------------------------------------------- арифметика профиля
 def sequential_time(stage_times: Mapping[str, float] | pd.Series) -> float:
     """Длительность последовательного шага T_seq = Σ T_этапа, в секундах."""
     return math.fsum(_stage_times(stage_times).values())
@@ -246,39 +139,26 @@ def dominant_stage(stage_times: Mapping[str, float] | pd.Series) -> str:
     return max(times, key=lambda s: times[s])
 
 
-def speedup_bound(stage_times: Mapping[str, float] | pd.Series, stage: str) -> float:
-    """Предел ускорения шага по Амдалу, если этап ``stage`` стал бесплатным (безразмерный).
-
-    S_max = T_seq / (T_seq − T_stage); знаменатель считается как сумма остальных этапов.
-    Если этап — это весь T_seq (остальные равны 0), предела нет: возвращается inf.
-    """
-    times = _stage_times(stage_times)
-    total = _positive_total(times)
-    stage = _known_stage(times, stage)
-    rest = math.fsum(t for s, t in times.items() if s != stage)
-    return math.inf if rest == 0 else total / rest
-
-
 def amdahl_speedup(
     stage_times: Mapping[str, float] | pd.Series, stage: str, factor: float
 ) -> float:
     """Ускорение шага по Амдалу, если этап ``stage`` стал быстрее в ``factor`` раз (безразмерное).
 
-    S = T_seq / (T_seq − T_stage + T_stage / factor); factor = 1 → 1, factor → ∞ → S_max
-    (factor = inf допустим), factor < 1 — замедление (S < 1).
+    S = T_seq / (T_seq − T_stage + T_stage / factor); factor = 1 → 1, factor < 1 — замедление,
+    factor = inf → предел S_max (знаменатель — сумма остальных этапов; 0 → inf).
     """
     times = _stage_times(stage_times)
     total = _positive_total(times)
-    stage = _known_stage(times, stage)
-    if not is_number(factor) or math.isnan(float(factor)) or not factor > 0:
-        raise ValueError(f"factor: ускорение этапа должно быть числом > 0, получено {factor!r}")
-    rest = math.fsum(t for s, t in times.items() if s != stage)
-    new_total = rest + times[stage] / float(factor)
+    stage = choice("stage: этап", stage, times)
+    if factor != math.inf:
+        factor = positive("factor: ускорение этапа", factor)
+    new_total = math.fsum(t for s, t in times.items() if s != stage) + times[stage] / factor
     return math.inf if new_total == 0 else total / new_total
 
 
-# ---------------------------------------------------------------- таблица и рисунок
-_TOKEN_KEYS = {"input_tokens": "prefill", "output_tokens": "decode"}
+def speedup_bound(stage_times: Mapping[str, float] | pd.Series, stage: str) -> float:
+    """Предел Амдала, если этап ``stage`` стал бесплатным: S_max = T_seq / (T_seq − T_stage)."""
+    return amdahl_speedup(stage_times, stage, math.inf)
 
 
 def profile_table(
@@ -286,38 +166,26 @@ def profile_table(
 ) -> pd.DataFrame:
     """Таблица профиля: строка на этап — «этап», «время, с», «доля, %» (= 100 · T_этапа / T_seq).
 
-    С ``tokens = {"input_tokens": N_in, "output_tokens": N_out}`` (на шаг) добавляется столбец
-    «токенов/с»: N_in / T_prefill для prefill и N_out / T_decode для decode, NaN для остальных
-    этапов (и при нулевом времени этапа). Индекс — ключи этапов (``STAGES``), его имя
-    «код этапа»: ключи остаются как в коде, русская подпись — в столбце «этап».
+    С ``tokens = {"input_tokens": N_in, "output_tokens": N_out}`` (на шаг) — столбец «токенов/с»:
+    N_in / T_prefill, N_out / T_decode, NaN у остальных этапов и при нулевом времени.
+    Индекс «код этапа» — ключи этапов, русская подпись — в столбце «этап».
     """
     times = _stage_times(stage_times)
     total = _positive_total(times)
+    seconds = pd.Series(times, dtype=float).rename_axis("код этапа")
     table = pd.DataFrame(
-        {
-            "этап": [_label(s) for s in times],
-            "время, с": list(times.values()),
-            "доля, %": [100.0 * t / total for t in times.values()],
-        },
-        index=pd.Index(list(times), name="код этапа"),
+        {"этап": seconds.index.map(_label), "время, с": seconds, "доля, %": 100.0 * seconds / total}
     )
-    if tokens is not None:
-        if not isinstance(tokens, Mapping) or not tokens:
-            raise ValueError(
-                'tokens: ожидается словарь {"input_tokens": N, "output_tokens": N}, '
-                f"получено {tokens!r}"
-            )
-        rates = [math.nan] * len(times)
-        names = list(times)
-        for key, value in tokens.items():
-            if key not in _TOKEN_KEYS:
-                raise ValueError(f"tokens: ключ {key!r} неизвестен; допустимы {list(_TOKEN_KEYS)}")
-            if not is_number(value) or not math.isfinite(float(value)) or value < 0:
-                raise ValueError(f"tokens[{key!r}]: нужно число токенов ≥ 0, получено {value!r}")
-            stage = _TOKEN_KEYS[key]
-            if stage in times and times[stage] > 0:
-                rates[names.index(stage)] = float(value) / times[stage]
-        table["токенов/с"] = rates
+    if tokens is None:
+        return table
+    if not isinstance(tokens, Mapping) or not tokens:
+        raise ValueError(f'tokens: ожидается словарь {{"input_tokens": N, …}}, получено {tokens!r}')
+    table["токенов/с"] = math.nan
+    for key, value in tokens.items():
+        stage = _TOKEN_KEYS[choice("tokens: ключ", key, _TOKEN_KEYS)]
+        count = nonnegative(f"tokens[{key!r}]", value)
+        if times.get(stage, 0) > 0:
+            table.loc[stage, "токенов/с"] = count / times[stage]  # токенов/с
     return table
 
 
@@ -325,49 +193,41 @@ def _profiles(data: Any) -> tuple[list[str], list[str], np.ndarray]:
     """(подписи строк, этапы, матрица с) из одного профиля или таблицы профилей."""
     if not isinstance(data, pd.DataFrame):
         times = _stage_times(data)
-        return [""], list(times), np.array([list(times.values())], dtype=float)
+        return [""], list(times), np.array([list(times.values())])
     if data.empty:
         raise ValueError("stage_times: таблица профилей пуста")
-    if all(c in data.columns for c in stage_columns()):  # таблица шагов: столбцы <этап>_s
-        frame = data[stage_columns()].set_axis(list(STAGES), axis=1)
+    labels = [str(i) for i in data.index]
+    if set(stage_columns()) <= set(data.columns):  # таблица шагов: столбцы <этап>_s
         if "step" in data.columns:
             labels = [f"шаг {s}" for s in data["step"]]
-        else:
-            labels = [str(i) for i in data.index]
-    else:
-        frame, labels = data, [str(i) for i in data.index]
-    rows = [_stage_times(row, f"stage_times (строка {label!r})") for label, (_, row) in
-            zip(labels, frame.iterrows())]  # fmt: skip
-    return labels, [str(c) for c in frame.columns], np.array([list(r.values()) for r in rows])
-
-
-# Этапы вне STAGES, которые встречаются на рисунках курса: у каждого свой постоянный цвет.
-EXTRA_STAGES = ("queue_wait", "backpressure", "verifier", "checkpoint")
+        data = data[stage_columns()].set_axis(list(STAGES), axis=1)
+    rows = [
+        _stage_times(r, f"stage_times (строка {i!r})") for i, (_, r) in zip(labels, data.iterrows())
+    ]
+    return labels, [str(c) for c in data.columns], np.array([list(r.values()) for r in rows])
 
 
 def stage_colors(stages) -> dict[str, Any]:
     """Один этап — один цвет на всех рисунках курса (диаграммы Ганта, полосы профиля).
 
-    STAGES и EXTRA_STAGES получают постоянные места палитры tab20 (сначала тёмные оттенки,
+    STAGES и _EXTRA_STAGES получают постоянные места палитры tab20 (сначала тёмные оттенки,
     потом светлые); незнакомые этапы — следующие места в порядке первого появления.
     """
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
-    places = [2 * i for i in range(10)] + [2 * i + 1 for i in range(10)]  # тёмные, затем светлые
-    known = [*STAGES, *EXTRA_STAGES]
-    unknown = [s for s in dict.fromkeys(str(x) for x in stages) if s not in known]
-    order = known + unknown
+    places = [*range(0, 20, 2), *range(1, 20, 2)]  # тёмные, затем светлые
+    known = [*STAGES, *_EXTRA_STAGES]
+    order = known + [s for s in dict.fromkeys(map(str, stages)) if s not in known]
     return {str(s): cmap(places[order.index(str(s)) % len(places)]) for s in stages}
 
 
 def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с.
 
-    Один профиль (dict или Series) — одна полоса; таблица профилей (строка на профиль,
-    столбцы — этапы, например уровни A и B) или таблица шагов со столбцами ``<этап>_s`` —
-    полоса на строку. На широких сегментах подписана доля этапа в T_seq строки, справа от
-    полосы — T_seq. Возвращает matplotlib Axes; сегментов (патчей) — строк × этапов.
+    Один профиль — одна полоса; таблица профилей (строка на профиль, столбцы — этапы) или
+    таблица шагов со столбцами ``<этап>_s`` — полоса на строку. На широких сегментах — доля
+    этапа в T_seq строки, справа — T_seq. Возвращает Axes; патчей — строк × этапов.
     """
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
@@ -375,48 +235,30 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     if title is not None and not isinstance(title, str):
         raise ValueError(f"title должно быть строкой или None, получено {title!r}")
     labels, stages, matrix = _profiles(stage_times)
-    totals = matrix.sum(axis=1)
+    totals = matrix.sum(axis=1)  # T_seq строки, с
     if not (totals > 0).all():
         raise ValueError("stage_times: у каждого профиля сумма времён этапов должна быть > 0 с")
-    n_rows = len(labels)
+    n_rows, x_max = len(labels), float(totals.max())
     if ax is None:
         _, ax = plt.subplots(figsize=(10, max(2.6, 1.3 + 0.55 * n_rows)))
     colors = stage_colors(stages)
-    x_max = float(totals.max())
     left = np.zeros(n_rows)
-    for j, stage in enumerate(stages):
-        widths = matrix[:, j]
-        bars = ax.barh(
-            range(n_rows),
-            widths,
-            left=left,
-            height=0.6,
-            color=colors[stage],
-            edgecolor="white",
-            linewidth=0.8,
-            label=_label(stage),
-            zorder=2,
-        )
+    for stage, widths in zip(stages, matrix.T):
+        color = colors[stage]
+        style = {"height": 0.6, "edgecolor": "white", "linewidth": 0.8, "zorder": 2}
+        bars = ax.barh(range(n_rows), widths, left=left, color=color, label=_label(stage), **style)
+        r, g, b = to_rgb(color)
+        ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"  # яркость фона
         for i, patch in enumerate(bars.patches):
-            share = widths[i] / totals[i]
+            share = widths[i] / totals[i]  # доля этапа в T_seq
             if widths[i] >= 0.06 * x_max and share >= 0.04:
-                r, g, b = to_rgb(colors[stage])
-                ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
-                ax.text(
-                    patch.get_x() + patch.get_width() / 2,
-                    i,
-                    f"{100 * share:.0f} %",
-                    ha="center",
-                    va="center",
-                    fontsize=9,
-                    color=ink,
-                    zorder=3,
-                )
+                x = patch.get_x() + patch.get_width() / 2
+                label = f"{100 * share:.0f} %"
+                ax.text(x, i, label, ha="center", va="center", fontsize=9, color=ink, zorder=3)
         left = left + widths
     for i, total in enumerate(totals):
         ax.text(total + 0.01 * x_max, i, f"{total:.2f} с", va="center", fontsize=9)
-    ax.set_yticks(range(n_rows))
-    ax.set_yticklabels(labels)
+    ax.set_yticks(range(n_rows), labels)
     if n_rows == 1 and not labels[0]:
         ax.set_yticks([])
     ax.set_ylim(n_rows - 0.5, -0.5)  # первая строка сверху
@@ -424,24 +266,13 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     ax.set_xlabel("время шага, с")
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     if title is None:
-        title = (
-            f"Последовательный шаг по этапам: T_seq = {totals[0]:.2f} с"
-            if n_rows == 1
-            else "Последовательный шаг по этапам"
-        )
+        title = "Последовательный шаг по этапам"
+        title += f": T_seq = {totals[0]:.2f} с" if n_rows == 1 else ""
     ax.set_title(title)
-    ax.legend(
-        title="этап",
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        borderaxespad=0.0,
-        fontsize="small",
-        frameon=False,
-    )
-    if ax.figure is not None:
-        with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
-            ax.figure.tight_layout()
+    legend = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+    ax.legend(title="этап", fontsize="small", frameon=False, **legend)
+    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
+        ax.figure.tight_layout()
     return ax
