@@ -30,7 +30,7 @@ from course_utils import arith_task
 from course_utils.args import choice, integer, positive, real, text
 from course_utils.arith_task import ArithTask, is_informative_group, make_tasks, scalar_reward
 from course_utils.contract import RolloutRecord
-from course_utils.memory import MODEL_CONFIGS_DIR, available_model_configs
+from course_utils.memory import MODEL_CONFIGS_DIR, available_model_configs, tensor_bytes
 from course_utils.offpolicy import clipped, grpo_loss
 from course_utils.profile import STAGES, stage_columns
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
@@ -242,18 +242,13 @@ def _forward(model, input_ids, attention_mask, position_ids, cache=None):
     return out.logits[:, -1, :], (out.past_key_values if cache is None else cache)
 
 
-def _tensor_bytes(tensors) -> int:
-    """Σ numel · element_size по тензорам (не-тензоры пропускаются), байт."""
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
 def cache_bytes(cache) -> int:
     """Байты K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size."""
     if cache is None:
         raise ValueError("cache: кэш не передан (None)")
     layers = getattr(cache, "layers", None)  # transformers 5.x; раньше — кортежи (k, v) по слоям
     pairs = [(la.keys, la.values) for la in layers] if layers is not None else list(cache)
-    return _tensor_bytes(t for k, v in pairs for t in (k, v))
+    return tensor_bytes(t for k, v in pairs for t in (k, v))
 
 
 def _sync_fn(device: torch.device):
@@ -606,7 +601,7 @@ def sync_weights(trainer_model, engine_model) -> int:
         if name not in src:
             raise ValueError(f"engine_model: параметр {name} отсутствует у тренера")
         tensor.copy_(src[name])
-    return _tensor_bytes(dst.values())
+    return tensor_bytes(dst.values())
 
 
 @dataclass
@@ -644,11 +639,11 @@ def colocated_memory_timeline(
     phases, gpu = [], []
 
     def mark(name: str, extra: dict | None = None) -> None:
-        state = [t for st in opt.state.values() for t in st.values()]
+        state = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
         grads = [p.grad for p in net.parameters() if p.grad is not None]
-        sizes = {"веса": _tensor_bytes(net.parameters())}
-        sizes["состояние оптимизатора"] = _tensor_bytes(state)
-        sizes |= {"градиенты": _tensor_bytes(grads)} if grads else {}
+        sizes = {"веса": tensor_bytes(net.parameters())}
+        sizes["состояние оптимизатора"] = tensor_bytes(state)
+        sizes |= {"градиенты": tensor_bytes(grads)} if grads else {}
         phases.append((name, {**sizes, **(extra or {})}))
         if cuda:
             torch.cuda.synchronize(device)
