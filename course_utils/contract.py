@@ -1,12 +1,9 @@
 """Контракт роллаута (лекция, шаг 12.1.2): запись, её проверка и сериализация.
 
-Запись роллаута — событие с явной схемой, а не «ответ плюс число»: версия политики поведения,
-токены запроса и ответа, маска политики (какие токены выбрала политика, а какие пришли из запроса
-или от среды), логарифмы вероятностей политики поведения, настройки декодирования, награда,
-причина остановки и версия верификатора. ``validate_rollout`` возвращает список нарушений
-(пустой — запись пригодна для честного обновления политики), каждое сообщение начинается с ключа
-правила из ``RULES`` в квадратных скобках. JSONL и Parquet сохраняют все поля без потерь; рядом
-с файлом пишется его SHA-256 (``<файл>.sha256``, формат sha256sum), и чтение её сверяет.
+Запись — событие с явной схемой: версия политики, токены запроса и ответа, маска политики,
+логарифмы вероятностей, декодирование, награда, причина остановки, версия верификатора.
+``validate_rollout`` — список нарушений с ключом правила из ``RULES``; JSONL и Parquet хранят
+поля без потерь, рядом с файлом — его SHA-256 (``<файл>.sha256``, формат sha256sum).
 """
 
 from __future__ import annotations
@@ -14,33 +11,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from course_utils import atomic, fmt
-from course_utils.args import is_int, is_number, path as check_path
-
-REQUIRED_FIELDS = (
-    "sample_id",
-    "policy_version",
-    "prompt_tokens",
-    "response_tokens",
-    "policy_mask",
-    "behavior_logprobs",
-    "decoding",
-    "reward",
-    "stop_reason",
-    "verifier_version",
-)
+from course_utils.args import is_int, is_number, is_real, path as check_path
 
 RULES = {
     "missing_field": "в записи нет обязательного поля",
@@ -59,8 +41,6 @@ RULES = {
     "stop_reason": "причина остановки должна быть непустой строкой",
     "verifier_version": "версия верификатора должна быть непустой строкой",
 }
-
-_OPTIONAL_STR = ("trace_id", "prompt_id", "group_id")
 
 
 @dataclass
@@ -88,27 +68,21 @@ class RolloutRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> RolloutRecord:
-        """Запись из словаря; ValueError называет отсутствующие и неизвестные поля.
-
-        Содержимое полей не проверяется: для этого есть ``validate_rollout``.
-        """
+        """Запись из словаря (содержимое не проверяется); ValueError называет лишние и нехватку."""
         if not isinstance(d, Mapping):
             raise ValueError(f"from_dict ожидает словарь, получено {type(d).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [k for k in REQUIRED_FIELDS if k not in d]
-        unknown = [repr(k) for k in d if k not in names]
-        if missing or unknown:
-            parts = []
-            if missing:
-                parts.append("нет обязательных полей: " + ", ".join(missing))
-            if unknown:
-                parts.append("неизвестные поля: " + ", ".join(unknown))
+        problems = {
+            "нет обязательных полей": [k for k in REQUIRED_FIELDS if k not in d],
+            "неизвестные поля": [repr(k) for k in d if k not in _FIELDS],
+        }
+        if any(problems.values()):
+            parts = [f"{what}: " + ", ".join(keys) for what, keys in problems.items() if keys]
             raise ValueError("Запись роллаута: " + "; ".join(parts))
-        return cls(**{k: d[k] for k in names if k in d})
+        return cls(**{k: d[k] for k in _FIELDS if k in d})
 
     @property
     def num_policy_tokens(self) -> int:
-        """Число токенов, выбранных политикой: позиций маски, равных 1."""
+        """Число токенов, выбранных политикой: Σ policy_mask (позиций, равных 1)."""
         count = _count_ones(self.policy_mask)
         if count is None:
             raise ValueError("policy_mask должна быть списком, чтобы посчитать токены политики")
@@ -117,6 +91,12 @@ class RolloutRecord:
     def response_mask(self) -> list[int]:
         """Маска политики на позициях ответа: policy_mask[len(prompt_tokens):]."""
         return list(self.policy_mask[len(self.prompt_tokens) :])
+
+
+_FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
+REQUIRED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(RolloutRecord) if f.default is dataclasses.MISSING
+)
 
 
 def _is_nonneg_int(x) -> bool:
@@ -134,12 +114,27 @@ def _positions(idx: list[int], limit: int = 5) -> str:
     return shown + (f" … (всего {len(idx)})" if len(idx) > limit else "")
 
 
-def validate_rollout(record) -> list[str]:
-    """Нарушения контракта роллаута (сообщения на русском); пустой список — запись пригодна.
+_LOGPROB_MESSAGES = {
+    "field_type": "behavior_logprobs: не числа на позициях {}",
+    "logprob_finite": "NaN или ±inf на позициях {}",
+    "logprob_positive": "логарифм вероятности > 0 на позициях {}: вероятность не может превышать 1",
+}
 
-    Никогда не бросает исключение на плохом содержимом. Правила и их ключи — в ``RULES``.
-    Решения: ответ без токенов политики допустим; лишние ключи словаря не проверяются;
-    если все поточечные версии равны v, а policy_version — другое целое, это ``policy_version``.
+
+def _logprob_rule(x) -> str | None:
+    """Ключ нарушенного правила для log π (он должен лежать в (−∞, 0]) или None."""
+    if not is_number(x):
+        return "field_type"
+    if not math.isfinite(x):
+        return "logprob_finite"
+    return "logprob_positive" if x > 0 else None
+
+
+def validate_rollout(record) -> list[str]:
+    """Нарушения контракта роллаута (по-русски, с ключом из ``RULES``); пустой список — пригодна.
+
+    Не бросает исключений на плохом содержимом. Ответ без токенов политики допустим; если все
+    поточечные версии равны v, а policy_version — другое целое, нарушено ``policy_version``.
     """
     try:
         return _validate(record)
@@ -149,39 +144,31 @@ def validate_rollout(record) -> list[str]:
 
 def _validate(record) -> list[str]:
     if isinstance(record, RolloutRecord):
-        rec = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        rec = {k: getattr(record, k) for k in _FIELDS}
     elif isinstance(record, Mapping):
         rec = record
     else:
         return [f"[field_type] ожидается словарь или RolloutRecord, получено {fmt.short(record)}"]
-    out: list[str] = []
-    out += [
-        f"[missing_field] в записи нет обязательного поля {k!r}"
-        for k in REQUIRED_FIELDS
-        if k not in rec
-    ]
-
-    sid = rec.get("sample_id", "")
-    if not isinstance(sid, str) or ("sample_id" in rec and not sid.strip()):
-        out.append(
-            f"[field_type] sample_id должен быть непустой строкой, получено {fmt.short(sid)}"
-        )
-    for k in _OPTIONAL_STR:
-        if not isinstance(rec.get(k, ""), str):
-            out.append(f"[field_type] {k} должен быть строкой, получено {fmt.short(rec[k])}")
+    missing = [k for k in REQUIRED_FIELDS if k not in rec]
+    out = [f"[missing_field] в записи нет обязательного поля {k!r}" for k in missing]
+    for k in ("sample_id", "trace_id", "prompt_id", "group_id"):
+        value, required = rec.get(k, ""), k == "sample_id" and k in rec
+        if not isinstance(value, str) or (required and not value.strip()):
+            what = "непустой строкой" if k == "sample_id" else "строкой"
+            out.append(f"[field_type] {k} должен быть {what}, получено {fmt.short(value)}")
 
     lengths = {}
     for k in ("prompt_tokens", "response_tokens"):
-        if k not in rec:
-            continue
-        toks = rec[k]
-        if not isinstance(toks, list):
+        toks = rec.get(k)
+        if k in rec and not isinstance(toks, list):
             out.append(f"[field_type] {k} должен быть списком целых, получено {fmt.short(toks)}")
-            continue
-        lengths[k] = len(toks)
-        bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
-        if bad:
-            out.append(f"[field_type] {k}: не неотрицательные целые на позициях {_positions(bad)}")
+        elif k in rec:
+            lengths[k] = len(toks)
+            bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
+            if bad:
+                out.append(
+                    f"[field_type] {k}: не неотрицательные целые на позициях {_positions(bad)}"
+                )
 
     n_policy = None
     mask = rec.get("policy_mask")
@@ -200,13 +187,12 @@ def _validate(record) -> list[str]:
                 f"[mask_length] длина маски {len(mask)}, а запрос + ответ = "
                 f"{lengths['prompt_tokens']} + {lengths['response_tokens']}"
             )
-        if "prompt_tokens" in lengths:
-            ones = [i for i, m in enumerate(mask[: lengths["prompt_tokens"]]) if m == 1]
-            if ones:
-                out.append(
-                    f"[mask_prompt] маска политики равна 1 на позиции {_positions(ones)} запроса: "
-                    "токены запроса не выбирались политикой"
-                )
+        ones = [i for i, m in enumerate(mask[: lengths.get("prompt_tokens", 0)]) if m == 1]
+        if ones:
+            out.append(
+                f"[mask_prompt] маска политики равна 1 на позиции {_positions(ones)} запроса: "
+                "токены запроса не выбирались политикой"
+            )
 
     lps = rec.get("behavior_logprobs")
     if "behavior_logprobs" in rec and not isinstance(lps, list):
@@ -219,20 +205,11 @@ def _validate(record) -> list[str]:
                 f"[logprob_count] токенов политики (маска = 1): {n_policy}, "
                 f"а логарифмов вероятностей: {len(lps)}"
             )
-        not_num = [i for i, x in enumerate(lps) if not is_number(x)]
-        nonfinite = [i for i, x in enumerate(lps) if is_number(x) and not math.isfinite(x)]
-        positive = [i for i, x in enumerate(lps) if is_number(x) and math.isfinite(x) and x > 0]
-        if not_num:
-            out.append(
-                f"[field_type] behavior_logprobs: не числа на позициях {_positions(not_num)}"
-            )
-        if nonfinite:
-            out.append(f"[logprob_finite] NaN или ±inf на позициях {_positions(nonfinite)}")
-        if positive:
-            out.append(
-                f"[logprob_positive] логарифм вероятности > 0 на позициях {_positions(positive)}: "
-                "вероятность не может превышать 1"
-            )
+        rules = [_logprob_rule(x) for x in lps]
+        for key, text in _LOGPROB_MESSAGES.items():
+            bad = [i for i, rule in enumerate(rules) if rule == key]
+            if bad:
+                out.append(f"[{key}] " + text.format(_positions(bad)))
 
     if "policy_version" in rec:
         out += _check_versions(
@@ -268,9 +245,9 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
     if len(distinct) > 1:
         if pv is not None:
             out.append(
-                f"[mixed_versions] версии политики внутри ответа различаются ({_positions(distinct)}), "
-                "одна метка policy_version неверна — лекция, шаг 12.1.4; "
-                "укажите policy_version=None и поточечные версии"
+                f"[mixed_versions] версии политики внутри ответа различаются "
+                f"({_positions(distinct)}), одна метка policy_version неверна — лекция, шаг "
+                "12.1.4; укажите policy_version=None и поточечные версии"
             )
     elif pv is None:
         if not distinct:
@@ -286,30 +263,22 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
 
 def _check_dicts(rec) -> list[str]:
     out = []
-    if "decoding" in rec:
-        dec = rec["decoding"]
-        if not isinstance(dec, Mapping):
-            out.append(f"[decoding] decoding должен быть словарём, получено {fmt.short(dec)}")
-        else:
-            t, p = dec.get("temperature"), dec.get("top_p")
-            if not (is_number(t) and math.isfinite(t) and t > 0):
-                out.append(
-                    f"[decoding] temperature должна быть конечным числом > 0: {fmt.short(t)}"
-                )
-            if not (is_number(p) and 0 < p <= 1):
-                out.append(f"[decoding] top_p должен лежать в (0, 1]: {fmt.short(p)}")
-    if "reward" in rec:
-        rew = rec["reward"]
-        if not isinstance(rew, Mapping) or not rew:
-            out.append(f"[reward] reward должен быть непустым словарём, получено {fmt.short(rew)}")
-        else:
-            bad = [
-                fmt.short(k)
-                for k, v in rew.items()
-                if not (isinstance(k, str) and is_number(v) and math.isfinite(v))
-            ]
-            if bad:
-                out.append(f"[reward] компоненты награды не конечные числа: {', '.join(bad)}")
+    dec = rec.get("decoding")
+    if "decoding" in rec and not isinstance(dec, Mapping):
+        out.append(f"[decoding] decoding должен быть словарём, получено {fmt.short(dec)}")
+    elif "decoding" in rec:
+        t, p = dec.get("temperature"), dec.get("top_p")
+        if not (is_real(t) and t > 0):
+            out.append(f"[decoding] temperature должна быть конечным числом > 0: {fmt.short(t)}")
+        if not (is_number(p) and 0 < p <= 1):
+            out.append(f"[decoding] top_p должен лежать в (0, 1]: {fmt.short(p)}")
+    rew = rec.get("reward")
+    if "reward" in rec and not (isinstance(rew, Mapping) and rew):
+        out.append(f"[reward] reward должен быть непустым словарём, получено {fmt.short(rew)}")
+    elif "reward" in rec:
+        bad = [fmt.short(k) for k, v in rew.items() if not (isinstance(k, str) and is_real(v))]
+        if bad:
+            out.append(f"[reward] компоненты награды не конечные числа: {', '.join(bad)}")
     return out
 
 
@@ -334,64 +303,44 @@ def _as_records(records, path) -> tuple[str, list[RolloutRecord]]:
         raise ValueError(f"records: ожидается список записей, получено {type(records).__name__}")
     out = []
     for i, r in enumerate(records):
-        if isinstance(r, RolloutRecord):
-            out.append(r)
-        elif isinstance(r, Mapping):
-            try:
-                out.append(RolloutRecord.from_dict(r))
-            except ValueError as exc:
-                raise ValueError(f"records[{i}]: {exc}") from None
-        else:
+        if not isinstance(r, RolloutRecord | Mapping):
             raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {fmt.short(r)}")
+        try:
+            out.append(r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r))
+        except ValueError as exc:
+            raise ValueError(f"records[{i}]: {exc}") from None
     return os.fspath(path), out
 
 
-CHECKSUM_SUFFIX = ".sha256"
+_SUFFIX = ".sha256"
 # строка sha256sum: 64 шестнадцатеричные цифры, пробел, пробел или * (двоичный режим), имя файла
 _CHECKSUM_LINE = re.compile(rb"([0-9a-fA-F]{64}) [ *][^\r\n]+\r?\n?")
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _atomic_write(path: str, write) -> None:
-    """Данные и их SHA-256 (path + ".sha256") — во временные файлы рядом, fsync, затем
-    os.replace: сначала данные, потом сумма. При ошибке временные файлы убираются, старые
-    данные и старая сумма остаются как были.
+    """Данные, затем их SHA-256 (``path + ".sha256"``) — во временные файлы рядом, потом os.replace.
+
+    При сбое временные файлы убираются, старые данные и старая сумма остаются; если данные уже
+    заменены, а сумма нет, старая сумма удаляется (к новым данным она не подходит).
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    temps = []
+    directory, base = os.path.split(os.path.abspath(path))
+    data_tmp = sum_tmp = None
+    replaced = False
     try:
-        temps.append(atomic.temp_file(directory, base, write))
-        line = f"{_sha256_file(temps[0])}  {base}\n".encode()  # сумма того, что уже на диске
-        temps.append(atomic.temp_file(directory, base + CHECKSUM_SUFFIX, lambda f: f.write(line)))
-        os.replace(temps[0], path)
-        temps.pop(0)
-        try:
-            os.replace(temps[0], path + CHECKSUM_SUFFIX)
-        except BaseException:
-            with contextlib.suppress(OSError):  # старая сумма к новым данным не подходит
-                os.unlink(path + CHECKSUM_SUFFIX)
-            raise
-        temps.pop(0)
+        data_tmp = atomic.temp_file(directory, base, write)
+        with open(data_tmp, "rb") as f:  # сумма того, что уже на диске
+            line = f"{hashlib.file_digest(f, 'sha256').hexdigest()}  {base}\n".encode()
+        sum_tmp = atomic.temp_file(directory, base + _SUFFIX, lambda f: f.write(line))
+        os.replace(data_tmp, path)
+        data_tmp, replaced = None, True
+        os.replace(sum_tmp, path + _SUFFIX)
     except BaseException:
-        for tmp in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        for name in (data_tmp, sum_tmp, path + _SUFFIX if replaced else None):
+            if name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
         raise
-    # fsync каталога: чтобы само переименование пережило сбой питания (на Windows не нужно)
-    with contextlib.suppress(OSError, AttributeError):
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    atomic.fsync_dir(directory)
 
 
 def _json_default(obj):
@@ -401,7 +350,7 @@ def _json_default(obj):
 
 
 def write_jsonl(records, path) -> None:
-    """Атомарно пишет записи в JSONL: одна запись — одна строка JSON (NaN пишется как NaN).
+    """Атомарно пишет записи в JSONL, по строке JSON на запись (NaN — как NaN), и сумму SHA-256.
 
     Некорректные по содержимому записи сохраняются как есть, чтобы их можно было изучить.
     """
@@ -425,21 +374,21 @@ def _read_checked(path) -> tuple[str, bytes]:
         raise ValueError(f"{name}: это каталог, а не файл записей")
     if not os.path.exists(name):
         raise ValueError(f"{name}: файл не найден")
+    side = name + _SUFFIX
     try:
         with open(name, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise ValueError(f"{name}: файл не читается ({exc.strerror or exc})") from None
-    side = name + CHECKSUM_SUFFIX
     if not os.path.lexists(side):
         return name, data
     try:
-        line = Path(side).read_bytes()
+        with open(side, "rb") as f:
+            match = _CHECKSUM_LINE.fullmatch(f.read())
     except OSError as exc:
         raise ValueError(
             f"{side}: файл контрольной суммы не читается ({exc.strerror or exc})"
         ) from None
-    match = _CHECKSUM_LINE.fullmatch(line)
     if match is None:
         raise ValueError(
             f"{side}: файл контрольной суммы повреждён — нужна одна строка sha256sum "
@@ -456,13 +405,10 @@ def _read_checked(path) -> tuple[str, bytes]:
 
 
 def read_jsonl(path) -> list[RolloutRecord]:
-    """Читает записи из JSONL; ValueError называет файл и строку с ошибкой.
-
-    Если рядом есть ``<файл>.sha256`` (его пишет ``write_jsonl``), байты сверяются с ним.
-    """
+    """Записи из JSONL (сверив SHA-256, если есть сумма); ValueError называет файл и строку."""
     name, data = _read_checked(path)
     out = []
-    for lineno, raw in enumerate(io.BytesIO(data), start=1):
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
         try:
             text = raw.decode("utf-8").strip()
             if not text:
@@ -478,26 +424,20 @@ def read_jsonl(path) -> list[RolloutRecord]:
     return out
 
 
-PARQUET_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("policy_version", pa.int64()),
-        ("prompt_tokens", pa.list_(pa.int64())),
-        ("response_tokens", pa.list_(pa.int64())),
-        ("policy_mask", pa.list_(pa.int8())),
-        ("behavior_logprobs", pa.list_(pa.float64())),
-        ("decoding", pa.string()),  # JSON: произвольные ключи и значения переживают запись
-        ("reward", pa.string()),  # JSON
-        ("stop_reason", pa.string()),
-        ("verifier_version", pa.string()),
-        ("trace_id", pa.string()),
-        ("prompt_id", pa.string()),
-        ("group_id", pa.string()),
-        ("token_policy_versions", pa.list_(pa.int64())),
-    ],
+_INTS = pa.list_(pa.int64())
+_TYPES = {  # decoding и reward — строки JSON: произвольные ключи и значения переживают запись
+    "policy_version": pa.int64(),
+    "prompt_tokens": _INTS,
+    "response_tokens": _INTS,
+    "policy_mask": pa.list_(pa.int8()),
+    "behavior_logprobs": pa.list_(pa.float64()),
+    "token_policy_versions": _INTS,
+}
+_INT_LISTS = ("prompt_tokens", "response_tokens", "policy_mask", "token_policy_versions")
+_SCHEMA = pa.schema(
+    [(k, _TYPES.get(k, pa.string())) for k in _FIELDS],
     metadata={b"course_utils.contract": b"RolloutRecord/1"},
 )
-_INT_LISTS = ("prompt_tokens", "response_tokens", "policy_mask", "token_policy_versions")
 
 
 def _parquet_cell(name: str, value, i: int):
@@ -505,7 +445,7 @@ def _parquet_cell(name: str, value, i: int):
         return json.dumps(value, ensure_ascii=False, default=_json_default)
     # pyarrow молча усекает 1.5 до 1 в целочисленном столбце: проверяем сами
     bad = (name == "policy_version" and value is not None and not is_int(value)) or (
-        name in _INT_LISTS and isinstance(value, list | tuple) and not all(is_int(x) for x in value)
+        name in _INT_LISTS and isinstance(value, list | tuple) and not all(map(is_int, value))
     )
     if bad:
         raise ValueError(
@@ -515,28 +455,25 @@ def _parquet_cell(name: str, value, i: int):
 
 
 def write_parquet(records, path) -> None:
-    """Атомарно пишет записи в Parquet с явной схемой ``PARQUET_SCHEMA``.
+    """Атомарно пишет записи в Parquet с явной схемой и сумму SHA-256.
 
     decoding и reward хранятся строками JSON; логарифмы вероятностей — float64 (целое 0 станет 0.0).
     Поля неверного типа (строка вместо списка токенов) в схему не помещаются: ValueError.
     """
     path, recs = _as_records(records, path)
     columns = []
-    for fld in PARQUET_SCHEMA:
+    for fld in _SCHEMA:
         try:
             values = [_parquet_cell(fld.name, getattr(r, fld.name), i) for i, r in enumerate(recs)]
             columns.append(pa.array(values, type=fld.type))
         except (pa.ArrowException, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise ValueError(f"write_parquet, поле {fld.name!r}: {exc}") from None
-    table = pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA)
+    table = pa.Table.from_arrays(columns, schema=_SCHEMA)
     _atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 def read_parquet(path) -> list[RolloutRecord]:
-    """Читает записи из Parquet; ValueError называет файл и строку (номер записи) с ошибкой.
-
-    Если рядом есть ``<файл>.sha256`` (его пишет ``write_parquet``), байты сверяются с ним.
-    """
+    """Записи из Parquet (сверив SHA-256, если есть сумма); ValueError называет файл и строку."""
     name, data = _read_checked(path)
     try:
         table = pq.read_table(pa.BufferReader(data))
@@ -548,6 +485,7 @@ def read_parquet(path) -> list[RolloutRecord]:
         raise ValueError(f"{name}: в таблице нет столбцов: {', '.join(missing)}")
     out = []
     for row, d in enumerate(rows):
+        where = f"{name}, строка {row} (нумерация с 0)"
         try:
             for k in ("decoding", "reward"):
                 if not isinstance(d[k], str):
@@ -557,11 +495,9 @@ def read_parquet(path) -> list[RolloutRecord]:
                 d[k] = json.loads(d[k])
             out.append(RolloutRecord.from_dict(d))
         except ValueError as exc:
-            raise ValueError(f"{name}, строка {row} (нумерация с 0): {exc}") from None
+            raise ValueError(f"{where}: {exc}") from None
         except RecursionError:
-            raise ValueError(
-                f"{name}, строка {row} (нумерация с 0): JSON вложен слишком глубоко"
-            ) from None
+            raise ValueError(f"{where}: JSON вложен слишком глубоко") from None
     return out
 
 
@@ -571,18 +507,17 @@ def records_to_frame(records):
 
     if not isinstance(records, list | tuple):
         raise ValueError(f"records: ожидается список записей, получено {type(records).__name__}")
-    names = [f.name for f in dataclasses.fields(RolloutRecord)]
     rows = []
     for i, r in enumerate(records):
         if not isinstance(r, RolloutRecord | Mapping):
             raise ValueError(f"records[{i}]: ожидается RolloutRecord или словарь: {fmt.short(r)}")
         d = r.to_dict() if isinstance(r, RolloutRecord) else dict(r)
-        row = {k: d.get(k) for k in names}
+        row = {k: d.get(k) for k in _FIELDS}
         for col, k in (("n_prompt", "prompt_tokens"), ("n_response", "response_tokens")):
             row[col] = len(d[k]) if isinstance(d.get(k), list | tuple) else None
         row["n_policy_tokens"] = _count_ones(d.get("policy_mask"))
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=names + ["n_prompt", "n_response", "n_policy_tokens"])
+    frame = pd.DataFrame(rows, columns=_FIELDS + ["n_prompt", "n_response", "n_policy_tokens"])
     for col in ("policy_version", "n_prompt", "n_response", "n_policy_tokens"):
         values = [row[col] for row in rows if row[col] is not None]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -610,11 +545,8 @@ def example_record() -> RolloutRecord:
 
 
 def example_multiturn_record() -> RolloutRecord:
-    """Двухходовой роллаут с инструментом: токены ответа инструмента в ответе замаскированы (0).
-
-    Ход 1: политика пишет вызов инструмента (3 токена), среда возвращает 4 токена наблюдения;
-    ход 2: политика пишет ответ (3 токена, последний — EOS). Логарифмов вероятностей 6.
-    """
+    """Два хода с инструментом: вызов (3 токена политики), наблюдение среды (4 токена, маска 0),
+    ответ (3 токена политики, последний — EOS); логарифмов вероятностей 6."""
     prompt = [101, 7, 42, 17]
     call, observation, answer = [501, 502, 503], [900, 901, 902, 903], [314, 159, 2]
     return RolloutRecord(
