@@ -40,9 +40,13 @@ def norm(x: Any) -> Any:
     return " ".join(x.split()).casefold().replace("ё", "е").strip("`'\"«»[]. ")
 
 
+def _by_norm(given: Mapping) -> dict:
+    return {norm(k): v for k, v in given.items()}
+
+
 def get(given: Mapping, key: str) -> Any:
     """Значение ответа-словаря по ключу без учёта регистра; None, если ключа нет."""
-    return {norm(k): v for k, v in given.items()}.get(norm(key))
+    return _by_norm(given).get(norm(key))
 
 
 class AnswerType:
@@ -210,19 +214,11 @@ class IdSet(AnswerType):
         return "[____]"
 
 
-def _by_norm(given: Mapping) -> dict:
-    return {norm(k): v for k, v in given.items()}
-
-
 @dataclass(frozen=True)
 class Fields(AnswerType):
     """Словарь с ровно такими ключами; значение каждого ключа — своего типа."""
 
     fields: Mapping[str, AnswerType]
-
-    def shape(self) -> str:
-        """Вид ответа для условия: словарь `{"a": …, "b": …}`."""
-        return "словарь `{" + ", ".join(f'"{k}": …' for k in self.fields) + "}`"
 
     def problem(self, given: Any, task: dict) -> str | None:
         keys = ", ".join(self.fields)
@@ -242,8 +238,7 @@ class Fields(AnswerType):
         return None
 
     def same(self, expected: Any, given: Any) -> bool:
-        e, g = _by_norm(expected), _by_norm(given)
-        return all(kind.same(e[norm(k)], g[norm(k)]) for k, kind in self.fields.items())
+        return not self.wrong_keys(expected, given)
 
     def wrong_keys(self, expected: Mapping, given: Mapping) -> list[str]:
         e, g = _by_norm(expected), _by_norm(given)

@@ -73,7 +73,6 @@ class Step:
     def exercise(self) -> Exercise:
         """Exercise для grading.register: форма, сравнение и отзыв — из схемы ответа."""
         schema = self.answer
-        outcome = schema.outcome if isinstance(schema, Function) else None
         return Exercise(
             id=self.id,
             title=COURSE_STEPS.get(self.id, self.id),
@@ -88,5 +87,5 @@ class Step:
             compare=lambda expected, given, rtol: schema.same(expected, given),
             validate_answer=lambda answer, task: schema.problem(answer, task),
             describe_mismatch=lambda expected, given, task: schema.mismatch(expected, given),
-            outcome=outcome,
+            outcome=schema.outcome if isinstance(schema, Function) else None,
         )

@@ -64,11 +64,9 @@ def _analyse_trace(task_json: str) -> dict:
     (length, chain), H = pipeline.critical_path(trace, deps), max(r["end_s"] for r in trace)
     stages = dict.fromkeys(r["stage"] for r in trace if r["stage"] not in pipeline.WAIT_STAGES)
     work = {st: pipeline.sum_of_work([r for r in trace if r["stage"] == st]) for st in stages}
-    gains = {}
+    halved, gains = [r | {"end_s": (r["start_s"] + r["end_s"]) / 2} for r in trace], {}
     for st in stages:  # все интервалы этапа вдвое короче
-        h = [
-            r | {"end_s": (r["start_s"] + r["end_s"]) / 2} if r["stage"] == st else r for r in trace
-        ]
+        h = [m if r["stage"] == st else r for r, m in zip(trace, halved)]
         gains[st] = length - pipeline.critical_path(h, deps)[0]
     util = pipeline.pool_utilization(trace, {w: p for p, ws in pools.items() for w in ws})
     W, n_workers = pipeline.sum_of_work(trace), sum(map(len, pools.values()))
