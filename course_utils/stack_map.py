@@ -1,10 +1,10 @@
 """Датированная карта стеков RL для LLM (шаги 12.1.3, 12.5.4, 12.5.12): загрузка, фильтр, рисунок.
 
-Карта — снимок кода и документации семи стеков на указанные даты, а не рейтинг. Факты лежат в
-``data/``: ``stack_map.csv`` (карта), ``stack_speedups.csv`` (ускорения — заявления авторов),
-``stack_limits.csv`` (ограничения сочетаний), ``stack_multi_node.csv`` (многоузловые запуски);
-формат и источники — ``data/SOURCES.md``. Многозначные ячейки разделены ``|``, элемент с ``?``
-не подтверждён (его столбец обязан стоять в ``unconfirmed``), ``n/a`` — параметра у стека нет.
+Карта — снимок кода и документации семи стеков на указанные даты, а не рейтинг. Факты — в ``data/``:
+``stack_map.csv`` (карта), ``stack_speedups.csv`` (ускорения — заявления авторов),
+``stack_limits.csv`` (ограничения сочетаний), ``stack_multi_node.csv`` (многоузловые запуски),
+русские подписи — ``stack_map_labels.csv``; формат и источники — ``data/SOURCES.md``.
+В ячейках ``|`` разделяет элементы, ``?`` на конце — не подтверждено, ``n/a`` — параметра нет.
 Осей две: размещение ``PLACEMENTS`` и синхронность ``SYNCHRONY``; «на шаг позади» — не третий
 режим, а вариант асинхронного (``ASYNC_VARIANTS``).
 """
@@ -41,66 +41,13 @@ SUPPORTED_PREFIX = "да"  # ячейки lora и multi_turn начинаютс�
 LECTURE_SNAPSHOT = _dt.date(2026, 8, 6)
 STALE_AFTER_DAYS = 180  # строка старше стольких дней на LECTURE_SNAPSHOT помечается
 
-# Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
-COLUMN_LABELS: Mapping[str, str] = {
-    "stack": "стек",
-    "placement": "размещение",
-    "synchrony": "синхронность",
-    "async_variants": "варианты асинхронности",
-    "placement_synchrony": "сочетания размещения и синхронности",
-    "staleness_control_key": "ключ ограничения задержки",
-    "staleness_default": "значение ключа по умолчанию",
-    "generation_engines": "движки генерации",
-    "training_backends": "бэкенды обучения",
-    "weight_sync": "синхронизация весов",
-    "lora": "LoRA",
-    "multi_turn": "многоходовые роллауты",
-    "off_policy_correction": "поправка на данные другой политики",
-    "evidence": "источники",
-    "snapshot_date": "дата снимка",
-    "snapshot_note": "пояснение к дате",
-    "unconfirmed": "не подтверждено",
-    # choose_stacks
-    "matches": "подходит",
-    "failed": "не выполнено",
-    "age_days": "возраст снимка, дн.",
-    # load_speedups
-    "claim": "заявление",
-    "speedup_low": "ускорение от, раз",
-    "speedup_high": "ускорение до, раз",
-    "kind": "вид числа",
-    "baseline": "с чем сравнивали",
-    "setup": "конфигурация",
-    "source": "источник",
-    "date": "дата заявления",
-    "evidence_class": "класс доказательства",
-}
-VALUE_LABELS: Mapping[str, str] = {
-    "colocated": "совместное",
-    "disaggregated": "раздельное",
-    "sync": "синхронно",
-    "async": "асинхронно",
-    "one_step_off": "на шаг позади (задержка ровно 1)",
-    "queue": "очередь (задержка до K версий)",
-    "n/a": "нет",
-    "unconfirmed": "не подтверждено",
-    "range": "диапазон",
-    "up_to": "«до X раз»",
-    "point": "одно число",
-    "approx": "«примерно в X раз»",
-}
-
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "stack_map.csv"
 SPEEDUPS_PATH = DEFAULT_PATH.parent / "stack_speedups.csv"
-
 _NA, _UNCONFIRMED = "n/a", "unconfirmed"
 _EMPTY = "пустая ячейка (если параметра нет, пишите n/a)"
 # В этих списках «?» не допускается: значения из фиксированного набора или служебные.
 _NO_MARK_COLUMNS = ("placement", "synchrony", "async_variants", "evidence", "unconfirmed")
-_ONE_STEP_HINT = (
-    "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, "
-    "а one_step_off — в столбец async_variants"
-)
+_ONE_STEP_HINT = "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, а one_step_off — в столбец async_variants"
 _ONLY_LOOSE = " (засчитывается только с include_unconfirmed=True)"
 
 
@@ -116,18 +63,24 @@ class _Bad(ValueError):
     """Плохая ячейка: args = (столбец, пояснение); загрузчик добавит файл и строку."""
 
 
+def _table(name: str, columns: str, what: str) -> list[dict[str, str]]:
+    """Служебная таблица ``data/<name>`` (имена столбцов через пробел) — список строк-словарей."""
+    path = DEFAULT_PATH.parent / name
+    return [row for _, row in read_exact_csv(path, tuple(columns.split()), StackMapError, what)]
+
+
+# Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
+_LABELS = _table("stack_map_labels.csv", "kind code label", "подписи карты")
+COLUMN_LABELS: Mapping[str, str] = {r["code"]: r["label"] for r in _LABELS if r["kind"] == "column"}
+VALUE_LABELS: Mapping[str, str] = {r["code"]: r["label"] for r in _LABELS if r["kind"] == "value"}
+
+
 def _parsed(parse, cells: dict[str, str], error: type[ValueError], where: str) -> dict:
     try:
         return parse(cells)
     except _Bad as bad:
         column, message = bad.args
         raise error(f"{where}, столбец «{column}»: {message}") from None
-
-
-def _records_frame(records: list[dict], columns: tuple[str, ...], path: Path) -> pd.DataFrame:
-    frame = pd.DataFrame.from_records(records, columns=list(columns))
-    frame.attrs["source"] = str(path)
-    return frame
 
 
 def _strip_mark(value: str) -> tuple[str, bool]:
@@ -140,11 +93,8 @@ def _parse_pair(value: str) -> tuple[str, str, bool]:
     bare, confirmed = _strip_mark(value)
     placement, sep, synchrony = bare.partition(":")
     if not sep or placement not in PLACEMENTS or synchrony not in SYNCHRONY:
-        raise _Bad(
-            "placement_synchrony",
-            f"ожидалось «размещение:синхронность» с размещением из {PLACEMENTS} "
-            f"и синхронностью из {SYNCHRONY}, получено {value!r}",
-        )
+        message = f"ожидалось «размещение:синхронность» с размещением из {PLACEMENTS} и синхронностью из {SYNCHRONY}, получено {value!r}"
+        raise _Bad("placement_synchrony", message)
     return placement, synchrony, confirmed
 
 
@@ -181,13 +131,11 @@ def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
         if not stack:
             raise StackMapError(f"{where}, столбец «stack»: пустое имя стека")
         if stack in seen:
-            raise StackMapError(
-                f"{where}, столбец «stack»: стек «{stack}» повторяется "
-                f"(уже был в строке {seen[stack]})"
-            )
+            message = f"{where}, столбец «stack»: стек «{stack}» повторяется (уже был в строке {seen[stack]})"
+            raise StackMapError(message)
         seen[stack] = line
         records.append(_parsed(_parse_row, cells, StackMapError, f"{where} (стек «{stack}»)"))
-    return _records_frame(records, STACK_MAP_COLUMNS, path)
+    return pd.DataFrame.from_records(records, columns=list(STACK_MAP_COLUMNS))
 
 
 def _parse_row(cells: dict[str, str]) -> dict[str, object]:
@@ -220,21 +168,15 @@ def _parse_row(cells: dict[str, str]) -> dict[str, object]:
             raise _Bad(column, problem)
     pairs = [_parse_pair(value) for value in out["placement_synchrony"]]
     for column, index in (("placement", 0), ("synchrony", 1)):
-        in_pairs = {pair[index] for pair in pairs}
-        confirmed = {pair[index] for pair in pairs if pair[2]}
         declared = set(out[column])
-        if declared - in_pairs:
-            raise _Bad(
-                "placement_synchrony",
-                f"значения {sorted(declared - in_pairs)} из столбца «{column}» "
-                "не встречаются ни в одном сочетании",
+        if lost := sorted(declared - {pair[index] for pair in pairs}):
+            message = f"значения {lost} из столбца «{column}» не встречаются ни в одном сочетании"
+            raise _Bad("placement_synchrony", message)
+        if extra := sorted({pair[index] for pair in pairs if pair[2]} - declared):
+            message = (
+                f"подтверждённые сочетания используют {extra}, а в столбце «{column}» этого нет"
             )
-        if confirmed - declared:
-            raise _Bad(
-                column,
-                f"подтверждённые сочетания используют {sorted(confirmed - declared)}, "
-                f"а в столбце «{column}» этого нет",
-            )
+            raise _Bad(column, message)
 
     is_async = "async" in out["synchrony"]
     if is_async and (problem := _disallowed(out["async_variants"], ASYNC_VARIANTS)):
@@ -246,25 +188,17 @@ def _parse_row(cells: dict[str, str]) -> dict[str, object]:
     if unknown := [c for c in unconfirmed if c not in STACK_MAP_COLUMNS]:
         raise _Bad("unconfirmed", f"неизвестные столбцы {unknown}")
     for column, value in out.items():
-        if isinstance(value, list):
-            marked = any(v.endswith("?") or v == _UNCONFIRMED for v in value)
-        else:
-            marked = value == _UNCONFIRMED
+        items = value if isinstance(value, list) else []  # «?» на конце — только в списках
+        marked = value == _UNCONFIRMED or any(v.endswith("?") or v == _UNCONFIRMED for v in items)
         if marked and column not in unconfirmed:
-            raise _Bad(
-                "unconfirmed",
-                f"в столбце «{column}» есть неподтверждённое значение («?» или «unconfirmed»), "
-                f"но «{column}» не перечислен в unconfirmed",
-            )
+            message = f"в столбце «{column}» есть неподтверждённое значение («?» или «unconfirmed»), но «{column}» не перечислен в unconfirmed"
+            raise _Bad("unconfirmed", message)
     if out["staleness_control_key"] == _NA and out["staleness_default"] != _NA:
         raise _Bad("staleness_default", "у стека нет ключа устаревания (n/a), значит и здесь n/a")
     for column in ("lora", "multi_turn"):
         if column not in unconfirmed and not out[column].startswith((SUPPORTED_PREFIX, "нет")):
-            raise _Bad(
-                column,
-                f"ячейка начинается с «{SUPPORTED_PREFIX}» или «нет» (иначе внесите столбец в "
-                f"unconfirmed), получено {out[column]!r}",
-            )
+            message = f"ячейка начинается с «{SUPPORTED_PREFIX}» или «нет» (иначе внесите столбец в unconfirmed), получено {out[column]!r}"
+            raise _Bad(column, message)
     return out
 
 
@@ -326,9 +260,8 @@ def supports(
     needles: dict[str, tuple[str, ...]] = {}
     for column, value in column_contains.items():
         if column not in STACK_MAP_COLUMNS:
-            raise ValueError(
-                f"{column}: такого столбца в карте нет; есть {', '.join(STACK_MAP_COLUMNS)}"
-            )
+            message = f"{column}: такого столбца в карте нет; есть {', '.join(STACK_MAP_COLUMNS)}"
+            raise ValueError(message)
         needles[column] = _as_tuple(column, value)
 
     keep = []
@@ -368,9 +301,8 @@ def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) ->
     Возраст = reference − date, дни; старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
     """
     if not isinstance(date, _dt.date) or not isinstance(reference, _dt.date):
-        raise ValueError(
-            f"date, reference: ожидаются datetime.date, получено {date!r}, {reference!r}"
-        )
+        message = f"date, reference: ожидаются datetime.date, получено {date!r}, {reference!r}"
+        raise ValueError(message)
     days = (reference - date).days
     where = f"снимка лекции {reference.isoformat()}"
     if days < 0:
@@ -397,10 +329,7 @@ def cell_text(column: str, value: object) -> str:
         return value.isoformat()
     bare, confirmed = _strip_mark(str(value))
     if column == "placement_synchrony" and ":" in bare:
-        placement, _, synchrony = bare.partition(":")
-        bare = (
-            f"{VALUE_LABELS.get(placement, placement)} × {VALUE_LABELS.get(synchrony, synchrony)}"
-        )
+        bare = " × ".join(VALUE_LABELS.get(axis, axis) for axis in bare.split(":", 1))
     else:
         bare = (COLUMN_LABELS if column == "unconfirmed" else VALUE_LABELS).get(bare, bare)
     return bare if confirmed else f"{bare} (не подтверждено)"
@@ -457,39 +386,26 @@ def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_S
     longest = max([len(str(x)) + 1 for x in stacks] + [1])
     name_size = max(5.0, min(11.0, step * cell_h_pt / 1.35, 0.9 * cell_w_pt / (0.75 * longest)))
 
-    ax.set_xlim(0, n_cols)
-    ax.set_ylim(0, n_rows)
+    ax.set(xlim=(0, n_cols), ylim=(0, n_rows))
+    center = {"ha": "center", "va": "center"}
     for (i, p), (j, s) in itertools.product(enumerate(PLACEMENTS), enumerate(SYNCHRONY)):
         y0 = n_rows - 1 - i  # «совместное» сверху
         shade = "#f7f7f7" if (i + j) % 2 else "white"
         ax.add_patch(Rectangle((j, y0), 1, 1, facecolor=shade, edgecolor="0.55", lw=1.0))
         here = cells[(cells["placement"] == p) & (cells["synchrony"] == s)]  # в порядке карты
         if here.empty:
-            ax.text(j + 0.5, y0 + 0.5, "—", ha="center", va="center", color="0.6", fontsize=12)
+            ax.text(j + 0.5, y0 + 0.5, "—", color="0.6", fontsize=12, **center)
         top = y0 + 0.5 + step * (len(here) - 1) / 2
         for k, (stack, confirmed) in enumerate(zip(here["stack"], here["confirmed"])):
-            name, weight, style = (
-                (stack, "bold", "normal") if confirmed else (f"{stack}?", "normal", "italic")
-            )
+            name = stack if confirmed else f"{stack}?"
+            style = {"fontweight": "bold"} if confirmed else {"fontstyle": "italic"}
             color = colors[stacks.index(stack) % len(colors)]
             ax.text(
-                j + 0.5,
-                top - k * step,
-                name,
-                ha="center",
-                va="center",
-                fontsize=name_size,
-                color=color,
-                fontweight=weight,
-                fontstyle=style,
+                j + 0.5, top - k * step, name, fontsize=name_size, color=color, **center, **style
             )
-    ax.set_xticks(
-        [j + 0.5 for j in range(n_cols)], [f"{VALUE_LABELS[s]}\n({s})" for s in SYNCHRONY]
-    )
-    ax.set_yticks(
-        [n_rows - 1 - i + 0.5 for i in range(n_rows)],
-        [f"{VALUE_LABELS[p]}\n({p})" for p in PLACEMENTS],
-    )
+    tick = {code: f"{VALUE_LABELS[code]}\n({code})" for code in (*PLACEMENTS, *SYNCHRONY)}
+    ax.set_xticks([j + 0.5 for j in range(n_cols)], [tick[s] for s in SYNCHRONY])
+    ax.set_yticks([n_rows - 0.5 - i for i in range(n_rows)], [tick[p] for p in PLACEMENTS])
     ax.tick_params(length=0, labelsize=10)
     ax.set_xlabel("синхронность («на шаг позади» — частный случай асинхронной)", fontsize=11)
     ax.set_ylabel("размещение генерации и обучения", fontsize=11)
@@ -534,27 +450,24 @@ _NEEDLES = {  # требование-подстрока → (столбец ка
     "training_backend": ("training_backends", "бэкенда обучения"),
     "generation_engine": ("generation_engines", "движка генерации"),
 }
+_CONDITION = re.compile(rf"({'|'.join((*_FLAGS, *_NEEDLES))})\s*(=|not in|in)\s*(.+)")
 
 
 class _StackLimit(NamedTuple):
-    """Ограничение *сочетания* требований у стека (строка ``data/stack_limits.csv``).
+    """Ограничение *сочетания* требований у стека: строка ``data/stack_limits.csv``.
 
     ``kind``: ``fails`` — не работает, ``unconfirmed`` — не подтверждено; ``when`` — условия
-    (требование, ``=`` | ``in`` | ``not in``, значения), задето — если выполнены все.
+    (требование, ``=`` | ``in`` | ``not in``, значения); ``in`` — требование есть подстрокой
+    одного из значений; ограничение задето, если выполнены все условия.
     """
 
     stack: str
     kind: str
+    requirements: tuple[str, ...]
     when: tuple[tuple[str, str, tuple[str, ...]], ...]
     message: str
 
-    @property
-    def requirements(self) -> tuple[str, ...]:
-        """Имена аргументов ``choose_stacks``, которых касается ограничение."""
-        return tuple(dict.fromkeys(name for name, _, _ in self.when))
-
     def violated(self, req: Mapping[str, object]) -> bool:
-        """Задето ли сочетание: ``in`` — требование есть подстрокой одного из значений."""
         return all(
             str(req[name]) == values[0]
             if op == "="
@@ -563,35 +476,23 @@ class _StackLimit(NamedTuple):
         )
 
 
-def _load_limits(path: Path) -> tuple[_StackLimit, ...]:
-    """Ограничения сочетаний; условие ``when`` — «lora=True; generation_engine not in vLLM|SGLang»."""
-    limits = []
-    for line, row in read_exact_csv(
-        path, ("stack", "kind", "when", "message"), StackMapError, "ограничения сочетаний"
-    ):
-        when = [
-            re.fullmatch(r"(\w+)\s*(=|not in|in)\s*(.+)", c.strip()) for c in row["when"].split(";")
-        ]
-        if row["kind"] not in ("fails", "unconfirmed") or not all(
-            m and m[1] in (*_FLAGS, *_NEEDLES) for m in when
-        ):
-            raise StackMapError(f"{path}: строка {line}: kind или условие when не читается")
-        conditions = tuple((m[1], m[2], tuple(m[3].split("|"))) for m in when)
-        limits.append(_StackLimit(row["stack"], row["kind"], conditions, row["message"]))
-    return tuple(limits)
+def _limit(row: dict[str, str]) -> _StackLimit:
+    """Строка ``stack_limits.csv``; ``when``: «lora=True; generation_engine not in vLLM|SGLang»."""
+    found = [_CONDITION.fullmatch(c.strip()) for c in row["when"].split(";")]
+    if row["kind"] not in ("fails", "unconfirmed") or not all(found):
+        raise StackMapError(f"stack_limits.csv: не читается kind или when в строке {row}")
+    when = tuple((m[1], m[2], tuple(m[3].split("|"))) for m in found)
+    names = tuple(dict.fromkeys(name for name, _, _ in when))
+    return _StackLimit(row["stack"], row["kind"], names, when, row["message"])
 
 
-STACK_LIMITS = _load_limits(DEFAULT_PATH.parent / "stack_limits.csv")
+_LIMITS = _table("stack_limits.csv", "stack kind when message", "ограничения сочетаний")
+STACK_LIMITS: tuple[_StackLimit, ...] = tuple(map(_limit, _LIMITS))
 # Многоузловой запуск: стек → (подтверждён ли, чем); подтверждение — только опубликованный
 # авторами запуск на заведомо нескольких узлах, прочих стеков касается вывод по training_backends.
 MULTI_NODE_EVIDENCE: Mapping[str, tuple[bool, str]] = {
-    row["stack"]: (args.choice("confirmed", row["confirmed"], ("да", "нет")) == "да", row["note"])
-    for _, row in read_exact_csv(
-        DEFAULT_PATH.parent / "stack_multi_node.csv",
-        ("stack", "confirmed", "note"),
-        StackMapError,
-        "многоузловые запуски",
-    )
+    r["stack"]: (r["confirmed"] == "да", r["note"])
+    for r in _table("stack_multi_node.csv", "stack confirmed note", "многоузловые запуски")
 }
 
 
@@ -631,21 +532,15 @@ def _nodes_requirement(row) -> tuple[str, str]:
     """Опубликованный многоузловой запуск, иначе вывод курса по шардирующему бэкенду обучения."""
     if row["stack"] in MULTI_NODE_EVIDENCE:
         confirmed, note = MULTI_NODE_EVIDENCE[row["stack"]]
-        return (
-            ("ok", "")
-            if confirmed
-            else ("unconfirmed", f"многоузловой запуск не подтверждён: {note}")
-        )
+        if confirmed:
+            return "ok", ""
+        return "unconfirmed", f"многоузловой запуск не подтверждён: {note}"
     backends = [b for b in row["training_backends"] if not b.endswith("?")]
     if sharded := [b for b in backends if any(_hits(n, [b]) for n in SHARDED_BACKENDS)]:
-        return "unconfirmed", (
-            "многоузловой RL-запуск стека исследованием не подтверждён; вывод курса: "
-            f"бэкенд обучения ({'; '.join(sharded)}) сам шардирует состояние между узлами"
-        )
-    return "fails", (
-        "нет ни опубликованного многоузлового запуска, ни шардирующего бэкенда обучения "
-        f"({', '.join(SHARDED_BACKENDS)})"
-    )
+        guess = f"многоузловой RL-запуск стека исследованием не подтверждён; вывод курса: бэкенд обучения ({'; '.join(sharded)}) сам шардирует состояние между узлами"
+        return "unconfirmed", guess
+    none = f"нет ни опубликованного многоузлового запуска, ни шардирующего бэкенда обучения ({', '.join(SHARDED_BACKENDS)})"
+    return "fails", none
 
 
 def _checks(row, req: Mapping[str, object]):
@@ -668,11 +563,8 @@ def _checks(row, req: Mapping[str, object]):
         yield "lag_bound", "ok", ""
         if row["staleness_default"] == _UNCONFIRMED or "staleness_default" in unconfirmed:
             label = COLUMN_LABELS["staleness_default"]
-            yield (
-                "lag_bound",
-                "note",
-                (f"значение ключа «{key}» по умолчанию не подтверждено (ячейка «{label}»)"),
-            )
+            note = f"значение ключа «{key}» по умолчанию не подтверждено (ячейка «{label}»)"
+            yield "lag_bound", "note", note
     for name, (column, what) in _NEEDLES.items():
         if req[name] is not None:
             yield name, *_list_requirement(row, column, req[name], what)
@@ -725,10 +617,8 @@ def choose_stacks(
         snapshot = row["snapshot_date"]
         age = (today - snapshot).days
         if age < 0:
-            raise ValueError(
-                f"today: {today.isoformat()} раньше даты снимка стека «{row['stack']}» "
-                f"({snapshot.isoformat()})"
-            )
+            message = f"today: {today.isoformat()} раньше даты снимка стека «{row['stack']}» ({snapshot.isoformat()})"
+            raise ValueError(message)
         checks = list(_checks(row, req))
         if max_age_days is not None and age > max_age_days:
             too_old = f"снимок {snapshot.isoformat()} старше {max_age_days} дн. (возраст {age} дн.)"
@@ -750,8 +640,6 @@ def choose_stacks(
         rows.append((row["stack"], not failed, failed, unconfirmed, snapshot, age))
 
     result = pd.DataFrame(rows, columns=list(CHOICE_COLUMNS))
-    asked = {**req, "max_age_days": max_age_days}
-    result.attrs["requirements"] = {k: v for k, v in asked.items() if v is not None}
     result.attrs["include_unconfirmed"] = include_unconfirmed
     result.attrs["today"] = today
     return result
@@ -776,14 +664,11 @@ def load_speedups(path: str | Path | None = None) -> pd.DataFrame:
     ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ. Нарушение — ``SpeedupsError`` с файлом, строкой и столбцом.
     """
     path = Path(path) if path is not None else SPEEDUPS_PATH
-    rows = read_exact_csv(path, SPEEDUP_COLUMNS, SpeedupsError, "таблица ускорений")
-    records = [
-        _parsed(
-            _parse_speedup, cells, SpeedupsError, f"{path}: строка {line} (стек «{cells['stack']}»)"
-        )
-        for line, cells in rows
-    ]
-    return _records_frame(records, SPEEDUP_COLUMNS, path)
+    records = []
+    for line, cells in read_exact_csv(path, SPEEDUP_COLUMNS, SpeedupsError, "таблица ускорений"):
+        where = f"{path}: строка {line} (стек «{cells['stack']}»)"
+        records.append(_parsed(_parse_speedup, cells, SpeedupsError, where))
+    return pd.DataFrame.from_records(records, columns=list(SPEEDUP_COLUMNS))
 
 
 def _parse_speedup(cells: dict[str, str]) -> dict[str, object]:
@@ -808,9 +693,6 @@ def _parse_speedup(cells: dict[str, str]) -> dict[str, object]:
         raise _Bad("kind", f"для «{kind}» speedup_low и speedup_high должны совпадать")
     _date("date", cells["date"], partial=True)
     if cells["evidence_class"] != AUTHORS_CLAIM:
-        raise _Bad(
-            "evidence_class",
-            f"ожидается «{AUTHORS_CLAIM}»: таблица хранит только заявления авторов, "
-            f"получено {cells['evidence_class']!r}",
-        )
+        message = f"ожидается «{AUTHORS_CLAIM}»: таблица хранит только заявления авторов, получено {cells['evidence_class']!r}"
+        raise _Bad("evidence_class", message)
     return out
