@@ -1,13 +1,9 @@
-"""Сборка крошечной модели курса ``data/tiny_arith_lm/`` (уровень B без GPU и без сети).
+"""Крошечная модель курса ``data/tiny_arith_lm/`` (уровень B без GPU и без сети).
 
-Это настоящая причинная языковая модель семейства Qwen2 из ``transformers`` (те же классы,
-что у ``Qwen/Qwen2.5-0.5B-Instruct``), с маленьким BPE-токенизатором из ``tokenizers`` и шаблоном
-чата в стиле Qwen, поэтому ноутбуки идут по одному и тому же пути кода для обеих моделей.
-Модель кратко дообучается (учитель подсказывает верный ответ) на арифметической задаче курса:
-лёгкие примеры она решает почти всегда, трудные — редко, и при температуре 1 многие группы
-роллаутов получают смешанные награды (информативные группы для GRPO).
-
-Пересборка, детерминированная при фиксированном зерне на одной машине::
+Настоящая причинная LM семейства Qwen2 из ``transformers`` с маленьким BPE-токенизатором и
+шаблоном чата Qwen, кратко дообученная на арифметической задаче курса: лёгкие примеры решает
+почти всегда, трудные — редко, поэтому многие группы GRPO информативны. Пересборка
+(детерминирована при фиксированном зерне на одной машине)::
 
     python -m course_utils.policy build-tiny-model [--out data/tiny_arith_lm] [--steps N]
 """
@@ -22,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from course_utils.args import integer, path
 from course_utils.arith_task import ArithTask, make_tasks, target_response
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +43,7 @@ def chat_text(task: ArithTask, response: str | None = None) -> str:
 
 
 def build_tokenizer(vocab_size: int = 320):
-    """BPE-токенизатор на байтах: цифры — отдельные токены, как у Qwen2; обучен на текстах задачи."""
+    """Байтовый BPE-токенизатор на текстах задачи; цифры — отдельные токены, как у Qwen2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -66,7 +63,7 @@ def build_tokenizer(vocab_size: int = 320):
     )
     corpus = [chat_text(t, target_response(t)) for t in make_tasks(2000, seed=7)]
     tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -74,7 +71,6 @@ def build_tokenizer(vocab_size: int = 320):
         chat_template=CHAT_TEMPLATE,
         padding_side="left",
     )
-    return fast
 
 
 def tiny_config(vocab_size: int, pad_id: int, eos_id: int):
@@ -98,27 +94,17 @@ def tiny_config(vocab_size: int, pad_id: int, eos_id: int):
 
 
 def _training_batch(tokenizer, tasks: list[ArithTask]):
-    """Входы и метки: потери считаются только на токенах ответа (метка -100 на запросе)."""
-    import torch
+    """Входы, маска и метки: потери только на токенах ответа (метка -100 на запросе и паддинге)."""
+    from course_utils.policy import _padded
 
     rows, labels = [], []
     for t in tasks:
-        prompt_ids = tokenizer(chat_text(t), add_special_tokens=False)["input_ids"]
-        full_ids = tokenizer(chat_text(t, target_response(t)), add_special_tokens=False)[
-            "input_ids"
-        ]
-        rows.append(full_ids)
-        labels.append([-100] * len(prompt_ids) + full_ids[len(prompt_ids) :])
-    width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels)):
-        ids[i, : len(r)] = torch.tensor(r)
-        lab[i, : len(lb)] = torch.tensor(lb)
-        mask[i, : len(r)] = 1
-    return ids, mask, lab
+        n_prompt = len(tokenizer(chat_text(t), add_special_tokens=False)["input_ids"])
+        full = tokenizer(chat_text(t, target_response(t)), add_special_tokens=False)["input_ids"]
+        rows.append(full)
+        labels.append([-100] * n_prompt + full[n_prompt:])
+    mask = _padded([[1] * len(r) for r in rows], 0)
+    return _padded(rows, tokenizer.pad_token_id), mask, _padded(labels, -100)
 
 
 def build_tiny_model(
@@ -129,19 +115,17 @@ def build_tiny_model(
     lr: float = 1e-3,
     verbose: bool = True,
 ) -> Path:
-    """Собирает и кратко обучает крошечную модель, сохраняет её в ``out_dir`` (атомарно).
+    """Собирает и кратко обучает крошечную модель, сохраняет её в ``out_dir`` атомарно.
 
-    Обучение: AdamW, ``steps`` шагов по ``batch_size`` задач, кросс-энтропия только по токенам
-    ответа. Каталог пишется во временную папку рядом и подменяется переименованием.
+    AdamW, ``steps`` шагов по ``batch_size`` задач; потери — кросс-энтропия по токенам ответа,
+    нат/токен; lr — линейный разогрев, затем косинус до 10 %. Каталог подменяется переименованием.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps должно быть целым ≥ 0, получено {steps!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size должно быть целым ≥ 1, получено {batch_size!r}")
-    out_dir = Path(out_dir)
+    steps = integer("steps", steps, 0)
+    batch_size = integer("batch_size", batch_size, 1)
+    out_dir = path("out_dir", out_dir)
     torch.manual_seed(seed)
     random.seed(seed)
     tokenizer = build_tokenizer()
@@ -176,19 +160,14 @@ def build_tiny_model(
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "BUILD_INFO.json").write_text(
-            json.dumps({"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr}, indent=1)
-            + "\n",
-            encoding="utf-8",
-        )
+        info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr}
+        (tmp / "BUILD_INFO.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        old = out_dir.with_name(out_dir.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
         if out_dir.exists():
-            old = out_dir.with_name(out_dir.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
             os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
