@@ -70,103 +70,56 @@ def plot_dataflow(ax=None, stages=STAGES):
     n = len(stages)
     colors = plt.get_cmap("tab10")
     w, h = 0.9, 0.84
+    mid = {"ha": "center", "va": "center", "zorder": 3}
     for i in lane.values():
         ax.axhspan(i - 0.5, i + 0.5, color="0.96" if i % 2 else "white", zorder=0)
-    centers = []
-    for k, st in enumerate(stages):
-        x, y = k, lane[st.role]
-        centers.append((x, y))
+    arrow = {"arrowstyle": "-|>", "mutation_scale": 12, "lw": 1.3, "zorder": 1}
+    centers = [(k, lane[st.role]) for k, st in enumerate(stages)]
+    for st, (x, y) in zip(stages, centers):
+        color = colors(lane[st.role])
+        box = "round,pad=0.02,rounding_size=0.08"
         ax.add_patch(
             FancyBboxPatch(
                 (x - w / 2, y - h / 2),
                 w,
                 h,
-                boxstyle="round,pad=0.02,rounding_size=0.08",
-                fc=colors(lane[st.role]),
+                boxstyle=box,
+                fc=color,
                 alpha=0.25,
-                ec=colors(lane[st.role]),
+                ec=color,
                 lw=1.5,
                 zorder=2,
             )
         )
-        ax.text(
-            x,
-            y - 0.1,
-            f"{st.number}. {st.action}",
-            ha="center",
-            va="center",
-            fontsize=8,
-            zorder=3,
-            fontweight="bold",
-        )
-        ax.text(
-            x, y + 0.24, st.output, ha="center", va="center", fontsize=7.5, color="0.3", zorder=3
-        )
+        ax.text(x, y - 0.1, f"{st.number}. {st.action}", fontsize=8, fontweight="bold", **mid)
+        ax.text(x, y + 0.24, st.output, fontsize=7.5, color="0.3", **mid)
     for (x0, y0), (x1, y1) in zip(centers, centers[1:]):
-        ax.add_patch(
-            FancyArrowPatch(
-                (x0 + w / 2, y0),
-                (x1 - w / 2, y1),
-                arrowstyle="-|>",
-                mutation_scale=12,
-                lw=1.3,
-                color="0.2",
-                zorder=1,
-            )
-        )
+        ax.add_patch(FancyArrowPatch((x0 + w / 2, y0), (x1 - w / 2, y1), color="0.2", **arrow))
     # Новая версия весов возвращается к движку: цикл замыкается (ломаная по свободной дорожке).
     (xe, ye), (xg, yg) = centers[-1], centers[1]
     right, top = xe + w / 2 + 0.12, -0.02
     ax.plot([xe + w / 2, right, right, xg], [ye, ye, top, top], color="tab:red", lw=1.3, zorder=1)
-    ax.add_patch(
-        FancyArrowPatch(
-            (xg, top),
-            (xg, yg - h / 2),
-            arrowstyle="-|>",
-            mutation_scale=12,
-            lw=1.3,
-            color="tab:red",
-            zorder=1,
-        )
-    )
+    ax.add_patch(FancyArrowPatch((xg, top), (xg, yg - h / 2), color="tab:red", **arrow))
+    loop_text = "веса v+1 → следующий шаг движка (цикл замыкается)"
     ax.text(
         (xg + right) / 2,
         top - 0.12,
-        "веса v+1 → следующий шаг движка (цикл замыкается)",
+        loop_text,
         ha="center",
         va="bottom",
         fontsize=8,
         color="tab:red",
     )
     ys = lane["storage"]
-    for k in (1, 2, 6):
-        x, y = centers[k]
-        ax.add_patch(
-            FancyArrowPatch(
-                (x, y + h / 2),
-                (x, ys - 0.15),
-                arrowstyle="-|>",
-                mutation_scale=9,
-                lw=1.0,
-                ls="--",
-                color="0.5",
-                zorder=1,
-            )
-        )
-    ax.text(
-        n / 2 - 0.5,
-        ys,
-        "журнал роллаутов, метрики, контрольные точки",
-        ha="center",
-        va="center",
-        fontsize=8.5,
-        color="0.3",
-    )
+    for x, y in (centers[k] for k in (1, 2, 6)):
+        copy = {**arrow, "mutation_scale": 9, "lw": 1.0}
+        ax.add_patch(FancyArrowPatch((x, y + h / 2), (x, ys - 0.15), ls="--", color="0.5", **copy))
+    storage_text = "журнал роллаутов, метрики, контрольные точки"
+    ax.text(n / 2 - 0.5, ys, storage_text, fontsize=8.5, color="0.3", **mid)
     ax.set_yticks(range(len(ROLES)), [name for _, name in ROLES], fontsize=9)
     ax.set_xticks([])
     ax.set_xlim(-0.6, n - 0.2)
     ax.set_ylim(len(ROLES) - 0.5, -0.5)
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "bottom"]].set_visible(False)
     ax.set_title("Одно обновление онлайн-RL: этапы (блоки), роли (дорожки) и данные (стрелки)")
     return ax
