@@ -24,6 +24,8 @@ DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
 REWARD_WEIGHTS = {"correctness": 1.0, "format": 0.1}  # веса scalar_reward по умолчанию
 PROMPT_TEMPLATE = "Вычисли: {expression}. Ответ дай в виде <answer>число</answer>."
 
+# Диапазоны операндов a и b по уровням (границы включены).
+_OPERANDS = {1: ((0, 9), (0, 9)), 2: ((10, 99), (10, 99)), 3: ((2, 9), (10, 99))}
 _ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 _ANY_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -46,16 +48,10 @@ def make_task(rng: random.Random, difficulty: int, task_id: str) -> ArithTask:
     """Случайная задача уровня ``difficulty`` из генератора ``rng``."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty должен быть одним из {DIFFICULTIES}, получено {difficulty!r}")
-    if difficulty == 1:
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        op = "+"
-    elif difficulty == 2:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        op = rng.choice("+-")
-    else:
-        a, b = rng.randint(2, 9), rng.randint(10, 99)
-        op = "*"
-    value = a + b if op == "+" else a - b if op == "-" else a * b
+    (a_lo, a_hi), (b_lo, b_hi) = _OPERANDS[difficulty]
+    a, b = rng.randint(a_lo, a_hi), rng.randint(b_lo, b_hi)
+    op = rng.choice("+-") if difficulty == 2 else "+" if difficulty == 1 else "*"
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
     expression = f"{a}{op}{b}"
     return ArithTask(
         task_id, difficulty, expression, value, PROMPT_TEMPLATE.format(expression=expression)
@@ -104,7 +100,7 @@ def verify(response_text: str, task: ArithTask) -> dict[str, float]:
 
 
 def scalar_reward(reward: dict, weights: dict[str, float] | None = None) -> float:
-    """Скалярная награда ``r = Σ_k w_k · reward[k]``; по умолчанию w = {correctness: 1, format: 0.1}."""
+    """Скалярная награда r = Σ_k w_k · reward[k]; веса по умолчанию — REWARD_WEIGHTS (1 и 0.1)."""
     weights = weights or REWARD_WEIGHTS
     return float(sum(w * float(reward.get(k, 0.0)) for k, w in weights.items()))
 
