@@ -31,7 +31,7 @@ from course_utils.policy import (
 def response_lengths(
     n: int, seed: int = 0, median: int = 12, sigma: float = 0.8, max_len: int = 96
 ):
-    """``n`` длин ответов (токенов): L = round(median · exp(sigma·ξ)), ξ ~ N(0, 1), в [1, max_len]."""
+    """``n`` длин ответов, токенов: round(median · exp(σ·ξ)), ξ ~ N(0, 1), в [1, max_len]."""
     n = integer("n", n, 1)
     median = integer("median", median, 1, max_len)
     sigma = nonnegative("sigma", sigma)
