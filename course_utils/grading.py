@@ -1,17 +1,16 @@
 """Проверочные шаги модуля 12: реестр упражнений, варианты, проверка, разборы, прогресс.
 
-В ноутбуке: ``task_12_2_6 = grading.task("12.2.6")`` — условие и данные текущего варианта; в ячейке
-ответа студент заменяет заглушки ``____``; ``grading.check("12.2.6", answer_12_2_6)`` печатает отзыв и
-не падает на ответе; ``grading.solution(...)`` открывает разбор после попытки на этом варианте;
-``grading.new_variant(...)`` даёт новые числа; ``grading.progress()`` — таблица всех 21 шагов.
-Прогресс — JSON по пути ``COURSE_PROGRESS_PATH`` (по умолчанию ``~/.course_rl_infra_progress.json``):
-запись атомарная и под flock, неверная запись в файле сбрасывается одна (с копией файла). Шаги
-регистрирует пакет ``course_utils.exercises`` при первом обращении к реестру.
+В ноутбуке: ``grading.task(id)`` — условие варианта, ``grading.check(id, ответ)`` — отзыв;
+ещё ``hint``, ``solution`` (после попытки), ``new_variant``, ``progress()``. Темы шагов —
+``data/course_steps.csv``.
+Прогресс — JSON в ``COURSE_PROGRESS_PATH`` (по умолчанию ``~/.course_rl_infra_progress.json``),
+запись атомарная и под flock. Шаги регистрирует ``course_utils.exercises`` при первом обращении.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as dt
 import glob
 import importlib
@@ -36,12 +35,6 @@ try:
 except ImportError:  # Windows: без межпроцессной блокировки (см. _locked)
     _fcntl = None
 
-__all__ = [
-    "COURSE_STEPS", "PLACEHOLDER", "AnswerError", "CheckResult", "Exercise", "Misconception", "ProgressWarning",
-    "____", "answers_match", "check", "evaluate", "exercise_ids", "hint", "misconceptions",
-    "new_variant", "progress", "register", "registry_override", "solution", "task",
-]  # fmt: skip
-
 
 class _Placeholder:
     """Заглушка ответа: ячейка с ``____`` выполняется, а check отвечает «ещё не решено»."""
@@ -54,33 +47,14 @@ class _Placeholder:
 
 ____ = PLACEHOLDER = _Placeholder()
 
-COURSE_STEPS: dict[str, str] = {
-    "12.1.6": "Контракт роллаута: непригодные записи и нарушенное правило",
-    "12.1.7": "Профиль цикла: T_seq, узкое место, предел ускорения; размещение × синхронность",
-    "12.2.6": "B_state для рецепта; байты на ранг при DDP и ZeRO-1/2/3",
-    "12.2.7": "Бюджет KV-кэша: байты на токен, число одновременных последовательностей",
-    "12.2.8": "Пик памяти при совмещении фаз (и с LoRA); информативные группы в секунду",
-    "12.3.6": "C_seq, C_pipe, T_n; лучшее разбиение K устройств между генерацией и обучением",
-    "12.3.7": "Загрузка U при хвостах; влияние тайм-аута на U и на обрезанные задачи",
-    "12.3.8": "Устойчивость очереди λ<μ, скорость роста, порог обратного давления в токенах",
-    "12.3.9": "Критический путь против суммы работы; загрузка пула; что ускорять",
-    "12.4.6": "Отношения вероятностей токенов и маскированный лог-коэффициент последовательности",
-    "12.4.7": "ESS, ESS/n, доля клиппирования со знаком преимущества, max |log w|",
-    "12.4.8": "Задержка политики или расхождение обучения и инференса; лог-вероятность при temperature и top-p",
-    "12.4.9": "Аудит журнала синхронизации весов: нарушения протокола",
-    "12.5.6": "Манифест контрольной точки: чего не хватает для честного возобновления",
-    "12.5.7": "Интервал Янга I* и накладные расходы H(I) против текущего интервала",
-    "12.5.8": "Связки трасс: осиротевшие роллауты, несовпадение версий верификатора",
-    "12.5.9": "p50/p95/p99, доля вырожденных групп, информативные группы/с по журналу",
-    "12.5.10": "Функция resume: ветвь после сбоя совпадает с непрерывной",
-    "12.5.11": "Атомарный приём или отказ частично записанных пакетов",
-    "12.5.12": "Выбор стеков по датированной карте под требования",
-    "12.5.13": "Итоговый диагноз: узкое место, память, риск несвежести данных, пробелы восстановления",
-}
+with open(
+    Path(__file__).resolve().parent.parent / "data" / "course_steps.csv", encoding="utf-8"
+) as f:
+    COURSE_STEPS: dict[str, str] = {row["id"]: row["title"] for row in csv.DictReader(f)}
 
 
 class AnswerError(Exception):
-    """Ответ нельзя оценить (функция студента упала или зависла): ``status`` и русский ``message``."""
+    """Ответ нельзя оценить (функция студента упала или зависла): ``status`` и ``message``."""
 
     def __init__(self, status: str, message: str):
         super().__init__(message)
@@ -89,11 +63,8 @@ class AnswerError(Exception):
 
 @dataclass(frozen=True)
 class Misconception:
-    """Типичная ошибка: ``answer(task)`` строит такой неверный ответ, ``message`` её называет.
-
-    ``accepts(task, given)`` — своё правило, узнающее ту же ошибку в ином виде (по умолчанию —
-    совпадение с ``answer(task)``).
-    """
+    """Типичная ошибка: ``answer(task)`` — такой неверный ответ, ``message`` её называет;
+    ``accepts(task, given)`` узнаёт её в ином виде (по умолчанию — совпадение с answer(task))."""
 
     key: str
     message: str
@@ -103,16 +74,9 @@ class Misconception:
 
 @dataclass(frozen=True)
 class Exercise:
-    """Проверочный шаг.
-
-    ``make_task(variant)`` детерминирован и возвращает dict с русским ``statement``;
-    ``reference(task)`` — верный ответ; ``solution(task)`` — разбор в Markdown;
-    ``compare(expected, given, rtol) -> bool`` — своё сравнение (по умолчанию answers_match);
-    ``validate_answer(answer, task)`` — сообщение о неверной форме ответа или None;
-    ``describe_mismatch(expected, answer, task)`` — свой отзыв на неверный ответ (по умолчанию
-    общий, который не раскрывает верного значения); ``outcome(answer, task)`` — что сравнивать
-    вместо самого ответа (например, итог функции студента на скрытых случаях; AnswerError — отзыв).
-    """
+    """Проверочный шаг: ``make_task(variant)`` → dict со ``statement``, ``reference(task)`` — ответ,
+    ``solution(task)`` — разбор; ещё ``compare``, ``validate_answer`` (сообщение о форме),
+    ``describe_mismatch`` (отзыв) и ``outcome`` (что сравнивать вместо самого ответа)."""
 
     id: str
     title: str
@@ -210,8 +174,7 @@ def task(exercise_id: str, variant: int | None = None) -> dict:
 
 
 def _reference(exercise_id: str, variant: int | None = None) -> Any:
-    """Верный ответ для варианта (None — текущий). Только для тестов и авторов упражнений: студенту
-    разбор открывает solution() после попытки."""
+    """Верный ответ варианта (None — текущий) — для тестов; студенту его открывает solution()."""
     return _get(exercise_id).reference(task(exercise_id, variant))
 
 
@@ -232,33 +195,29 @@ def new_variant(exercise_id: str) -> dict:
 def hint(exercise_id: str) -> None:
     """Показывает подсказку."""
     ex = _get(exercise_id)
-    text = ex.hint or "Для этого шага подсказки нет — перечитайте конспект."
-    _emit(f"💡 Подсказка к {ex.id}.", text)
+    _emit(
+        f"💡 Подсказка к {ex.id}.",
+        ex.hint or "Для этого шага подсказки нет — перечитайте конспект.",
+    )
 
 
 def solution(exercise_id: str) -> None:
-    """Показывает разбор текущего варианта, если на этом варианте была попытка.
-
-    Попытка — ответ верного вида (check со статусом correct, wrong или misconception); ответ не
-    того вида, ``____`` и ``None`` разбор не открывают. После new_variant разбор снова закрыт.
-    """
+    """Показывает разбор текущего варианта, если на нём была попытка — ответ верного вида
+    (correct, wrong, misconception); ``____``, None и ответ не того вида разбор не открывают."""
     ex = _get(exercise_id)
     entry = _entry(ex.id)
-    if not entry["variant_attempts"]:
-        which = f" варианта {entry['variant']}" if entry["variant"] else ""
-        text = (
-            f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ "
-            "вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже "
-            "неверный."
-        )
-        return _emit("", text)
-    _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
+    if entry["variant_attempts"]:
+        return _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
+    which = f" варианта {entry['variant']}" if entry["variant"] else ""
+    _emit(
+        "",
+        f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ "
+        "вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже "
+        "неверный.",
+    )
 
 
 # ---------------------------------------------------------------- сравнение ответов
-_ATOL = 1e-9  # абсолютный допуск: важен, только когда верный ответ равен 0
-
-
 def _plain(x: Any) -> Any:
     """numpy / torch / pandas → встроенные скаляры и списки Python."""
     if type(x).__module__.split(".")[0] in ("numpy", "torch", "pandas") and hasattr(x, "tolist"):
@@ -272,12 +231,13 @@ def _norm_key(x: Any) -> Any:
 
 
 def _close(e: Any, g: Any, rtol: float) -> bool:
+    """|g − e| ≤ rtol·|e| + 1e-9 (абсолютный допуск важен, только когда верный ответ равен 0)."""
     if e == g:
         return True
     e, g = float(e), float(g)
     if not (math.isfinite(e) and math.isfinite(g)):
         return math.isnan(e) and math.isnan(g)
-    return abs(g - e) <= rtol * abs(e) + _ATOL
+    return abs(g - e) <= rtol * abs(e) + 1e-9
 
 
 def _match(e: Any, g: Any, rtol: float) -> bool:
@@ -305,10 +265,9 @@ def _match(e: Any, g: Any, rtol: float) -> bool:
 def answers_match(expected: Any, given: Any, rtol: float = 1e-3) -> bool:
     """Совпадает ли ответ с верным; для чисел |given − expected| ≤ rtol·|expected| + 1e-9.
 
-    bool — точно; строки — без учёта регистра, лишних пробелов и «ё/е»; dict — те же ключи и
-    рекурсивно значения; list/tuple — та же длина и поэлементно; set — равенство после нормализации
-    (можно ответить списком). Скаляры и массивы numpy, тензоры torch, Series pandas сводятся к
-    числам и спискам. Не бросает исключений: непонятный ответ — False.
+    bool — точно; строки — без учёта регистра, лишних пробелов и «ё/е»; dict, list, tuple —
+    рекурсивно; set — после нормализации (можно ответить списком); numpy, torch и pandas сводятся
+    к числам и спискам. Не бросает исключений: непонятный ответ — False.
     """
     try:
         return _match(expected, given, rtol)
@@ -316,24 +275,29 @@ def answers_match(expected: Any, given: Any, rtol: float = 1e-3) -> bool:
         return False
 
 
+_KINDS = [(bool, "True/False"), (numbers.Real, "число"), (str, "строка"), (dict, "словарь")]
+_KINDS += [((list, tuple), "список"), ((set, frozenset), "множество"), (type(None), "None")]
+
+
 def _kind(x: Any) -> str:
-    kinds = [(bool, "True/False"), (numbers.Real, "число"), (str, "строка"), (dict, "словарь"),
-             ((list, tuple), "список"), ((set, frozenset), "множество"),
-             (type(None), "None")]  # fmt: skip
     if callable(x) and not isinstance(x, type):
         return "функция (вызовите её и передайте результат)"
-    return next((name for t, name in kinds if isinstance(x, t)), f"объект {type(x).__name__}")
+    return next((name for t, name in _KINDS if isinstance(x, t)), f"объект {type(x).__name__}")
 
 
+_FALLBACK = "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
 _UNITS = "проверьте множители и единицы (байты и биты, ГБ = 10⁹ Б и ГиБ = 2³⁰ Б, мс и с)."
-_FACTORS = {2: "2", 4: "4", 8: "8", 1000: "1000", 1024: "1024", 10**6: "10⁶", 2**20: "2²⁰",
-            10**9: "10⁹", 2**30: "2³⁰", 2**30 / 10**9: "2³⁰/10⁹ (ГиБ против ГБ)"}  # fmt: skip
-_OTHER_FACTORS = {60: "60 (секунды и минуты?)", 3600: "3600 (секунды и часы?)",
-                  100: "100 (доля и проценты?)"}  # fmt: skip
+_FACTORS = {2: "2", 4: "4", 8: "8", 1000: "1000", 1024: "1024", 10**6: "10⁶", 2**20: "2²⁰"}
+_FACTORS |= {10**9: "10⁹", 2**30: "2³⁰", 2**30 / 10**9: "2³⁰/10⁹ (ГиБ против ГБ)"}
+_OTHER_FACTORS = {60: "60 (секунды и минуты?)", 3600: "3600 (секунды и часы?)"}
+_OTHER_FACTORS |= {100: "100 (доля и проценты?)", 2: "2"}
 
 
 def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> str:
-    """Что не так с ответом, не раскрывая верного значения; ``hint`` — совет вместо байтового."""
+    """Что не так с ответом, не раскрывая верного значения; ``hint`` — совет вместо байтового.
+
+    Для чисел — отношение r = given / expected: −1 (знак), ровно множитель единиц или |r − 1| в %.
+    """
     e, g = _plain(e), _plain(g)
     if _kind(e) != _kind(g) and not (isinstance(e, (set, frozenset)) and _kind(g) == "список"):
         return f"Ожидается {_kind(e)}, а получено: {_kind(g)}."
@@ -343,7 +307,7 @@ def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> 
         ratio = g / e
         if ratio < 0 and abs(ratio + 1) <= rtol:
             return "Модуль верный, а знак — нет."
-        for factor, label in (_FACTORS if hint is None else {**_OTHER_FACTORS, 2: "2"}).items():
+        for factor, label in (_FACTORS if hint is None else _OTHER_FACTORS).items():
             for r, side in ((factor, "больше"), (1 / factor, "меньше")):
                 if abs(ratio / r - 1) <= 1e-3:
                     return f"Ваш ответ {side} верного, отношение ровно {label}: {hint or _UNITS}"
@@ -353,9 +317,9 @@ def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> 
         return f"Ваш ответ отличается от верного на {pct:.0f} %: {hint or _UNITS}"
     if isinstance(e, dict):
         ne, ng = ({_norm_key(k): k for k in d} for d in (e, g))
-        missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "нет"
-        extra = ", ".join(str(ng[k]) for k in ng if k not in ne) or "нет"
         if ne.keys() != ng.keys():
+            missing = ", ".join(str(ne[k]) for k in ne if k not in ng) or "нет"
+            extra = ", ".join(str(ng[k]) for k in ng if k not in ne) or "нет"
             return f"Ключи не те: не хватает — {missing}; лишние — {extra}."
         wrong = [str(ne[k]) for k in ne if not answers_match(e[ne[k]], g[ng[k]], rtol)]
         return f"Неверны значения по ключам: {', '.join(wrong)}."
@@ -367,22 +331,24 @@ def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> 
     if isinstance(e, (set, frozenset)):
         ne, ng = {_norm_key(x) for x in e}, {_norm_key(x) for x in g}
         return f"Не хватает элементов: {len(ne - ng)}, лишних: {len(ng - ne)}."
-    return "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
+    return _FALLBACK
 
 
 # ---------------------------------------------------------------- проверка
-_STATUS = {"correct": ("✅", "верно!"), "wrong": ("❌", "пока неверно."),
-           "misconception": ("❌", "типичная ошибка."), "malformed": ("⚠️", "ответ не в том виде."),
-           "not_attempted": ("✏️", "пока без ответа.")}  # fmt: skip
+_STATUS = {
+    "correct": ("✅", "верно!"),
+    "wrong": ("❌", "пока неверно."),
+    "misconception": ("❌", "типичная ошибка."),
+    "malformed": ("⚠️", "ответ не в том виде."),
+    "not_attempted": ("✏️", "пока без ответа."),
+}
+_ATTEMPT = ("correct", "wrong", "misconception")  # ответ верного вида — попытка
 
 
 @dataclass
 class CheckResult:
-    """Итог проверки; status ∈ correct, wrong, misconception, malformed, not_attempted.
-
-    Истинен только для correct. Если check уже показал отзыв в этой ячейке, объект как последнее
-    выражение ячейки второй раз его не выводит.
-    """
+    """Итог проверки; status ∈ _STATUS, истинен только для correct. Отзыв, который check уже
+    показал в этой ячейке, объект как последнее выражение ячейки второй раз не выводит."""
 
     exercise_id: str
     status: str
@@ -466,15 +432,15 @@ def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
         else:
             detail = _describe_mismatch(expected, given, ex.rtol)
     except Exception:
-        detail = "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
+        detail = _FALLBACK
     return CheckResult(ex.id, "wrong", f"{detail} Подсказка: grading.hint({ex.id!r}).")
 
 
 def check(exercise_id: str, answer: Any) -> CheckResult:
     """Проверяет ответ на текущем варианте, записывает попытку и показывает отзыв.
 
-    Не бросает исключений из-за ответа. ``____`` (и внутри списка или словаря) — «ещё не
-    решено»; ни она, ни ответ не того вида (malformed) попыткой не считаются и не записываются.
+    Не бросает исключений из-за ответа; ``____`` (и внутри списка или словаря) и ответ не того
+    вида (malformed) попыткой не считаются и не записываются.
     """
     ex = _get(exercise_id)
     result = evaluate(ex.id, answer, _entry(ex.id)["variant"])
@@ -535,30 +501,31 @@ def _progress_path() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".course_rl_infra_progress.json"
 
 
-def _blank() -> dict:
-    return {"attempts": 0, "solved": False, "variant": 0, "variant_attempts": 0,
-            "last_attempt": None, "last_status": None}  # fmt: skip
+def _count(v: Any) -> bool:
+    return type(v) is int and v >= 0
 
 
-def _is_timestamp(value: Any) -> bool:
+def _is_timestamp(v: Any) -> bool:
     try:
-        return isinstance(value, str) and bool(dt.datetime.fromisoformat(value))
+        return v is None or (isinstance(v, str) and bool(dt.datetime.fromisoformat(v)))
     except ValueError:
         return False
 
 
-_ATTEMPT = ("correct", "wrong", "misconception")  # ответ верного вида — попытка
-_RECORDED = {
-    status for status in _STATUS if status != "not_attempted"
-}  # malformed — из старых файлов
-_FIELDS: dict[str, Callable[[Any], bool]] = {  # поле записи → допустимо ли значение
-    "attempts": lambda v: type(v) is int and v >= 0,
-    "solved": lambda v: type(v) is bool,
-    "variant": lambda v: type(v) is int and v >= 0,
-    "variant_attempts": lambda v: type(v) is int and v >= 0,
-    "last_attempt": lambda v: v is None or _is_timestamp(v),
-    "last_status": lambda v: v is None or (isinstance(v, str) and v in _RECORDED),
+_FIELDS: dict[str, tuple[Any, Callable[[Any], bool]]] = {  # поле → (по умолчанию, допустимо ли)
+    "attempts": (0, _count),
+    "solved": (False, lambda v: type(v) is bool),
+    "variant": (0, _count),
+    "variant_attempts": (0, _count),
+    "last_attempt": (None, _is_timestamp),
+    # malformed — из старых файлов: тогда и такой ответ считался попыткой
+    "last_status": (None, lambda v: v is None or (isinstance(v, str) and v in _RECORDED)),
 }
+_RECORDED = {status for status in _STATUS if status != "not_attempted"}
+
+
+def _blank() -> dict:
+    return {name: default for name, (default, _) in _FIELDS.items()}
 
 
 def _shown(value: Any) -> str:
@@ -569,9 +536,9 @@ def _shown(value: Any) -> str:
 def _validated(raw: Any) -> tuple[dict, list[str]]:
     """Проверенный прогресс и список исправлений; ValueError — файл негоден целиком.
 
-    Каждая запись проверяется отдельно: неверное поле сбрасывается к значению по умолчанию,
-    остальные поля и записи сохраняются. Сброшенное attempts становится 1, если запись говорит о
-    попытке (solved или last_status), — иначе решённому шагу снова закрылся бы разбор.
+    Неверное поле записи сбрасывается к значению по умолчанию, остальное сохраняется; сброшенное
+    attempts становится 1, если запись говорит о попытке (solved или last_status), — иначе
+    решённому шагу снова закрылся бы разбор.
     """
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         raise ValueError(f"ожидается словарь с format = {_FORMAT}")
@@ -583,7 +550,7 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
             problems.append(f"запись упражнения {key} — не словарь: {_shown(entry)}")
             entry = {}
         fixed, bad = _blank(), []
-        for name, ok in _FIELDS.items():
+        for name, (_, ok) in _FIELDS.items():
             if name in entry and ok(entry[name]):
                 fixed[name] = entry[name]
             elif name in entry:
@@ -600,45 +567,34 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
     return {"format": _FORMAT, "exercises": out}, problems
 
 
-def _open_lock(path: Path) -> Any:
-    """Открывает и блокирует (flock) файл-спутник .<имя>.lock; None — без блокировки."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path.with_name(f".{path.name}.lock"), "a")  # закрывает _locked
-    except OSError:
-        return None  # папка недоступна: запись всё равно не удастся и предупредит
-    try:
-        _fcntl.flock(handle.fileno(), _fcntl.LOCK_EX)
-    except OSError:  # например, сетевой диск без блокировок
-        handle.close()
-        return None
-    return handle
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Исключительный доступ к прогрессу: между потоками и (где есть fcntl) между процессами.
+    """Исключительный доступ к прогрессу: потоки — RLock, процессы — flock файла .<имя>.lock.
 
-    Повторный вход из того же потока не блокирует. Без fcntl (Windows) процессы не
-    блокируются: запись остаётся атомарной, но два ядра могут потерять попытку.
+    Повторный вход из того же потока не блокирует. Без fcntl (Windows) или если блокировка не
+    удалась, процессы не блокируются: запись остаётся атомарной, но два ядра могут потерять попытку.
     """
     global _lock_depth
-    with _thread_lock:
-        handle = _open_lock(path) if _lock_depth == 0 and _fcntl is not None else None
+    with _thread_lock, contextlib.ExitStack() as stack:
+        if _lock_depth == 0 and _fcntl is not None:
+            with contextlib.suppress(OSError):  # папка недоступна, сетевой диск без блокировок
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle = stack.enter_context(open(path.with_name(f".{path.name}.lock"), "a"))
+                _fcntl.flock(handle.fileno(), _fcntl.LOCK_EX)  # закрытие файла снимает flock
         _lock_depth += 1
         try:
             yield
         finally:
             _lock_depth -= 1
-            if handle is not None:
-                handle.close()  # закрытие снимает flock
 
 
-class _NeedsRepair(Exception):
-    """Файл прогресса нужно чинить под блокировкой."""
+def _aside(path: Path) -> Path:
+    return path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
 
 
-def _read(path: Path, repair: bool) -> dict:
+def _read(path: Path, repair: bool) -> dict | None:
+    """Прогресс из файла. Не JSON — файл откладывается целиком; неверные записи сбрасываются
+    по одной (рядом остаётся копия исходного файла). Без repair — None, если нужна починка."""
     fresh = {"format": _FORMAT, "exercises": {}}
     try:
         raw = path.read_bytes()
@@ -652,8 +608,8 @@ def _read(path: Path, repair: bool) -> dict:
         data, problems = _validated(json.loads(raw))
     except Exception as exc:
         if not repair:
-            raise _NeedsRepair from exc
-        aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+            return None
+        aside = _aside(path)
         try:
             os.replace(path, aside)
             where = f"он сохранён как {aside.name}"
@@ -662,11 +618,9 @@ def _read(path: Path, repair: bool) -> dict:
             where = "отложить его не удалось, прогресс хранится только в памяти"
         _warn(f"Файл прогресса {path} повреждён ({exc}); {where}. Прогресс начат заново.")
         return fresh
-    if not problems:
-        return data
-    if not repair:
-        raise _NeedsRepair
-    aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+    if not problems or not repair:
+        return None if problems else data
+    aside = _aside(path)
     try:
         with open(aside, "xb") as fh:  # копия исходного файла, один раз: дальше файл исправен
             fh.write(raw)
@@ -687,15 +641,15 @@ def _read(path: Path, repair: bool) -> dict:
 
 
 def _load() -> dict:
-    """Читает прогресс. Файл не JSON — откладывает целиком; неверная запись — только её."""
+    """Прогресс: из памяти, если файл не записать, иначе из файла (чинит его один процесс)."""
     path = _progress_path()
     if str(path) in _memory:
         return _memory[str(path)]
-    try:
-        return _read(path, repair=False)
-    except _NeedsRepair:
+    data = _read(path, repair=False)
+    if data is None:
         with _locked(path):  # чинит один процесс, остальные прочтут исправленный файл
-            return _read(path, repair=True)
+            data = _read(path, repair=True)
+    return data
 
 
 def _update(exercise_id: str, change: Callable[[dict], None]) -> dict:
@@ -708,21 +662,18 @@ def _update(exercise_id: str, change: Callable[[dict], None]) -> dict:
         return dict(entry)
 
 
-def _remove_stale_temps(path: Path) -> None:
-    """Удаляет временные файлы прерванных записей (старше _STALE_TMP_S, чужие живые не трогаем)."""
-    now = time.time()
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        with contextlib.suppress(OSError):
-            if now - tmp.stat().st_mtime > _STALE_TMP_S:
-                tmp.unlink()
-
-
 def _save(data: dict) -> None:
-    """Прогресс на диск атомарно (atomic.write_text); не вышло — в памяти и одно предупреждение."""
+    """Прогресс на диск атомарно; не вышло — в памяти и одно предупреждение на путь.
+
+    Перед записью удаляет временные файлы прерванных записей старше _STALE_TMP_S секунд.
+    """
     path = _progress_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(path)
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
+                    tmp.unlink()
         atomic.write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
     except OSError as exc:
         _memory[str(path)] = data
@@ -735,6 +686,13 @@ def _save(data: dict) -> None:
         _memory.pop(str(path), None)
 
 
+def _when(entry: dict) -> str:
+    try:
+        return dt.datetime.fromisoformat(entry["last_attempt"]).strftime("%Y-%m-%d %H:%M")
+    except (TypeError, ValueError):
+        return entry["last_attempt"] or "—"
+
+
 def progress():
     """Таблица pandas по всем 21 проверочным шагам: статус, попытки, решено, вариант, время."""
     import pandas as pd
@@ -744,14 +702,11 @@ def progress():
     for key, topic in COURSE_STEPS.items():
         entry = stored.get(key, _blank())
         status = "решено" if entry["solved"] else "в работе" if entry["attempts"] else "не начато"
-        status = status if key in _registry else "нет в этой версии"
-        when = entry["last_attempt"] or "—"
-        with contextlib.suppress(ValueError):
-            when = dt.datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M")
-        rows.append(
-            {"id": key, "тема": topic, "статус": status,
-             "попыток": entry["attempts"], "решено": "да" if entry["solved"] else "нет",
-             "вариант": entry["variant"],
-             "последняя попытка": when}
-        )  # fmt: skip
+        row = {
+            "id": key,
+            "тема": topic,
+            "статус": status if key in _registry else "нет в этой версии",
+        }
+        row |= {"попыток": entry["attempts"], "решено": "да" if entry["solved"] else "нет"}
+        rows.append(row | {"вариант": entry["variant"], "последняя попытка": _when(entry)})
     return pd.DataFrame(rows)
