@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from course_utils.args import choice
 from course_utils.checkpoint import COMPONENTS as CHECKPOINT_VOCABULARY
 
 TRACE_IDS = (
@@ -26,8 +27,13 @@ TRACE_IDS = (
 )
 RECORD_FIELDS = ("tokens", "policy_mask", "behavior_logprobs", "reward", "stop_reason", "versions")
 SYNC_PROPERTIES = ("version_id", "atomic_switch", "readiness_barrier", "verification")
+_RUN_KEYS = frozenset(
+    "name decoding_logged weights_can_change_mid_response per_token_versions record_fields "
+    "asynchronous queue_limit variable_lengths max_policy_lag logs_ratio_diagnostics "
+    "off_policy_correction sync checkpoint_components crash_tested trace_ids".split()
+)
 
-# (ключ, формулировка, функция проверки описания → список недостающего)
+# ключ гарантии → формулировка для таблицы preflight
 _RU = {
     "behavior_policy": "1. Политика поведения: известны версия весов и правила декодирования каждого токена",
     "rollout_contract": "2. Роллаут хранит токены, маску, log-вероятности, награду, причину остановки, версии",
@@ -100,28 +106,17 @@ def _check(run: Mapping) -> dict[str, list[str]]:
 def preflight(run: Mapping) -> pd.DataFrame:
     """Предполётная проверка: строка на гарантию — выполнена ли и чего не хватает (по-русски).
 
-    ``run`` — словарь с ключами: decoding_logged, weights_can_change_mid_response,
-    per_token_versions, record_fields, asynchronous, queue_limit ("tokens"/"rollouts"/None),
-    variable_lengths, max_policy_lag, logs_ratio_diagnostics, off_policy_correction,
-    sync (список из ``SYNC_PROPERTIES``), checkpoint_components (из ``checkpoint.COMPONENTS``),
-    crash_tested, trace_ids (из ``TRACE_IDS``). Отсутствующий ключ = «не заявлено».
+    ``run`` — словарь с ключами из ``_RUN_KEYS`` (queue_limit: "tokens", "rollouts" или None;
+    sync — из SYNC_PROPERTIES, checkpoint_components — из checkpoint.COMPONENTS, trace_ids — из
+    TRACE_IDS). Отсутствующий ключ = «не заявлено».
     """
     if not isinstance(run, Mapping):
         raise ValueError(
             f"run должен быть словарём-описанием запуска, получено {type(run).__name__}"
         )
-    known = {
-        "decoding_logged", "weights_can_change_mid_response", "per_token_versions",
-        "record_fields", "asynchronous", "queue_limit", "variable_lengths", "max_policy_lag",
-        "logs_ratio_diagnostics", "off_policy_correction", "sync", "checkpoint_components",
-        "crash_tested", "trace_ids", "name",
-    }  # fmt: skip
-    if unknown := sorted(set(run) - known):
-        raise ValueError(f"run: неизвестные ключи {unknown}; допустимы {sorted(known)}")
-    if run.get("queue_limit") not in (None, "tokens", "rollouts"):
-        raise ValueError(
-            f"run['queue_limit']: tokens, rollouts или None, получено {run['queue_limit']!r}"
-        )
+    if unknown := sorted(set(run) - _RUN_KEYS):
+        raise ValueError(f"run: неизвестные ключи {unknown}; допустимы {sorted(_RUN_KEYS)}")
+    choice("run['queue_limit']", run.get("queue_limit"), (None, "tokens", "rollouts"))
     gaps = _check(run)
     return pd.DataFrame(
         [

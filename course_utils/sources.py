@@ -1,19 +1,11 @@
 """Реестр источников модуля 12 (``data/module_12_sources.csv``): загрузка, проверка, выборка.
 
-Лекция ссылается на «Module_12_Sources» — построчный реестр утверждений с классом
-доказательства, датой проверки и границей вывода. Здесь он хранится как CSV: одна строка —
-одно утверждение одного шага урока.
-
-Столбцы (``SOURCES_COLUMNS``):
-
-* ``claim_id`` — уникальный идентификатор (строчные латинские буквы, цифры, ``-``, ``_``, ``.``);
-* ``lesson_step`` — шаг лекции ``12.<урок>.<шаг>``, например ``12.2.2``;
-* ``claim`` — утверждение коротко, по-русски;
-* ``source`` — название и адрес источника;
-* ``evidence_class`` — класс доказательства из ``EVIDENCE_CLASSES``: статья, официальная
-  документация, код, заявление авторов (их собственные измерения) или вывод курса;
-* ``date_checked`` — дата проверки ISO ``ГГГГ-ММ-ДД`` (дата снимка, на котором источник прочитан);
-* ``boundary`` — чего утверждение *не* говорит.
+Лекция ссылается на «Module_12_Sources»: одна строка CSV — одно утверждение одного шага урока.
+Столбцы ``SOURCES_COLUMNS``: ``claim_id`` (строчные латинские буквы, цифры, ``-_.``),
+``lesson_step`` (``12.<урок>.<шаг>``), ``claim`` (утверждение по-русски), ``source`` (название
+и адрес), ``evidence_class`` (из ``EVIDENCE_CLASSES``: статья, официальная документация, код,
+заявление авторов, вывод курса), ``date_checked`` (ISO ``ГГГГ-ММ-ДД``, дата прочитанного
+снимка), ``boundary`` (чего утверждение *не* говорит).
 """
 
 from __future__ import annotations
@@ -27,16 +19,9 @@ import pandas as pd
 
 from course_utils.csv_tables import read_exact_csv
 
-SOURCES_COLUMNS: tuple[str, ...] = (
-    "claim_id",
-    "lesson_step",
-    "claim",
-    "source",
-    "evidence_class",
-    "date_checked",
-    "boundary",
+SOURCES_COLUMNS = tuple(
+    "claim_id lesson_step claim source evidence_class date_checked boundary".split()
 )
-EVIDENCE_CLASSES: tuple[str, ...] = ("paper", "official_doc", "code", "authors_claim", "derived")
 EVIDENCE_LABELS: Mapping[str, str] = {
     "paper": "статья",
     "official_doc": "официальная документация",
@@ -44,6 +29,7 @@ EVIDENCE_LABELS: Mapping[str, str] = {
     "authors_claim": "заявление авторов",
     "derived": "вывод курса",
 }
+EVIDENCE_CLASSES: tuple[str, ...] = tuple(EVIDENCE_LABELS)
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "module_12_sources.csv"
 
 _STEP = re.compile(r"^12\.[1-5]\.([1-9]|1[0-3])$")
