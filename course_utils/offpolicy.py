@@ -1,78 +1,21 @@
-"""Данные другой политики: отношения важности, ESS, клиппирование, TIM (лекция, урок 12.4).
+"""Данные другой политики (урок 12.4): отношения важности, ESS, клиппирование, TIM.
 
-Три политики шага 12.4.1: политика поведения μ_v породила токены в движке, π_old — знаменатель
-PPO-подобной цели, π_θ получает градиент. Задержка (lag) — это v < u; рассогласование обучения и
-генерации (TIM) — разные вероятности при одной и той же версии весов.
-
-Что здесь есть (шаги 12.4.2–12.4.3; стратегии шага 12.4.4 — ``stale_experiment``):
-
-* ``importance_ratios``: w = exp(log π − log μ) по токенам; ``sequence_log_ratio`` и
-  ``sequence_ratios``: log w_seq = Σ_t m_t·(log π_t − log μ_t) по токенам политики (маска m);
-* ``effective_sample_size`` и ``normalized_ess``: ESS = (Σw)²/Σw², ESS/n ∈ (0, 1];
-* ``clip_fraction``: доля токенов вне полосы [1−ε, 1+ε_high] или доля, где клиппирование
-  действительно срабатывает (с учётом знака преимущества, как в TRL/verl/OpenRLHF);
-* ``log_ratio_stats``: средний и максимальный |log w|, средний log w (``log_weight_stats`` —
-  то же по готовым log w);
-* ``behavior_logprob`` и ``raw_logprob``: log-вероятность токена под распределением, из которого
-  реально семплировали (температура, top-p с перенормировкой), и под исходным softmax(z/T);
-* ``truncated_weights`` (TIS: min(w, C)) и ``masked_weights`` (MIS/IcePop: w·1[a ≤ w ≤ b]);
-* ``support_violations``: позиции, где μ = 0, а π > 0 — там w = +inf;
-* ``logit_shift_bound``: проверка границы |Δ log p| ≤ 2·max|Δz| для softmax без усечения;
-* ``simulate_log_ratios`` и ``expected_ess_fraction``: синтетические log w для графиков ESS/n;
-* ``cumulative_log_ratio``, ``position_shift_report`` и ``top_p_flips``: TIM с ростом длины,
-  граница 2ε по позициям и перенос токена через границу ядра top-p (шаг 12.4.3);
-* ``tim_report``: сводка TIM на нулевой задержке (движок против тренера, одна версия весов).
-
-Функции принимают тензоры torch или массивы numpy (а также списки чисел) и возвращают массивы
-того же вида: если среди входов есть тензор torch, результат — тензор на его устройстве
-(float64 для float64, иначе float32), иначе — массив numpy. Сводные числа (ESS, доли) —
-обычные float. Внутри всё считается в numpy float64 (``behavior_logprob`` — в float32,
-как ``policy.sampling_logprobs``).
-
-Соглашения о бесконечностях. log μ = −inf и log π > −inf — нарушение условия поддержки:
-log w = +inf, w = +inf; ни одна функция это не прячет: ``importance_ratios`` возвращает inf,
-``log_ratio_stats`` показывает inf, ESS, ``truncated_weights`` и ``masked_weights`` поднимают
-ValueError со ссылкой на ``support_violations``. Если log π = −inf (целевая политика токен не
-выбирает), то w = 0 и log w = −inf — даже если и log μ = −inf. NaN во входах — всегда ошибка,
-как и log-вероятность > 0 (больше допуска ``LOGPROB_TOL`` на округление): это вероятность > 1,
-обычно переданы сами вероятности вместо их логарифмов.
+Политика поведения μ_v породила токены в движке, π_old — знаменатель PPO-подобной цели, π_θ
+получает градиент; задержка — это v < u, рассогласование обучения и генерации (TIM) — разные
+вероятности при одной версии весов. Входы — тензоры torch, массивы numpy или списки; результат —
+того же вида (тензор на устройстве первого тензора входа), сводные числа — float. Бесконечности
+не прячутся: μ = 0 < π даёт log w = +inf (см. ``support_violations``), π = 0 — w = 0; NaN и
+log-вероятность > ``LOGPROB_TOL`` — ошибка входа.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 
 import numpy as np
 
-from course_utils.args import integer, is_real, nonnegative, optional_integer, positive, real
-
-__all__ = [
-    "LOGPROB_TOL",
-    "importance_ratios",
-    "log_ratios",
-    "sequence_log_ratio",
-    "sequence_ratios",
-    "effective_sample_size",
-    "normalized_ess",
-    "clip_fraction",
-    "grpo_loss",
-    "log_ratio_stats",
-    "log_weight_stats",
-    "behavior_logprob",
-    "raw_logprob",
-    "truncated_weights",
-    "masked_weights",
-    "support_violations",
-    "logit_shift_bound",
-    "simulate_log_ratios",
-    "expected_ess_fraction",
-    "cumulative_log_ratio",
-    "position_shift_report",
-    "top_p_flips",
-    "tim_report",
-]
+from course_utils.args import integer, is_number, nonnegative, optional_integer, positive, real
 
 # Допуск на округление: log-вероятность до +1e-6 ещё принимается (float32 log_softmax даёт
 # +1e-7 там, где точное значение 0); больше — это вероятность > 1, то есть ошибка входа.
@@ -82,13 +25,9 @@ LOGPROB_TOL = 1e-6
 # --------------------------------------------------------------------------- общие помощники
 
 
-def _torch():
-    """Модуль torch, если он уже импортирован (иначе тензоров torch на входе быть не может)."""
-    return sys.modules.get("torch")
-
-
 def _is_tensor(x) -> bool:
-    torch = _torch()
+    """Тензор torch (если torch не импортирован, тензоров на входе быть не может)."""
+    torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -98,21 +37,20 @@ class _Kind:
     def __init__(self, *inputs):
         self.tensor = next((x for x in inputs if _is_tensor(x)), None)
         first = next((x for x in inputs if x is not None), None)
-        self.np_dtype = np.float64
-        if self.tensor is None and isinstance(first, np.ndarray) and first.dtype == np.float32:
-            self.np_dtype = np.float32
+        f32 = isinstance(first, np.ndarray) and first.dtype == np.float32
+        self.np_dtype = np.float32 if self.tensor is None and f32 else np.float64
 
     def out(self, arr):
         arr = np.asarray(arr)
         if self.tensor is None:
             res = arr.astype(self.np_dtype) if arr.dtype.kind == "f" else arr
             return res[()] if res.ndim == 0 else res
-        torch = _torch()
+        torch = sys.modules["torch"]
         src = torch.from_numpy(np.array(arr, order="C"))  # 0-d остаётся 0-d
-        if arr.dtype.kind == "f":
-            dtype = torch.float64 if self.tensor.dtype == torch.float64 else torch.float32
-            return src.to(device=self.tensor.device, dtype=dtype)
-        return src.to(device=self.tensor.device)
+        if arr.dtype.kind != "f":
+            return src.to(device=self.tensor.device)
+        dtype = torch.float64 if self.tensor.dtype == torch.float64 else torch.float32
+        return src.to(device=self.tensor.device, dtype=dtype)
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -120,9 +58,7 @@ def _to_numpy(x, name: str) -> np.ndarray:
         raise ValueError(f"{name}: нужен массив, получено None")
     if _is_tensor(x):
         x = x.detach().cpu()
-        if x.is_floating_point():
-            x = x.double()
-        return x.numpy()
+        return (x.double() if x.is_floating_point() else x).numpy()
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
@@ -164,17 +100,23 @@ def _mask(mask, shape: tuple, name: str = "mask") -> np.ndarray:
     m = _to_numpy(mask, name)
     if m.shape != tuple(shape):
         raise ValueError(f"{name}: форма {m.shape} не совпадает с формой данных {tuple(shape)}")
-    if m.dtype != bool:
-        mf = m.astype(np.float64)
-        if np.isnan(mf).any() or not np.isin(mf, (0.0, 1.0)).all():
-            raise ValueError(f"{name}: допустимы только значения 0 и 1 (или True/False)")
-        m = mf == 1.0
-    return m
+    if m.dtype == bool:
+        return m
+    mf = m.astype(np.float64)
+    if np.isnan(mf).any() or not np.isin(mf, (0.0, 1.0)).all():
+        raise ValueError(f"{name}: допустимы только значения 0 и 1 (или True/False)")
+    return mf == 1.0
 
 
-def _same_shape(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
-    if a.shape != b.shape:
-        raise ValueError(f"{name_a} и {name_b}: формы различаются, {a.shape} против {b.shape}")
+def _pair(logp_target, logp_behavior, mask=None, names=("logp_target", "logp_behavior")):
+    """Вид результата, проверенные log π и log μ одной формы и маска (None — все позиции)."""
+    kind = _Kind(logp_target, logp_behavior, mask)
+    lt, lb = _logprobs(logp_target, names[0]), _logprobs(logp_behavior, names[1])
+    if lt.shape != lb.shape:
+        raise ValueError(
+            f"{names[0]} и {names[1]}: формы различаются, {lt.shape} против {lb.shape}"
+        )
+    return kind, lt, lb, _mask(mask, lt.shape)
 
 
 def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
@@ -185,13 +127,6 @@ def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
     return d
 
 
-def _logp_pair(logp_target, logp_behavior):
-    lt = _logprobs(logp_target, "logp_target")
-    lb = _logprobs(logp_behavior, "logp_behavior")
-    _same_shape(lt, lb, "logp_target", "logp_behavior")
-    return lt, lb
-
-
 def _ratios(ratios, name: str = "ratios") -> np.ndarray:
     w = _floats(ratios, name, allow_pos_inf=True, allow_neg_inf=False)
     if (w < 0).any():
@@ -199,36 +134,24 @@ def _ratios(ratios, name: str = "ratios") -> np.ndarray:
     return w
 
 
-def _no_pos_inf(w: np.ndarray, valid: np.ndarray, name: str) -> None:
-    bad = np.isposinf(w) & valid
-    if bad.any():
-        raise ValueError(
-            f"{name}: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
-            "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
-        )
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    """log softmax по последней оси: z_i − max z − log Σ_j exp(z_j − max z), нат."""
+    top = z.max(axis=-1, keepdims=True)
+    return z - top - np.log(np.exp(z - top).sum(axis=-1, keepdims=True))
 
 
 # --------------------------------------------------------------------------- отношения важности
 
 
 def log_ratios(logp_target, logp_behavior):
-    """Поэлементно log w = log π(y) − log μ(y) (π — целевая политика, μ — политика поведения).
-
-    log μ = −inf при log π > −inf даёт +inf (нарушение поддержки), log π = −inf даёт −inf.
-    """
-    kind = _Kind(logp_target, logp_behavior)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
+    """Поэлементно log w = log π(y) − log μ(y), нат (π — целевая политика, μ — поведения)."""
+    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
     return kind.out(_log_ratio_np(lt, lb))
 
 
 def importance_ratios(logp_target, logp_behavior):
-    """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)).
-
-    Там, где μ = 0, а π > 0 (log μ = −inf), возвращается +inf — это видно, а не спрятано;
-    при π = 0 возвращается 0. Форма входов сохраняется.
-    """
-    kind = _Kind(logp_target, logp_behavior)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
+    """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)); μ = 0 < π даёт +inf, π = 0 — 0."""
+    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
     with np.errstate(over="ignore"):
         return kind.out(np.exp(_log_ratio_np(lt, lb)))
 
@@ -237,9 +160,7 @@ def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
     if d.ndim == 0:
         raise ValueError("logp_target: нужна хотя бы одна ось токенов [..., T]")
     masked = np.where(m, d, 0.0)
-    pos = (np.isposinf(masked)).any(axis=-1)
-    neg = (np.isneginf(masked)).any(axis=-1)
-    both = pos & neg
+    both = np.isposinf(masked).any(axis=-1) & np.isneginf(masked).any(axis=-1)
     if both.any():
         rows = np.argwhere(np.atleast_1d(both)).tolist()[:5]
         raise ValueError(
@@ -250,34 +171,19 @@ def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def sequence_log_ratio(logp_target, logp_behavior, mask=None):
-    """Последовательностный логарифм отношения: log w_seq = Σ_t m_t·(log π_t − log μ_t).
-
-    Сумма идёт по последней оси: [batch, T] → [batch], [T] → скаляр. Маска m (0/1) исключает
-    токены запроса и среды — их выбирала не политика.
-    """
-    kind = _Kind(logp_target, logp_behavior, mask)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
-    m = _mask(mask, lt.shape)
+    """Последовательностный логарифм отношения: log w_seq = Σ_t m_t·(log π_t − log μ_t), нат.
+    Сумма по последней оси; маска m (0/1) исключает токены запроса и среды — не политики."""
+    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
     return kind.out(_seq_sum(_log_ratio_np(lt, lb), m))
 
 
-def sequence_ratios(logp_target, logp_behavior, mask=None, mode: str = "product"):
-    """Последовательностный вес: ``product`` — w_seq = exp(Σ_t m_t·log w_t) = Π_t w_t;
-    ``geometric`` — среднее геометрическое exp(Σ_t m_t·log w_t / Σ_t m_t).
-
-    Последовательность без токенов политики получает вес 1. К результату применимы
-    ``truncated_weights`` и ``masked_weights`` (последовательностные TIS и маскирование).
-    """
-    if mode not in ("product", "geometric"):
-        raise ValueError(f"mode: допустимы 'product' и 'geometric', получено {mode!r}")
-    kind = _Kind(logp_target, logp_behavior, mask)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
-    m = _mask(mask, lt.shape)
-    s = _seq_sum(_log_ratio_np(lt, lb), m)
-    if mode == "geometric":
-        s = s / np.maximum(m.sum(axis=-1), 1)
-    with np.errstate(over="ignore"):
-        return kind.out(np.exp(s))
+def cumulative_log_ratio(logp_target, logp_behavior, mask=None):
+    """Лог-отношение префиксов: log w_seq(t) = Σ_{s≤t} m_s·(log π_s − log μ_s), нат; форма
+    входа, последний элемент — ``sequence_log_ratio`` (TIM и задержка копятся с длиной)."""
+    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
+    d = _log_ratio_np(lt, lb)
+    _seq_sum(d, m)  # +inf и −inf в одной последовательности — ошибка, как у sequence_log_ratio
+    return kind.out(np.cumsum(np.where(m, d, 0.0), axis=-1))
 
 
 # --------------------------------------------------------------------------- ESS
@@ -286,8 +192,7 @@ def sequence_ratios(logp_target, logp_behavior, mask=None, mode: str = "product"
 def _ess(weights, mask, log: bool) -> tuple[float, int]:
     name = "log_weights" if log else "weights"
     w = _floats(weights, name, allow_pos_inf=True, allow_neg_inf=log)
-    m = _mask(mask, w.shape)
-    v = w[m]
+    v = w[_mask(mask, w.shape)]
     if v.size == 0:
         raise ValueError(f"{name}: после маски не осталось ни одного веса")
     if np.isposinf(v).any():
@@ -295,30 +200,20 @@ def _ess(weights, mask, log: bool) -> tuple[float, int]:
             f"{name}: вес +inf на {int(np.isposinf(v).sum())} позициях — нарушено условие "
             "поддержки (μ = 0, π > 0), ESS не определён (см. support_violations)"
         )
-    if log:
-        if np.isneginf(v).all():
-            raise ValueError("log_weights: все веса равны нулю (log w = −inf), ESS не определён")
-        v = np.exp(v - v.max())
-    else:
-        if (v < 0).any():
-            raise ValueError(f"weights: веса должны быть ≥ 0, найдено {int((v < 0).sum())} < 0")
-        top = v.max()
-        if top == 0:
-            raise ValueError("weights: все веса равны нулю, ESS не определён")
-        v = v / top  # масштаб не влияет на ESS, а переполнение в квадрате исчезает
-    n = int(v.size)
+    if not log and (v < 0).any():
+        raise ValueError(f"weights: веса должны быть ≥ 0, найдено {int((v < 0).sum())} < 0")
+    top = v.max()
+    if top == (-np.inf if log else 0):
+        raise ValueError(f"{name}: все веса равны нулю, ESS не определён")
+    v = np.exp(v - top) if log else v / top  # масштаб не влияет на ESS, переполнения нет
     ess = float(v.sum() ** 2 / np.square(v).sum())
-    return min(max(ess, 1.0), float(n)), n
+    return min(max(ess, 1.0), float(v.size)), int(v.size)
 
 
 def effective_sample_size(weights, mask=None, *, log: bool = False) -> float:
-    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n.
+    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n, роллаутов.
 
-    Веса неотрицательны и конечны; ESS не меняется при умножении всех весов на константу.
-    ``log=True`` — на входе log w (устойчиво для длинных последовательностей, −inf — нулевой вес).
-    Маска (0/1) выбирает учитываемые веса. Диагностика концентрации, а не доказательство
-    несмещённости.
-    """
+    Веса ≥ 0 конечны, маска (0/1) выбирает учитываемые; ``log=True`` — на входе log w."""
     return _ess(weights, mask, log)[0]
 
 
@@ -358,22 +253,17 @@ def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.
 def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high=None) -> float:
     """Доля клиппирования PPO среди токенов маски.
 
-    Без преимуществ — доля r вне полосы [1 − ε, 1 + ε_high] (ε_high = ε, если не задан).
-    С преимуществами A — доля токенов, где клиппирование срабатывает:
-    (r > 1 + ε_high и A > 0) или (r < 1 − ε и A < 0), как ``clip_ratio`` в TRL.
-    A — по токену (форма r) или по последовательности (форма r без последней оси).
+    Без преимуществ — доля r вне [1 − ε, 1 + ε_high] (ε_high = ε, если не задан); с A — доля
+    токенов, где ``clipped`` (как ``clip_ratio`` в TRL); A — по токену или по последовательности.
     """
-    eps = positive("eps", eps)
-    if eps >= 1:
-        raise ValueError(f"eps должно лежать в (0, 1): нижняя граница 1 − eps ≤ 0, получено {eps}")
+    eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     eps_high = eps if eps_high is None else positive("eps_high", eps_high)
     r = _ratios(ratios)
     m = _mask(mask, r.shape)
     if not m.any():
         raise ValueError("mask: не осталось ни одного токена, доля не определена")
-    low, high = r < 1 - eps, r > 1 + eps_high
     if advantages is None:
-        hit = low | high
+        hit = (r < 1 - eps) | (r > 1 + eps_high)
     else:
         a = _floats(advantages, "advantages", allow_neg_inf=False)
         if a.shape == r.shape[:-1] and r.ndim >= 1:
@@ -388,21 +278,16 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
 
 
 def log_ratio_stats(logp_target, logp_behavior, mask=None) -> dict:
-    """Сводка log w = log π − log μ по токенам маски.
-
-    Ключи: ``mean_abs_log_ratio`` (средний |log w|), ``max_abs_log_ratio`` (max |log w|),
-    ``mean_log_ratio`` (средний log w), ``min_log_ratio``, ``max_log_ratio``, ``n_tokens``,
-    ``support_violations`` (число позиций с μ = 0 < π). Бесконечности не прячутся: при
-    нарушении поддержки максимум равен inf; среднее при одновременных +inf и −inf — NaN.
-    """
-    lt, lb = _logp_pair(logp_target, logp_behavior)
-    m = _mask(mask, lt.shape)
+    """Сводка log w = log π − log μ по токенам маски (``log_weight_stats`` по log w), нат."""
+    _, lt, lb, m = _pair(logp_target, logp_behavior, mask)
     return _log_w_stats(_log_ratio_np(lt, lb)[m])
 
 
 def log_weight_stats(log_weights, mask=None) -> dict:
-    """Та же сводка, что у ``log_ratio_stats``, по уже посчитанным log w (например, из
-    ``simulate_log_ratios`` или np.log(w)); log w может быть любого знака, +inf — нарушение поддержки.
+    """Сводка готовых log w (любого знака, +inf — нарушение поддержки) по маске, нат.
+
+    Ключи: mean_abs_log_ratio, max_abs_log_ratio, mean_log_ratio, min_log_ratio, max_log_ratio,
+    n_tokens, support_violations (число +inf). Бесконечности не прячутся: среднее ±inf — NaN.
     """
     d = _floats(log_weights, "log_weights", allow_pos_inf=True)
     return _log_w_stats(d[_mask(mask, d.shape)])
@@ -424,120 +309,90 @@ def _log_w_stats(d: np.ndarray) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- log μ после декодирования
+# --------------------------------------------------------------------------- log μ движка
 
 
-def _token_logprob(logits, token, temperature, top_p):
+def _token_ids(tokens, shape: tuple, name: str) -> np.ndarray:
+    """Целые номера токенов формы shape[:-1] из словаря [0, shape[-1]) → int64."""
+    tok = _to_numpy(tokens, name)
+    if tok.dtype.kind not in "iu" or tok.shape != tuple(shape[:-1]):
+        raise ValueError(
+            f"{name}: нужны целые номера формы {tuple(shape[:-1])}, получено {tok.shape}"
+        )
+    if (tok < 0).any() or (tok >= shape[-1]).any():
+        raise ValueError(f"{name}: номер вне словаря [0, {shape[-1]})")
+    return tok.astype(np.int64)
+
+
+def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0):
+    """log μ(y) под распределением, из которого реально семплировали, нат: z = logits/T, вне ядра
+    top-p — −inf, в ядре z_y − logsumexp(z ядра); через ``policy.sampling_logprobs`` (float32)."""
+    import torch
+
     from course_utils.policy import sampling_logprobs
 
-    torch = __import__("torch")
-    kind = _Kind(logits)
-    if _is_tensor(logits):
-        z = logits
-    else:
-        arr = _floats(logits, "logits")
-        z = torch.from_numpy(arr)
-    if z.dim() < 1 or z.shape[-1] < 1:
-        raise ValueError("logits: нужна форма [..., vocab]")
-    if torch.isnan(z).any() or torch.isposinf(z).any():
-        raise ValueError("logits: содержит NaN или +inf")
-    tok = _to_numpy(token, "token")
-    if tok.dtype.kind not in "iu":
-        raise ValueError(f"token: нужны целые номера токенов, получено {tok.dtype}")
-    if tok.shape != tuple(z.shape[:-1]):
-        raise ValueError(
-            f"token: форма {tok.shape}, а logits без оси словаря — {tuple(z.shape[:-1])}"
-        )
-    vocab = z.shape[-1]
-    if (tok < 0).any() or (tok >= vocab).any():
-        raise ValueError(f"token: номер вне словаря [0, {vocab})")
+    z = logits if _is_tensor(logits) else torch.from_numpy(_floats(logits, "logits"))
+    if z.dim() < 1 or z.shape[-1] < 1 or torch.isnan(z).any() or torch.isposinf(z).any():
+        raise ValueError("logits: нужна форма [..., vocab] без NaN и +inf")
+    tok = _token_ids(token, tuple(z.shape), "token")
     lp = sampling_logprobs(z, real("temperature", temperature), real("top_p", top_p))
-    idx = torch.from_numpy(tok.astype(np.int64)).to(lp.device)
-    out = lp.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
-    if kind.tensor is not None:
+    out = lp.gather(-1, torch.from_numpy(tok).to(lp.device).unsqueeze(-1)).squeeze(-1)
+    if _is_tensor(logits):
         return out
     res = out.detach().cpu().numpy()
     return res[()] if res.ndim == 0 else res
 
 
-def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0):
-    """log μ(y) — логарифм вероятности токена под распределением, из которого реально семплировали:
-    z = logits/T, токены вне ядра top-p получают −inf, затем log μ(y) = z_y − logsumexp(z ядра).
-
-    ``logits`` — [..., vocab], ``token`` — целые номера формы [...] (для [vocab] — одно число).
-    Токен вне ядра top-p получает −inf. Считается через ``policy.sampling_logprobs`` (float32).
-    """
-    return _token_logprob(logits, token, temperature, top_p)
-
-
 def raw_logprob(logits, token, temperature: float = 1.0):
-    """log softmax(z/T)_y без усечения top-p — НЕ политика поведения, если движок усекал ядро.
-
-    Разница ``behavior_logprob − raw_logprob`` = −log(масса ядра top-p) ≥ 0 для токенов ядра.
-    """
-    return _token_logprob(logits, token, temperature, 1.0)
+    """log softmax(z/T)_y без top-p, нат: НЕ политика поведения, если движок усекал ядро
+    (``behavior_logprob − raw_logprob`` = −log(масса ядра) ≥ 0 для токенов ядра)."""
+    return behavior_logprob(logits, token, temperature, 1.0)
 
 
-# --------------------------------------------------------------------------- усечение и маскирование
+# --------------------------------------------------------------------------- TIS и MIS
+
+
+def _weights(ratios, mask):
+    """Вид результата, веса w и маска; w = +inf на маске — ошибка (поддержку не восстановить)."""
+    kind, w = _Kind(ratios, mask), _ratios(ratios)
+    m = _mask(mask, w.shape)
+    if not m.any():
+        raise ValueError("mask: не осталось ни одного токена")
+    bad = np.isposinf(w) & m
+    if bad.any():
+        raise ValueError(
+            f"ratios: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
+            "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
+        )
+    return kind, w, m
 
 
 def truncated_weights(ratios, cap: float, mask=None):
-    """Усечённые веса (TIS): w̃ = min(w, C). Возвращает (w̃, доля токенов маски с w > C).
-
-    Позиции вне маски получают вес 0. w = +inf (нарушение поддержки) — ошибка: усечение
-    отсутствующую поддержку не восстанавливает.
-    """
+    """Усечённые веса (TIS): w̃ = min(w, C), вне маски 0. Возвращает (w̃, доля маски с w > C)."""
     cap = positive("cap", cap)
-    kind = _Kind(ratios, mask)
-    w = _ratios(ratios)
-    m = _mask(mask, w.shape)
-    if not m.any():
-        raise ValueError("mask: не осталось ни одного токена")
-    _no_pos_inf(w, m, "ratios")
-    hit = (w > cap) & m
-    out = np.where(m, np.minimum(w, cap), 0.0)
-    return kind.out(out), float(hit.sum() / m.sum())
+    kind, w, m = _weights(ratios, mask)
+    return kind.out(np.where(m, np.minimum(w, cap), 0.0)), float(((w > cap) & m).sum() / m.sum())
 
 
 def masked_weights(ratios, low: float, high: float, mask=None):
-    """Маскированные веса (MIS/IcePop): w̃ = w·1[a ≤ w ≤ b]. Возвращает (w̃, доля токенов маски
-    вне [a, b]).
-
-    Позиции вне маски получают вес 0. 0 ≤ a < b (b может быть inf). w = +inf — ошибка
-    (нарушение поддержки не прячется за нулевым весом).
-    """
+    """Маскированные веса (MIS/IcePop): w̃ = w·1[a ≤ w ≤ b], вне маски 0; 0 ≤ a < b ≤ inf.
+    Возвращает (w̃, доля токенов маски вне [a, b])."""
     low = nonnegative("low", low)
-    if not (is_real(high) and high > 0) and not (
-        isinstance(high, numbers.Real) and high == math.inf
-    ):
-        raise ValueError(f"high должно быть числом > 0 (можно inf), получено {high!r}")
-    high = float(high)
-    if low >= high:
-        raise ValueError(f"нужно 0 ≤ low < high, получено low={low}, high={high}")
-    kind = _Kind(ratios, mask)
-    w = _ratios(ratios)
-    m = _mask(mask, w.shape)
-    if not m.any():
-        raise ValueError("mask: не осталось ни одного токена")
-    _no_pos_inf(w, m, "ratios")
-    inside = (w >= low) & (w <= high)
-    out = np.where(m & inside, w, 0.0)
-    return kind.out(out), float((m & ~inside).sum() / m.sum())
+    if not (is_number(high) and high > low):
+        raise ValueError(f"high должно быть числом > low = {low:g} (можно inf), получено {high!r}")
+    kind, w, m = _weights(ratios, mask)
+    inside = (w >= low) & (w <= float(high))
+    return kind.out(np.where(m & inside, w, 0.0)), float((m & ~inside).sum() / m.sum())
 
 
 # --------------------------------------------------------------------------- условие поддержки
 
 
 def support_violations(logp_target, logp_behavior, mask=None) -> dict:
-    """Позиции, где μ(y) = 0 (log μ = −inf), а π(y) > 0: там w = π/μ = +inf.
-
-    Возвращает словарь: ``count``, ``share`` (доля позиций маски), ``indices`` (массив
-    [count, ndim] номеров позиций, того же вида, что вход), ``target_mass`` — Σ π(y) по этим
-    позициям (для входов [..., vocab] — масса целевой политики вне носителя μ).
+    """Позиции, где μ(y) = 0 (log μ = −inf), а π(y) > 0: там w = π/μ = +inf. Ключи: count,
+    share (доля маски), indices ([count, ndim]), target_mass = Σ π(y) по ним (масса вне носителя μ).
     """
-    kind = _Kind(logp_target, logp_behavior, mask)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
-    m = _mask(mask, lt.shape)
+    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
     bad = np.isneginf(lb) & ~np.isneginf(lt) & m
     n = int(m.sum())
     return {
@@ -546,91 +401,6 @@ def support_violations(logp_target, logp_behavior, mask=None) -> dict:
         "indices": kind.out(np.argwhere(bad).astype(np.int64)),
         "target_mass": float(np.exp(lt[bad]).sum()),
     }
-
-
-def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
-    """Проверка границы шага 12.4.3: при max_i |Δz_i| ≤ ε для softmax без усечения
-    |Δ log p_i| ≤ 2ε для любого токена (z = logits/T).
-
-    Возвращает ``max_abs_logit_diff`` (ε), ``max_abs_logprob_diff``, ``bound`` (2ε) и ``holds``.
-    """
-    temperature = positive("temperature", temperature)
-    za = _floats(logits_a, "logits_a", allow_neg_inf=False) / temperature
-    zb = _floats(logits_b, "logits_b", allow_neg_inf=False) / temperature
-    _same_shape(za, zb, "logits_a", "logits_b")
-    if za.ndim < 1 or za.shape[-1] < 1:
-        raise ValueError("logits_a: нужна форма [..., vocab]")
-
-    eps = float(np.abs(za - zb).max())
-    dlp = float(np.abs(_log_softmax_np(za) - _log_softmax_np(zb)).max())
-    return {
-        "max_abs_logit_diff": eps,
-        "max_abs_logprob_diff": dlp,
-        "bound": 2 * eps,
-        "holds": dlp <= 2 * eps * (1 + 1e-9) + 1e-12,
-    }
-
-
-# --------------------------------------------------------------------------- симуляция
-
-
-def _sigma(lag: int, sigma_per_lag: float, sigma_tim: float) -> float:
-    return math.sqrt(sigma_tim**2 + (sigma_per_lag * lag) ** 2)
-
-
-def simulate_log_ratios(
-    lag: int,
-    length: int,
-    n: int,
-    sigma_per_lag: float = 0.02,
-    sigma_tim: float = 0.0,
-    seed: int = 0,
-) -> np.ndarray:
-    """Синтетические токеновые log w формы [n, length] для графиков ESS/n (массив numpy).
-
-    log w_t ~ N(−σ²/2, σ²) независимо, σ = sqrt(σ_tim² + (σ_lag·lag)²): разброс растёт с задержкой,
-    среднее −σ²/2 даёт E[w] = 1, как у настоящих отношений E_μ[π/μ] = 1. Коэффициенты
-    иллюстративные, а не измеренные: реальные log w коррелированы и зависят от модели и шага.
-    Для последовательностей log w_seq ~ N(·, length·σ²) и ESS/n → exp(−length·σ²).
-    """
-    lag = integer("lag", lag, 0)
-    length = integer("length", length, 1)
-    n = integer("n", n, 1)
-    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
-    sigma_tim = nonnegative("sigma_tim", sigma_tim)
-    sigma = _sigma(lag, sigma_per_lag, sigma_tim)
-    rng = np.random.default_rng(optional_integer("seed", seed, 0))
-    return rng.normal(-(sigma**2) / 2, sigma, size=(n, length))
-
-
-def expected_ess_fraction(
-    lag: int, length: int = 1, sigma_per_lag: float = 0.02, sigma_tim: float = 0.0
-) -> float:
-    """Предел ESS/n при n → ∞ для модели ``simulate_log_ratios``: exp(−length·σ²).
-
-    Для логнормальных весов w = e^X, X ~ N(m, s²): (E w)²/E w² = e^{−s²}; у последовательности
-    s² = length·σ², у отдельного токена length = 1.
-    """
-    lag = integer("lag", lag, 0)
-    length = integer("length", length, 1)
-    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
-    sigma_tim = nonnegative("sigma_tim", sigma_tim)
-    return math.exp(-length * _sigma(lag, sigma_per_lag, sigma_tim) ** 2)
-
-
-def cumulative_log_ratio(logp_target, logp_behavior, mask=None):
-    """Лог-отношение префиксов: log w_seq(t) = Σ_{s≤t} m_s·(log π_s − log μ_s), нат.
-
-    Накопленная сумма по последней оси, форма входа сохраняется: элемент t — лог-отношение
-    первых t + 1 токенов, последний — ``sequence_log_ratio``. Так видно, как TIM и задержка
-    накапливаются с длиной ответа.
-    """
-    kind = _Kind(logp_target, logp_behavior, mask)
-    lt, lb = _logp_pair(logp_target, logp_behavior)
-    m = _mask(mask, lt.shape)
-    d = _log_ratio_np(lt, lb)
-    _seq_sum(d, m)  # +inf и −inf в одной последовательности — ошибка, как у sequence_log_ratio
-    return kind.out(np.cumsum(np.where(m, d, 0.0), axis=-1))
 
 
 _ROWS = 64  # позиций за раз: логиты словаря в 150 тысяч токенов не копируются во float64 целиком
@@ -644,8 +414,8 @@ def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float
     shape = shapes[0]
     if len(shape) < 1 or shape[-1] < 2:
         raise ValueError(f"{name_a}: нужна форма [..., vocab] со словарём ≥ 2, получено {shape}")
-    flat = [x.reshape(-1, shape[-1]) if hasattr(x, "reshape") else np.reshape(x, (-1, shape[-1]))
-            for x in (logits_a, logits_b)]  # fmt: skip
+    as_2d = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
+    flat = [x.reshape(-1, shape[-1]) for x in as_2d]  # тензор остаётся тензором до куска
 
     def chunks():
         for start in range(0, flat[0].shape[0], _ROWS):
@@ -657,38 +427,83 @@ def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float
     return chunks(), shape
 
 
-def _log_softmax_np(z: np.ndarray) -> np.ndarray:
-    top = z.max(axis=-1, keepdims=True)
-    return z - top - np.log(np.exp(z - top).sum(axis=-1, keepdims=True))
+def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
+    """Граница шага 12.4.3: при max_i |Δz_i| ≤ ε (z = logits/T) для softmax без усечения
+    |Δ log p_i| ≤ 2ε, нат. Ключи: max_abs_logit_diff (ε), max_abs_logprob_diff, bound, holds."""
+    temperature = positive("temperature", temperature)
+    pairs, _ = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
+    eps = dlp = 0.0
+    for za, zb in pairs:
+        eps = max(eps, float(np.abs(za - zb).max()))
+        dlp = max(dlp, float(np.abs(log_softmax(za) - log_softmax(zb)).max()))
+    return {
+        "max_abs_logit_diff": eps,
+        "max_abs_logprob_diff": dlp,
+        "bound": 2 * eps,
+        "holds": dlp <= 2 * eps * (1 + 1e-9) + 1e-12,
+    }
+
+
+# --------------------------------------------------------------------------- симуляция
+
+
+def _sigma(lag, sigma_per_lag, sigma_tim) -> float:
+    """σ = sqrt(σ_tim² + (σ_lag·lag)²), нат на токен; lag ≥ 0 — задержка в версиях."""
+    lag = integer("lag", lag, 0)
+    sigma_per_lag = nonnegative("sigma_per_lag", sigma_per_lag)
+    return math.sqrt(nonnegative("sigma_tim", sigma_tim) ** 2 + (sigma_per_lag * lag) ** 2)
+
+
+def simulate_log_ratios(
+    lag: int,
+    length: int,
+    n: int,
+    sigma_per_lag: float = 0.02,
+    sigma_tim: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
+    """Синтетические токеновые log w формы [n, length] для графиков ESS/n, нат (массив numpy).
+
+    log w_t ~ N(−σ²/2, σ²) независимо, σ = sqrt(σ_tim² + (σ_lag·lag)²): E[w] = 1, как у настоящих
+    E_μ[π/μ]. Коэффициенты иллюстративные: реальные log w коррелированы и зависят от модели.
+    """
+    sigma = _sigma(lag, sigma_per_lag, sigma_tim)
+    shape = (integer("n", n, 1), integer("length", length, 1))
+    rng = np.random.default_rng(optional_integer("seed", seed, 0))
+    return rng.normal(-(sigma**2) / 2, sigma, size=shape)
+
+
+def expected_ess_fraction(
+    lag: int, length: int = 1, sigma_per_lag: float = 0.02, sigma_tim: float = 0.0
+) -> float:
+    """Предел ESS/n при n → ∞ для ``simulate_log_ratios``: exp(−length·σ²), доля
+    (для w = e^X, X ~ N(m, s²): (E w)²/E w² = e^{−s²}, у последовательности s² = length·σ²)."""
+    sigma = _sigma(lag, sigma_per_lag, sigma_tim)
+    return math.exp(-integer("length", length, 1) * sigma**2)
+
+
+# --------------------------------------------------------------------------- TIM по позициям
 
 
 def position_shift_report(logits_target, logits_behavior, tokens, temperature: float = 1.0) -> dict:
-    """TIM по позициям для одних и тех же токенов y_t (логиты [..., T, vocab], z = logits/T).
+    """TIM по позициям для одних и тех же токенов y_t (логиты [..., T, vocab], z = logits/T), нат.
 
-    По позициям: ``eps`` — ε_t = max_i |Δz_{t,i}|; ``log_ratio`` — log w_t = log π(y_t) − log μ(y_t)
-    (π — softmax(z_target), μ — softmax(z_behavior), без усечения); ``cum_log_ratio`` —
-    log w_seq(t); ``cum_bound`` — Σ_{s≤t} 2ε_s ≥ |log w_seq(t)| (граница шага 12.4.3 по токенам,
-    сложенная по длине). Сводка: ``eps_max`` (ε — наибольший сдвиг логитов), ``bound`` = 2ε,
-    ``max_abs_log_ratio`` (наибольший |log w_t|), ``holds`` — |log w_t| ≤ 2ε_t на всех позициях.
-    Всё в натах, массивы numpy формы [..., T].
+    Массивы [..., T]: ``eps`` — ε_t = max_i |Δz_{t,i}|; ``log_ratio`` — log w_t = log π(y_t) −
+    log μ(y_t) (softmax без усечения); ``cum_log_ratio`` — log w_seq(t); ``cum_bound`` —
+    Σ_{s≤t} 2ε_s ≥ |log w_seq(t)|. Сводка: ``eps_max``, ``bound`` = 2·eps_max,
+    ``max_abs_log_ratio``, ``holds`` — |log w_t| ≤ 2ε_t на всех позициях.
     """
     temperature = positive("temperature", temperature)
     pairs, shape = _logit_pair(
         logits_target, logits_behavior, "logits_target", "logits_behavior", temperature
     )
-    tok = _to_numpy(tokens, "tokens")
-    if tok.dtype.kind not in "iu" or tok.shape != shape[:-1]:
-        raise ValueError(f"tokens: нужны целые номера формы {shape[:-1]}, получено {tok.shape}")
-    if (tok < 0).any() or (tok >= shape[-1]).any():
-        raise ValueError(f"tokens: номер вне словаря [0, {shape[-1]})")
-    flat_tok = tok.reshape(-1, 1).astype(np.int64)
+    flat_tok = _token_ids(tokens, shape, "tokens").reshape(-1, 1)
     eps, d, start = [], [], 0
     for za, zb in pairs:
         y = flat_tok[start : start + len(za)]
         start += len(za)
         eps.append(np.abs(za - zb).max(axis=-1))
-        gap = _log_softmax_np(za) - _log_softmax_np(zb)
-        d.append(np.take_along_axis(gap, y, -1)[:, 0])
+        d.append(np.take_along_axis(log_softmax(za) - log_softmax(zb), y, -1)[:, 0])
     eps, d = np.concatenate(eps).reshape(shape[:-1]), np.concatenate(d).reshape(shape[:-1])
     return {
         "eps": eps,
@@ -703,8 +518,8 @@ def position_shift_report(logits_target, logits_behavior, tokens, temperature: f
 
 
 def _nucleus(z: np.ndarray, top_p: float):
-    """p = softmax(z), масса более вероятных токенов и членство в ядре top-p (масса до токена < p)."""
-    p = np.exp(_log_softmax_np(z))
+    """p = softmax(z), масса более вероятных токенов и ядро top-p (масса до токена < top_p)."""
+    p = np.exp(log_softmax(z))
     order = np.argsort(-p, axis=-1, kind="stable")
     sorted_p = np.take_along_axis(p, order, -1)
     above = np.empty_like(p)
@@ -713,15 +528,12 @@ def _nucleus(z: np.ndarray, top_p: float):
 
 
 def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limit: int = 5) -> dict:
-    """Позиции, где сдвиг логитов переносит токен через границу ядра top-p.
+    """Позиции, где сдвиг логитов переносит токен через границу ядра top-p softmax(z/T).
 
-    Ядро — наименьшее множество самых вероятных токенов softmax(z/T) с массой ≥ p (как в
-    ``policy.sampling_logprobs``). Токен в ядре a, но не в ядре b (или наоборот) получает у b
-    вероятность 0: log μ = −inf, отношение π/μ не определено (``support_violations``), и
-    перенормировка ядра меняет вероятности остальных токенов. Возвращает ``count`` (позиций
-    с разным ядром), ``share`` (их доля), ``positions`` (индексы [count, ndim − 1]) и
-    ``examples`` — до ``limit`` словарей: position, token, p_a и p_b (до усечения), mass_above_a
-    и mass_above_b (масса более вероятных токенов), in_a, in_b.
+    Токен в ядре a, но не b получает у b вероятность 0: log μ = −inf (``support_violations``).
+    Ключи: ``count`` и ``share`` позиций с разным ядром, ``positions`` ([count, ndim − 1]) и
+    ``examples`` — до ``limit`` словарей: position, token, p_a, p_b (до усечения), mass_above_a,
+    mass_above_b (масса более вероятных токенов), in_a, in_b.
     """
     top_p = real("top_p", top_p, 0.0, 1.0, low_open=True)
     temperature = positive("temperature", temperature)
@@ -736,11 +548,9 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
         for i in np.flatnonzero(rows)[: max(limit - len(examples), 0)]:
             tok = int(np.flatnonzero(differ[i])[0])
             key = tuple(int(k) for k in np.unravel_index(start + i, shape[:-1]))
-            examples.append({
-                "position": key, "token": tok, "p_a": float(pa[i, tok]), "p_b": float(pb[i, tok]),
-                "mass_above_a": float(above_a[i, tok]), "mass_above_b": float(above_b[i, tok]),
-                "in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok]),
-            })  # fmt: skip
+            vals = {"p_a": pa, "p_b": pb, "mass_above_a": above_a, "mass_above_b": above_b}
+            ex = {"position": key, "token": tok} | {k: float(v[i, tok]) for k, v in vals.items()}
+            examples.append(ex | {"in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok])})
         start += len(za)
     rows = np.concatenate(differ_rows).reshape(shape[:-1])
     return {
@@ -755,42 +565,37 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
 
 
 def _is_ragged(x) -> bool:
-    return (
-        isinstance(x, (list, tuple))
-        and len(x) > 0
-        and all(_is_tensor(s) or isinstance(s, (list, tuple, np.ndarray)) for s in x)
-    )
+    items = isinstance(x, list | tuple) and len(x) > 0
+    return items and all(_is_tensor(s) or isinstance(s, list | tuple | np.ndarray) for s in x)
 
 
 def _pad(seqs, name: str):
+    """Список одномерных log-вероятностей → (массив [n, max T] с нулями, маска, длины)."""
     rows = [_logprobs(s, f"{name}[{i}]") for i, s in enumerate(seqs)]
     for i, r in enumerate(rows):
         if r.ndim != 1:
             raise ValueError(f"{name}[{i}]: нужна одномерная последовательность, форма {r.shape}")
-    width = max((len(r) for r in rows), default=0)
-    out = np.zeros((len(rows), width))
-    m = np.zeros((len(rows), width), dtype=bool)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-        m[i, : len(r)] = True
-    return out, m, [len(r) for r in rows]
+    lengths = [len(r) for r in rows]
+    m = np.arange(max(lengths)) < np.array(lengths)[:, None]
+    out = np.zeros(m.shape)
+    out[m] = np.concatenate(rows)
+    return out, m, lengths
 
 
 def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 1e-3) -> dict:
-    """Сводка рассогласования обучения и генерации (TIM) на одной версии весов.
+    """Сводка рассогласования обучения и генерации (TIM) на одной версии весов, нат.
 
-    Δ_t = log π_trainer(y_t) − log μ_engine(y_t) по токенам политики (= log w). Входы — массивы
-    [batch, T] с маской (0/1) или списки одномерных последовательностей разной длины (тогда
-    маска не нужна). Ключи: ``n_sequences``, ``n_tokens``, ``abs_delta_mean``, ``abs_delta_p99``,
-    ``abs_delta_max``, ``mean_delta``, ``share_above_threshold`` (доля |Δ| > threshold),
-    ``threshold``, ``seq_log_ratio`` (Σ_t Δ_t по последовательности, вид как у входа),
-    ``seq_abs_log_ratio_max``, ``token_ess_fraction`` и ``seq_ess_fraction`` (ESS/n по токенам
-    и по последовательностям; NaN при нарушении поддержки), ``support_violations``.
+    Δ_t = log π_trainer(y_t) − log μ_engine(y_t) по токенам политики (= log w). Входы — [batch, T]
+    с маской (0/1) или списки одномерных последовательностей разной длины. Ключи: n_sequences,
+    n_tokens, abs_delta_mean / p99 / max, mean_delta, share_above_threshold (доля |Δ| >
+    threshold), threshold, seq_log_ratio (Σ_t Δ_t, вид входа), seq_abs_log_ratio_max,
+    token_ess_fraction и seq_ess_fraction (ESS/n; NaN при нарушении поддержки), support_violations.
     """
     threshold = positive("threshold", threshold)
-    kind = _Kind(*(x[0] if _is_ragged(x) else x for x in (engine_logprobs, trainer_logprobs)))
-    if _is_ragged(engine_logprobs) or _is_ragged(trainer_logprobs):
-        if not (_is_ragged(engine_logprobs) and _is_ragged(trainer_logprobs)):
+    inputs = (engine_logprobs, trainer_logprobs)
+    kind = _Kind(*(x[0] if _is_ragged(x) else x for x in inputs))
+    if any(map(_is_ragged, inputs)):
+        if not all(map(_is_ragged, inputs)):
             raise ValueError(
                 "engine_logprobs и trainer_logprobs: оба должны быть списками последовательностей"
             )
@@ -807,40 +612,33 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
                 f"({len(len_e)} и {len(len_t)}) или разные длины (последовательности {diff})"
             )
     else:
-        lb = _logprobs(engine_logprobs, "engine_logprobs")
-        lt = _logprobs(trainer_logprobs, "trainer_logprobs")
-        _same_shape(lb, lt, "engine_logprobs", "trainer_logprobs")
+        names = ("trainer_logprobs", "engine_logprobs")
+        _, lt, lb, m = _pair(trainer_logprobs, engine_logprobs, mask, names)
         if lb.ndim != 2:
             raise ValueError(f"engine_logprobs: нужна форма [batch, T], получено {lb.shape}")
-        m = _mask(mask, lb.shape)
     if not m.any():
         raise ValueError("нет ни одного токена политики для сравнения")
     d_all = _log_ratio_np(lt, lb)
-    d = d_all[m]
+    d, seq, rows = d_all[m], _seq_sum(d_all, m), m.any(axis=-1)
     ad = np.abs(d)
-    finite = np.isfinite(ad).all()
-    seq = _seq_sum(d_all, m)
     violations = int(support_violations(lt, lb, m)["count"])
-    valid_rows = m.any(axis=-1)
-    if violations:
-        token_ess = seq_ess = float("nan")
-    else:
-        token_ess = normalized_ess(d, log=True)
-        seq_ess = normalized_ess(seq[valid_rows], log=True)
     with np.errstate(invalid="ignore"):
         mean_delta = float(d.mean())
+    nan = float("nan")
     return {
         "n_sequences": int(lb.shape[0]),
         "n_tokens": int(m.sum()),
         "abs_delta_mean": float(ad.mean()),
-        "abs_delta_p99": float(np.percentile(ad, 99, method="linear" if finite else "higher")),
+        "abs_delta_p99": float(
+            np.percentile(ad, 99, method="linear" if np.isfinite(ad).all() else "higher")
+        ),
         "abs_delta_max": float(ad.max()),
         "mean_delta": mean_delta,
         "share_above_threshold": float((ad > threshold).mean()),
         "threshold": threshold,
         "seq_log_ratio": kind.out(seq),
-        "seq_abs_log_ratio_max": float(np.abs(seq[valid_rows]).max()),
-        "token_ess_fraction": token_ess,
-        "seq_ess_fraction": seq_ess,
+        "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max()),
+        "token_ess_fraction": nan if violations else normalized_ess(d, log=True),
+        "seq_ess_fraction": nan if violations else normalized_ess(seq[rows], log=True),
         "support_violations": violations,
     }

@@ -1,14 +1,9 @@
 """Шаг 12.4.4: стратегии для несвежих данных как эксперимент со смещением и разбросом.
 
-Игрушечная задача, где истинный ответ известен точно (``ToyPolicy``): ответ из T независимых
-токенов верен, если в нём нет ни одного ошибочного токена, поэтому ожидаемая награда текущей
-политики J(π_u) = E_T[(1 − ε_u)^T] считается формулой. Роллауты несут задержку и длину из
-симуляции конвейера урока 12.3; каждая стратегия оценивает J(π_u) по несвежему пакету
-выборкой по важности, и по многим повторам с разными зёрнами видно смещение и разброс.
-
-Что упрощено: токены независимы (нет контекста), длина задана задачей, а не политикой,
-задержка роллаута не зависит от его токенов — только от длины (через симуляцию), поправка —
-последовательностным весом w = Π_t π_u(y_t)/μ_v(y_t), клиппирование PPO — по токеновым ρ_t.
+Игрушечная задача ``ToyPolicy``: ответ из T независимых токенов верен, если в нём нет ошибочного
+токена, поэтому истинное J(π_u) = E_T[(1 − ε_u)^T] известно точно. Задержки и длины роллаутов —
+из симуляции конвейера урока 12.3; каждая стратегия оценивает J(π_u) по несвежему пакету
+последовательностным весом w = Π_t π_u(y_t)/μ_v(y_t), по повторам видно смещение и разброс.
 """
 
 from __future__ import annotations
@@ -22,11 +17,15 @@ import pandas as pd
 
 from course_utils.args import fraction, integer, nonnegative, positive, real
 from course_utils.fmt import num
-from course_utils.offpolicy import clipped, effective_sample_size
+from course_utils.offpolicy import (
+    clipped,
+    effective_sample_size,
+    log_softmax,
+    masked_weights,
+    truncated_weights,
+)
 
-__all__ = ["ToyPolicy", "STRATEGIES", "batch_figures", "stale_experiment", "conclusions"]
-
-# Ключ стратегии → (сколько обновлений на роллаут, как меняется вес).
+# Ключи стратегий и их подписи в таблице.
 STRATEGIES = ("as_is", "drop", "truncate", "mask", "one_update")
 _LABELS = {
     "as_is": "как есть",
@@ -65,34 +64,26 @@ class ToyPolicy:
     def _base(self) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.seed)
         z0 = np.append(rng.standard_normal(self.n_neutral), 0.0)
-        neutral = math.log(np.exp(z0[:-1]).sum())
-        z0[-1] = neutral + math.log(
-            self.error_prob / (1 - self.error_prob)
-        )  # p_err(0) = error_prob
+        odds = self.error_prob / (1 - self.error_prob)  # p_err(0) = error_prob
+        z0[-1] = math.log(np.exp(z0[:-1]).sum()) + math.log(odds)
         g = np.append(rng.standard_normal(self.n_neutral), 0.0)
         lo, hi = 0.0, 10.0
         for _ in range(60):  # бисекция: средний |Δ log p| за версию растёт с масштабом s
             s = (lo + hi) / 2
             d = s * g
             d[-1] = -self.learn_nat
-            lo, hi = (s, hi) if self._step_size(z0, d) < self.drift_nat else (lo, s)
+            shift = _mean_shift(log_softmax(z0), log_softmax(z0 + d))
+            lo, hi = (s, hi) if shift < self.drift_nat else (lo, s)
         return z0, d
-
-    @staticmethod
-    def _step_size(z0: np.ndarray, d: np.ndarray) -> float:
-        lp0, lp1 = _log_softmax(z0), _log_softmax(z0 + d)
-        return float((np.exp(lp0) * np.abs(lp1 - lp0)).sum())
 
     def logprobs(self, version) -> np.ndarray:
         """log p_v(k) для версии (или массива версий формы S): массив [S..., n_neutral + 1], нат."""
         z0, d = self._base
-        v = np.asarray(version, dtype=float)[..., None]
-        return _log_softmax(z0 + v * d)
+        return log_softmax(z0 + np.asarray(version, dtype=float)[..., None] * d)
 
     def step_nat(self, version: float = 0.0) -> float:
         """E_{y~p_v} |log p_{v+1}(y) − log p_v(y)| — средний сдвиг на токен за одну версию, нат."""
-        lp0, lp1 = self.logprobs(version), self.logprobs(version + 1)
-        return float((np.exp(lp0) * np.abs(lp1 - lp0)).sum())
+        return _mean_shift(self.logprobs(version), self.logprobs(version + 1))
 
     def expected_reward(self, version: float, lengths) -> float:
         """Истинное J(π_v) = mean_T (1 − ε_v)^T по длинам задач ``lengths`` (доля верных)."""
@@ -101,23 +92,21 @@ class ToyPolicy:
         return float(np.mean((1 - eps) ** t))
 
 
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    top = z.max(axis=-1, keepdims=True)
-    return z - top - np.log(np.exp(z - top).sum(axis=-1, keepdims=True))
+def _mean_shift(lp0: np.ndarray, lp1: np.ndarray) -> float:
+    """E_{y~p0} |log p1(y) − log p0(y)|, нат."""
+    return float((np.exp(lp0) * np.abs(lp1 - lp0)).sum())
 
 
 def batch_figures(
     weights, lengths, rewards, counts, token_log_ratio, eps: float = 0.2
 ) -> dict[str, float]:
-    """Цифры одного пакета после стратегии. ``weights`` — w̃_i ≥ 0 (0 — роллаут не сохранён),
-    ``lengths`` — T_i, токенов, ``rewards`` — r_i, ``counts`` [n, K] — сколько раз токен k
-    встретился в ответе i, ``token_log_ratio`` [n, K] — log ρ_ik = log π(k) − log μ_i(k), нат.
+    """Цифры пакета после стратегии: веса w̃_i ≥ 0 (0 — не сохранён), длины T_i, награды r_i,
+    ``counts`` [n, K] — вхождения токена k в ответ i, ``token_log_ratio`` [n, K] — log ρ_ik, нат.
 
-    Ключи: kept_rollouts (доля w̃ > 0), kept_tokens (Σ T сохранённых / Σ T), length_ratio
-    (средняя длина сохранённых / всех), ess (ESS Киша по w̃ > 0), ess_per_kept и
-    ess_per_generated (ESS/n, где n — сохранённые или все роллауты пакета), clip (доля
-    сохранённых токенов, где клиппирование PPO срабатывает: ρ > 1+ε при A > 0 или ρ < 1−ε при
-    A < 0, A_i = r_i − среднее r пакета), estimate (Σ w̃ r / Σ w̃ — оценка J; NaN без весов).
+    Ключи: kept_rollouts (доля w̃ > 0), kept_tokens (Σ T сохранённых / Σ T), length_ratio, ess
+    (Киша по w̃ > 0), ess_per_kept и ess_per_generated (ESS/n на сохранённые или все роллауты),
+    clip (доля сохранённых токенов, где ``clipped`` при A_i = r_i − среднее r) и estimate
+    (Σ w̃ r / Σ w̃ — оценка J; NaN без весов).
     """
     eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     w = np.asarray(weights, dtype=float)
@@ -125,13 +114,9 @@ def batch_figures(
     r = np.asarray(rewards, dtype=float)
     kept = w > 0
     if not kept.any():
-        nan = float("nan")
-        return {"kept_rollouts": 0.0, "kept_tokens": 0.0, "length_ratio": nan, "ess": nan,
-                "ess_per_kept": nan, "ess_per_generated": nan, "clip": nan, "estimate": nan}  # fmt: skip
+        return dict.fromkeys(_FIGURES, float("nan")) | {"kept_rollouts": 0.0, "kept_tokens": 0.0}
     ess = effective_sample_size(w[kept])
-    adv = (r - r.mean())[:, None]
-    rho = np.exp(np.asarray(token_log_ratio, dtype=float))
-    hit = clipped(rho, adv, eps)
+    hit = clipped(np.exp(np.asarray(token_log_ratio, dtype=float)), (r - r.mean())[:, None], eps)
     c = np.asarray(counts, dtype=float)
     return {
         "kept_rollouts": float(kept.mean()),
@@ -145,15 +130,18 @@ def batch_figures(
     }
 
 
+_FIGURES = ("kept_rollouts", "kept_tokens", "length_ratio", "ess", "ess_per_kept")
+_FIGURES += ("ess_per_generated", "clip", "estimate")
+
+
 def _weights(kind: str, log_w: np.ndarray, lag: np.ndarray, drop_above, cap, band) -> np.ndarray:
+    """Веса стратегии: 0 у отброшенных (lag > drop_above), TIS min(w, cap), MIS w·1[w ∈ band]."""
     w = np.exp(log_w)
     if kind == "drop":
         return np.where(lag <= drop_above, w, 0.0)
     if kind == "truncate":
-        return np.minimum(w, cap)
-    if kind == "mask":
-        return np.where((w >= band[0]) & (w <= band[1]), w, 0.0)
-    return w
+        return truncated_weights(w, cap)[0]
+    return masked_weights(w, *band)[0] if kind == "mask" else w
 
 
 def stale_experiment(
@@ -170,16 +158,12 @@ def stale_experiment(
 ) -> pd.DataFrame:
     """Задержка политики × стратегия: доли сохранённого, ESS/n, клиппирование, смещение и разброс.
 
-    ``pools`` — {L: (задержки, длины)}: пары (задержка роллаута в версиях, длина в токенах) из
-    симуляции конвейера с max_policy_lag = L. В каждом из ``repeats`` повторов пакет из ``batch``
-    роллаутов вытягивается из пула с возвращением; текущая политика — версия u = 5, роллаут
-    собран версией v = u − ℓ, а «как есть» использует каждый роллаут в двух обновлениях, так
-    что доля ``reuse_share`` пакета старше ещё на версию. Стратегии (каждая меняет одно
-    относительно «как есть»): отбросить роллауты с задержкой > ``drop_above``; усечь
-    w̃ = min(w, cap); маскировать w̃ = w·1[a ≤ w ≤ b]; одно обновление на роллаут. Оценка
-    J(π_u) — Σ w̃ r / Σ w̃, истинное J — ``policy.expected_reward(u, длины пула)``.
-    Возвращает pandas.DataFrame, строка — (L, стратегия), средние по повторам; смещение и
-    разброс — по повторам, в процентных пунктах (п. п.) доли верных ответов.
+    ``pools`` — {L: (задержки в версиях, длины в токенах)} из симуляции с max_policy_lag = L.
+    В каждом из ``repeats`` повторов пакет из ``batch`` роллаутов тянется из пула с возвращением;
+    политика — версия u = 5, роллаут собран версией u − ℓ, «как есть» берёт роллаут в два
+    обновления (доля ``reuse_share`` старше ещё на версию). Стратегии меняют одно: отбросить
+    задержку > ``drop_above``, усечь min(w, cap), маскировать w·1[a ≤ w ≤ b], одно обновление.
+    Оценка J(π_u) = Σ w̃ r / Σ w̃; строка — (L, стратегия), смещение и разброс — в п. п.
     """
     policy = ToyPolicy() if policy is None else policy
     batch = integer("batch", batch, 2)
@@ -213,30 +197,34 @@ def stale_experiment(
         for kind in STRATEGIES:
             lag, counts, log_rho, log_w, reward = draws["once" if kind == "one_update" else "reuse"]
             w = _weights(kind, log_w, lag, drop_above, cap, band)
-            figs = [batch_figures(w[i], len_pool[idx[i]], reward[i], counts[i], log_rho[i], eps)
-                    for i in range(repeats)]  # fmt: skip
-            frame = pd.DataFrame(figs)
+            frame = pd.DataFrame(
+                batch_figures(w[i], len_pool[idx[i]], reward[i], counts[i], log_rho[i], eps)
+                for i in range(repeats)
+            )
             est = frame["estimate"].to_numpy()
             bias, spread = 100 * (np.nanmean(est) - truth), 100 * np.nanstd(est, ddof=1)
-            rows.append({
-                "задержка политики L, версий": int(max_lag),
-                "стратегия": _LABELS[kind].format(drop_above=drop_above, cap=cap,
-                                                  low=band[0], high=band[1]),
-                "ключ": kind,
-                "средняя задержка, версий": float(lag.mean()),
-                "роллаутов сохранено, %": 100 * frame["kept_rollouts"].mean(),
-                "токенов сохранено, %": 100 * frame["kept_tokens"].mean(),
-                "длина сохранённых / всех": frame["length_ratio"].mean(),
-                "ESS/n, n — сохранённые": frame["ess_per_kept"].mean(),
-                "ESS/n, n — сгенерированные": frame["ess_per_generated"].mean(),
-                "клиппирование, % токенов": 100 * frame["clip"].mean(),
-                "истинное J, %": 100 * truth,
-                "смещение, п. п.": bias,
-                "ст. ошибка смещения, п. п.": spread / math.sqrt(max(np.isfinite(est).sum(), 1)),
-                "разброс, п. п.": spread,
-                "RMSE, п. п.": math.hypot(bias, spread),
-                "повторов без оценки": int(np.isnan(est).sum()),
-            })  # fmt: skip
+            label = _LABELS[kind].format(drop_above=drop_above, cap=cap, low=band[0], high=band[1])
+            sem = spread / math.sqrt(max(np.isfinite(est).sum(), 1))  # ст. ошибка смещения
+            rows.append(
+                {
+                    "задержка политики L, версий": int(max_lag),
+                    "стратегия": label,
+                    "ключ": kind,
+                    "средняя задержка, версий": float(lag.mean()),
+                    "роллаутов сохранено, %": 100 * frame["kept_rollouts"].mean(),
+                    "токенов сохранено, %": 100 * frame["kept_tokens"].mean(),
+                    "длина сохранённых / всех": frame["length_ratio"].mean(),
+                    "ESS/n, n — сохранённые": frame["ess_per_kept"].mean(),
+                    "ESS/n, n — сгенерированные": frame["ess_per_generated"].mean(),
+                    "клиппирование, % токенов": 100 * frame["clip"].mean(),
+                    "истинное J, %": 100 * truth,
+                    "смещение, п. п.": bias,
+                    "ст. ошибка смещения, п. п.": sem,
+                    "разброс, п. п.": spread,
+                    "RMSE, п. п.": math.hypot(bias, spread),
+                    "повторов без оценки": int(np.isnan(est).sum()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -271,18 +259,9 @@ def conclusions(frame: pd.DataFrame) -> list[str]:
     a0, a1 = at(lo, "as_is"), at(hi, "as_is")
     drop, trunc, mask, once = (at(hi, k) for k in ("drop", "truncate", "mask", "one_update"))
     once0 = at(lo, "one_update")
-    kr, kt, lr = (
-        "роллаутов сохранено, %",
-        "токенов сохранено, %",
-        "длина сохранённых / всех",
-    )
-    ek, eg, sd, b, se = (
-        "ESS/n, n — сохранённые",
-        "ESS/n, n — сгенерированные",
-        "разброс, п. п.",
-        "смещение, п. п.",
-        "ст. ошибка смещения, п. п.",
-    )
+    kr, kt, lr = "роллаутов сохранено, %", "токенов сохранено, %", "длина сохранённых / всех"
+    ek, eg = "ESS/n, n — сохранённые", "ESS/n, n — сгенерированные"
+    sd, b, se = "разброс, п. п.", "смещение, п. п.", "ст. ошибка смещения, п. п."
     clip = "клиппирование, % токенов"
     return [
         f"При задержке политики L = {hi} меньше всего ошибка у «{best['стратегия']}»: RMSE "

@@ -85,21 +85,6 @@ def test_sequence_log_ratio_1d_is_scalar():
     assert isinstance(out_t, torch.Tensor) and out_t.dim() == 0
 
 
-def test_sequence_ratios_modes():
-    lt, lb = _logps((4, 6), seed=5)
-    mask = np.ones((4, 6))
-    mask[1, 3:] = 0
-    mask[2] = 0
-    prod = op.sequence_ratios(lt, lb, mask)
-    np.testing.assert_allclose(prod, np.exp(((lt - lb) * mask).sum(1)), rtol=1e-12)
-    geo = op.sequence_ratios(_t(lt), _t(lb), mask, mode="geometric")
-    ref = np.exp(((lt - lb) * mask).sum(1) / np.maximum(mask.sum(1), 1))
-    np.testing.assert_allclose(geo.numpy(), ref, rtol=1e-12)
-    assert prod[2] == 1.0 and geo[2] == 1.0  # пустая последовательность — вес 1
-    with pytest.raises(ValueError, match="mode"):
-        op.sequence_ratios(lt, lb, mode="mean")
-
-
 def test_sequence_bad_inputs():
     lt, lb = _logps((3, 4))
     with pytest.raises(ValueError, match="формы различаются"):
@@ -370,9 +355,9 @@ def test_masked_weights():
     inside = (rand >= 0.5) & (rand <= 2.0)
     np.testing.assert_allclose(out_r, rand * inside)
     assert share_r == pytest.approx(1 - inside.mean())
-    # последовательностный вариант: те же функции на весах sequence_ratios
+    # последовательностный вариант: те же функции на весах w_seq = exp(log w_seq)
     lt, lb = _logps((6, 5), seed=8)
-    seq_w = op.sequence_ratios(lt, lb)
+    seq_w = np.exp(op.sequence_log_ratio(lt, lb))
     seq_out, seq_share = op.masked_weights(seq_w, 0.5, 2.0)
     assert seq_out.shape == (6,) and 0.0 <= seq_share <= 1.0
 
@@ -680,7 +665,6 @@ LOGPROB_FUNCS = {
     "log_ratios": op.log_ratios,
     "importance_ratios": op.importance_ratios,
     "sequence_log_ratio": op.sequence_log_ratio,
-    "sequence_ratios": op.sequence_ratios,
     "log_ratio_stats": op.log_ratio_stats,
     "support_violations": op.support_violations,
     "tim_report": _tim_array,
