@@ -21,13 +21,6 @@ from course_utils import args as check
 DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro_batch": 8}
 
 
-def _rss_bytes() -> int:
-    """Текущий RSS процесса, байт (psutil)."""
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
 def predicted_peak_bytes(
     shape,
     engine_bytes_per_param: float,
@@ -49,15 +42,16 @@ def predicted_peak_bytes(
     n = shape.num_params
     m = min(check.integer("micro_batch", micro_batch, 1), check.integer("sequences", sequences, 1))
     t = check.integer("tokens_per_sequence", tokens_per_sequence, 1)
+    layers, kv_heads, head_dim = shape.num_layers, shape.num_kv_heads, shape.head_dim
     terms = {
         "engine_weights": int(n * engine_bytes_per_param),  # N · b_engine
         "trainer_fp32_adam": memory.state_bytes(n, "fp32_adam"),  # 16 Б · N
         "train_logits": 3 * m * t * shape.vocab_size * logits_bytes,  # 3 · m · T · V · 4 Б
+        # 2 · L · H_kv · d_h · S · T · b_engine
         "kv_cache": memory.kv_cache_bytes(
-            shape.num_layers, shape.num_kv_heads, shape.head_dim, sequences * t,
-            engine_bytes_per_param,
-        ),  # 2·L·H_kv·d_h·S·T·b
-    }  # fmt: skip
+            layers, kv_heads, head_dim, sequences * t, engine_bytes_per_param
+        ),
+    }
     terms["total"] = sum(terms.values())
     return terms
 
@@ -75,6 +69,8 @@ def rehearse(
     от момента перед созданием модели до пикового RSS (ru_maxrss), байт. На GPU добавляется
     доля потолка декодирования: измеренные токены/с ÷ B·BW/(W + B·KV) (``throughput``).
     """
+    import psutil
+
     from course_utils import memory, policy, throughput
 
     steps = check.integer("steps", steps, 1)
@@ -83,7 +79,7 @@ def rehearse(
     dev = policy.pick_device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    rss0 = _rss_bytes()
+    rss0 = int(psutil.Process().memory_info().rss)  # RSS процесса до модели, байт
     t0 = time.perf_counter()
     net, tokenizer, info = policy.load_policy(model, device=dev, dtype=dtype)
     load_s = time.perf_counter() - t0
