@@ -5,15 +5,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.args import (
-    is_int,
-)
+from course_utils.args import integer
 
 GENERATOR_RANK = 0
 TRAINER_RANK = 1
@@ -30,11 +27,8 @@ CLOCK_NOTE = (
 
 @dataclass
 class RecvStats:
-    """Замер одного приёма: байты полезной нагрузки и время, с.
-
-    wait_s — ожидание первого сообщения (отправитель ещё не начал отправку: процесс простаивал),
-    transfer_s — приём остального после того, как отправка началась.
-    """
+    """Замер приёма: nbytes — байты полезной нагрузки; wait_s — ожидание первого сообщения
+    (отправитель ещё не начал: процесс простаивал), transfer_s — приём остального, с."""
 
     nbytes: int
     wait_s: float
@@ -42,7 +36,7 @@ class RecvStats:
 
 
 def _check_peer(name: str, peer: Any) -> int:
-    """Проверяет номер ранга-собеседника: группа создана, 0 ≤ peer < world_size, peer ≠ свой."""
+    """Номер ранга-собеседника: группа создана, 0 ≤ peer < world_size, peer ≠ свой."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -50,12 +44,10 @@ def _check_peer(name: str, peer: Any) -> int:
             "torch.distributed не инициализирован: функцию вызывают внутри процесса, "
             "запущенного multiproc.launch или torchrun"
         )
-    world, me = dist.get_world_size(), dist.get_rank()
-    if not is_int(peer) or not 0 <= peer < world:
-        raise ValueError(f"{name} должно быть целым в [0, {world - 1}], получено {peer!r}")
-    if peer == me:
+    peer = integer(name, peer, 0, dist.get_world_size() - 1)
+    if peer == dist.get_rank():
         raise ValueError(f"{name}={peer} совпадает с собственным рангом: отправить себе нельзя")
-    return int(peer)
+    return peer
 
 
 def _device(device: Any):
@@ -76,12 +68,8 @@ def device_sync(device) -> None:
 
 
 def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> int:
-    """Отправляет JSON-сериализуемый объект рангу dst; возвращает размер полезной нагрузки, байт.
-
-    Два сообщения: длина n (один int64), затем n байт UTF-8 (uint8) на устройстве device
-    (на NCCL — GPU своего ранга). Получатель вызывает ``recv_object(src=<этот ранг>)``.
-    group — группа процессов (None — основная); dst — глобальный номер ранга.
-    """
+    """Отправляет JSON-объект рангу dst двумя сообщениями: длина n (int64), затем n байт UTF-8
+    (uint8, на device; на NCCL — GPU ранга). Возвращает n, байт. group — None: основная."""
     import torch
     import torch.distributed as dist
 
@@ -92,18 +80,14 @@ def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> i
     except (TypeError, ValueError) as exc:
         raise ValueError(f"obj должен быть JSON-сериализуемым: {exc}") from exc
     dist.send(torch.tensor([len(data)], dtype=torch.int64, device=dev), dst=dst, group=group)
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
-    dist.send(payload, dst=dst, group=group)
+    dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev), dst=dst, group=group)
     device_sync(dev)
     return len(data)
 
 
 def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, RecvStats]:
-    """Принимает объект от ``send_object`` ранга src. Возвращает (объект, RecvStats).
-
-    wait_s — время до прихода длины (блокировка: отправитель ещё не готов), transfer_s —
-    приём байтов и разбор JSON, секунды. group — как в ``send_object``.
-    """
+    """Принимает объект от ``send_object`` ранга src → (объект, RecvStats): wait_s — до прихода
+    длины, transfer_s — приём байтов и разбор JSON, с."""
     import torch
     import torch.distributed as dist
 
@@ -117,12 +101,11 @@ def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, 
     payload = torch.empty(n, dtype=torch.uint8, device=dev)
     dist.recv(payload, src=src, group=group)
     obj = json.loads(payload.cpu().numpy().tobytes().decode("utf-8"))
-    t2 = time.perf_counter()
-    return obj, RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=t2 - t1)
+    return obj, RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=time.perf_counter() - t1)
 
 
-def _named(tensors: Any, name: str) -> dict:
-    """Словарь имя → тензор из модели (named_parameters) или отображения."""
+def named_tensors(tensors: Any, name: str) -> dict:
+    """Словарь имя → тензор из модели (named_parameters) или непустого отображения."""
     import torch
 
     if isinstance(tensors, torch.nn.Module):
@@ -141,10 +124,8 @@ def _named(tensors: Any, name: str) -> dict:
 def _dtype(name: str, value: Any):
     import torch
 
-    if value is None:
-        return None
     dt = getattr(torch, value, None) if isinstance(value, str) else value
-    if not isinstance(dt, torch.dtype):
+    if value is not None and not isinstance(dt, torch.dtype):
         raise ValueError(f"{name}: неизвестный тип тензора {value!r}")
     return dt
 
@@ -153,56 +134,46 @@ def _dtype_name(dt) -> str:
     return str(dt).replace("torch.", "")
 
 
-def send_tensors(
-    tensors: Any,
-    dst: int,
-    device: Any = "cpu",
-    meta: Mapping | None = None,
-    wire_dtype: Any = None,
-) -> int:
+def _specs(tensors: Mapping, dtype=None) -> list:
+    """Заголовок тензоров: [имя, форма, тип] — тип dtype на проводе или свой."""
+    return [[n, list(t.shape), _dtype_name(dtype or t.dtype)] for n, t in tensors.items()]
+
+
+def send_tensors(tensors, dst: int, device="cpu", meta: Mapping | None = None, wire_dtype=None):
     """Отправляет именованные тензоры рангу dst; возвращает байты тензоров (без заголовка).
 
-    Сначала заголовок ``send_object``: meta (например, версия весов), имена, формы и типы,
-    затем по одному ``dist.send`` на тензор (в типе wire_dtype, если задан, — например,
-    bfloat16 движка вместо fp32 тренера). Байты = Σ numel · element_size(wire_dtype).
-    tensors — модель (берутся named_parameters) или словарь «имя → тензор».
+    Заголовок ``send_object``: meta (например, версия весов), имена, формы и типы; затем
+    ``transfer_weights`` по ("send", dst) в типе wire_dtype (None — свой; bfloat16 движка
+    вместо fp32 тренера). Байты = Σ numel · element_size(wire_dtype). tensors — модель или словарь.
     """
-    import torch
-    import torch.distributed as dist
+    from course_utils.weight_sync import transfer_weights
 
-    named = _named(tensors, "tensors")
+    named = named_tensors(tensors, "tensors")
     dst = _check_peer("dst", dst)
     dev = _device(device)
     wire = _dtype("wire_dtype", wire_dtype)
     if meta is not None and not isinstance(meta, Mapping):
         raise ValueError(f"meta должно быть словарём или None, получено {type(meta).__name__}")
-    specs = []
-    for name, t in named.items():
-        dt = wire or t.dtype
-        specs.append([name, list(t.shape), _dtype_name(dt)])
-    total = sum(
-        math.prod(shape) * torch.empty(0, dtype=_dtype("dtype", dt)).element_size()
-        for _, shape, dt in specs
+    total = sum(t.numel() * (wire or t.dtype).itemsize for t in named.values())
+    send_object(
+        {"meta": dict(meta or {}), "tensors": _specs(named, wire), "nbytes": total}, dst, dev
     )
-    send_object({"meta": dict(meta or {}), "tensors": specs, "nbytes": total}, dst, dev)
-    with torch.no_grad():
-        for t in named.values():
-            dist.send(t.detach().to(device=dev, dtype=wire or t.dtype).contiguous(), dst=dst)
+    for _ in transfer_weights(named, None, ("send", dst), device=dev, dtype=wire):
+        pass
     device_sync(dev)
     return int(total)
 
 
-def recv_tensors(
-    src: int, device: Any = "cpu", buffers: Mapping | None = None
-) -> tuple[dict, dict, RecvStats]:
-    """Принимает тензоры от ``send_tensors``. Возвращает (meta, {имя: тензор}, RecvStats).
+def recv_tensors(src: int, device="cpu", buffers: Mapping | None = None):
+    """Принимает тензоры от ``send_tensors`` → (meta, {имя: тензор}, RecvStats).
 
-    buffers — готовые буферы приёма (например, от прошлого вызова): имена, формы и типы
-    обязаны совпасть с заголовком, иначе ValueError; без них буферы создаются на device.
-    RecvStats.wait_s — ожидание заголовка, transfer_s — приём заголовка и всех тензоров, с.
+    buffers — готовые буферы приёма (имена, формы и типы обязаны совпасть с заголовком, иначе
+    ValueError); без них буферы создаются на device. wait_s — ожидание заголовка, transfer_s —
+    приём заголовка и всех тензоров (``transfer_weights`` по ("recv", src)), с.
     """
     import torch
-    import torch.distributed as dist
+
+    from course_utils.weight_sync import transfer_weights
 
     src = _check_peer("src", src)
     dev = _device(device)
@@ -211,24 +182,20 @@ def recv_tensors(
     specs = header["tensors"]
     if buffers is None:
         out = {
-            name: torch.empty(shape, dtype=_dtype("dtype", dt), device=dev)
-            for name, shape, dt in specs
+            n: torch.empty(shape, dtype=_dtype("dtype", dt), device=dev) for n, shape, dt in specs
         }
     else:
-        out = _named(buffers, "buffers")
-        expected = [[n, list(t.shape), _dtype_name(t.dtype)] for n, t in out.items()]
-        if sorted(expected) != sorted(specs):
+        out = named_tensors(buffers, "buffers")
+        if sorted(_specs(out)) != sorted(specs):
             raise ValueError(
                 "buffers: имена, формы или типы буферов не совпадают с заголовком отправителя"
             )
-    for name, _, _ in specs:
-        dist.recv(out[name], src=src)
+    out = {n: out[n] for n, _, _ in specs}  # порядок отправителя
+    for _ in transfer_weights(None, out, ("recv", src)):
+        pass
     device_sync(dev)
-    stats = RecvStats(
-        nbytes=int(header["nbytes"]),
-        wait_s=head_stats.wait_s,
-        transfer_s=head_stats.transfer_s + time.perf_counter() - t0,
-    )
+    transfer_s = head_stats.transfer_s + time.perf_counter() - t0
+    stats = RecvStats(int(header["nbytes"]), head_stats.wait_s, transfer_s)
     return dict(header["meta"]), out, stats
 
 
@@ -236,18 +203,17 @@ def state_checksum(tensors: Any, dtype: Any = None) -> str:
     """SHA-256 (hex) имён, форм, типов и байтов тензоров в порядке имён; dtype — привести тип.
 
     tensors — модель (named_parameters) или словарь «имя → тензор». Равные суммы — побитно
-    равные веса; ``dtype`` нужен, чтобы сравнить fp32-веса тренера с bf16-копией движка.
-    Тензоры копируются на CPU: для модели в 1 ГБ это ~1 с.
+    равные веса; ``dtype`` — сравнить fp32-веса тренера с bf16-копией движка. Тензоры
+    копируются на CPU: для модели в 1 ГБ это ~1 с.
     """
     import torch
 
-    named = _named(tensors, "tensors")
+    named = named_tensors(tensors, "tensors")
     dt = _dtype("dtype", dtype)
     h = hashlib.sha256()
     with torch.no_grad():
         for name in sorted(named):
-            t = named[name].detach()
-            t = (t.to(dt) if dt is not None else t).contiguous().cpu()
+            t = named[name].detach().to(dt or named[name].dtype).contiguous().cpu()
             h.update(f"{name}|{list(t.shape)}|{_dtype_name(t.dtype)}\n".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -268,14 +234,8 @@ class _Stages:
         self.device = device
         self.events: list[dict] = []
 
-    def add(
-        self,
-        stage: str,
-        step: int | None,
-        wall_start: float,
-        duration_s: float,
-        worker: str | None = None,
-    ) -> None:
+    def add(self, stage: str, step, wall_start: float, duration_s: float, worker=None) -> None:
+        """Событие этапа: start_s = wall_start − t_ref, end_s = start_s + duration_s, с."""
         start = wall_start - self.t_ref
         event = {"stage": stage, "step": step, "start_s": start, "end_s": start + duration_s}
         if worker is not None:  # своя строка диаграммы Ганта (например, поток очереди)
@@ -283,9 +243,8 @@ class _Stages:
         self.events.append(event)  # list.append атомарен: события пишут и два потока
 
     @contextlib.contextmanager
-    def stage(
-        self, stage: str, step: int | None = None, worker: str | None = None
-    ) -> Iterator[_Span]:
+    def stage(self, stage: str, step=None, worker=None) -> Iterator[_Span]:
+        """Замер этапа блоком with: ждёт устройство до и после, пишет событие в ``add``."""
         span = _Span()
         device_sync(self.device)
         wall0, t0 = time.time(), time.perf_counter()
@@ -372,20 +331,10 @@ def events_frame(launch_result: Any, by_kind: bool = False):
     rows = []
     for res in rank_results(launch_result):
         for ev in res.get("events", []):
-            start, end = float(ev["start_s"]), float(ev["end_s"])
             worker = ev.get("worker", res.get("worker", res["role"]))
-            rows.append(
-                (
-                    None,
-                    worker,
-                    ev["stage"],
-                    start,
-                    end,
-                    end - start,
-                    ev.get("step"),
-                    res.get("rank"),
-                )
-            )
+            start, end = float(ev["start_s"]), float(ev["end_s"])
+            step, rank = ev.get("step"), res.get("rank")
+            rows.append((None, worker, ev["stage"], start, end, end - start, step, rank))
     columns = ["trace_id", "worker", "stage", "start_s", "end_s", "duration_s", "step", "rank"]
     frame = pd.DataFrame(rows, columns=columns)
     if by_kind:

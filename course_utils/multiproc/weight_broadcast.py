@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
@@ -11,13 +12,7 @@ from typing import Any
 
 import torch
 
-from course_utils.args import (
-    integer,
-    nonnegative,
-    optional_integer,
-    positive,
-    text,
-)
+from course_utils.args import integer, nonnegative, optional_integer, positive, text
 from course_utils.multiproc.transport import (
     ROLE_GENERATOR,
     ROLE_TRAINER,
@@ -28,20 +23,16 @@ from course_utils.multiproc.transport import (
 )
 from course_utils.weight_sync import (
     DEFAULT_ATOL,
-    MAX_SIZE,
-    TRAINER,
     EventLog,
     InProcessEngine,
     _logits,
-    _named_params,
     probe_input,
+    transfer_weights,
 )
 
 BROADCAST_EXPERIMENT = "broadcast_weights"
-
-
-def _hex_tensor(checksum: str, device) -> torch.Tensor:
-    return torch.tensor(list(bytes.fromhex(checksum)), dtype=torch.uint8, device=device)
+TRAINER = "trainer"
+MAX_SIZE = 2**26  # наибольший синтетический тензор замера, параметров (fp32: 256 МиБ)
 
 
 def _check_sizes(sizes: Any) -> list[int]:
@@ -55,7 +46,8 @@ def _check_sizes(sizes: Any) -> list[int]:
 
 
 def _trainer_update(net: torch.nn.Module, probe: torch.Tensor, lr: float) -> float:
-    """Настоящий шаг SGD тренера: языковая функция потерь на контрольном входе. Возвращает loss."""
+    """Шаг SGD тренера: θ ← θ − lr·∇L, L — перекрёстная энтропия следующего токена на
+    контрольном входе (нат на токен). Возвращает L."""
     net.zero_grad(set_to_none=True)
     with torch.enable_grad():
         kwargs = {"use_cache": False} if hasattr(net, "config") else {}
@@ -89,19 +81,14 @@ def broadcast_weights(
 ) -> dict:
     """Публикация весов в процессах: ранг 0 — тренер, ранги 1..N−1 — генераторы (N ≥ 2).
 
-    Версия v = 1..versions: тренер делает шаг SGD (lr) на контрольном входе, рассылает
-    заголовок [v, число тензоров], SHA-256 и эталонные логиты, затем все тензоры
-    (``dist.broadcast``) прямо в подготовительные буферы генераторов. Генератор проверяет
-    сумму и логиты (atol), сообщает ready; барьер готовности — ``all_reduce(MIN)`` флагов
-    проверки: одна неудача отменяет переключение везде. Затем commit, ``dist.barrier``
-    (все переключились — приём запросов возобновлён) и контрольный запрос: генератор отвечает
-    версией, которой помечен ответ, и совпали ли его логиты с эталоном (``all_gather``).
-    corrupt_version — для опыта: ранг corrupt_rank портит одно число принятой версии.
-
-    sizes — числа параметров: синтетический fp32-тензор каждого размера рассылается
-    repeats раз; время — медиана, с (perf_counter, перед каждым повтором барьер).
-    Байты — numel · element_size. Возвращает JSON-словарь ранга: role, pid, versions
-    (строка на версию), sizes, events (журнал, t — секунды от общей точки отсчёта).
+    Версия v = 1..versions: тренер делает шаг SGD (lr), рассылает заголовок [v, число
+    тензоров], SHA-256 и эталонные логиты, затем веса — ``transfer_weights`` по ("broadcast", 0)
+    прямо в подготовительные буферы генераторов. Генератор проверяет сумму и логиты (atol),
+    барьер готовности — ``all_reduce(MIN)`` флагов: одна неудача отменяет переключение везде.
+    Затем commit, ``dist.barrier`` и контрольный запрос (``all_gather`` версий ответа).
+    corrupt_version — ранг corrupt_rank портит одно число этой версии (опыт). sizes — числа
+    параметров синтетического fp32-тензора (numel · 4 байт), время рассылки — медиана repeats
+    повторов, с. Возвращает JSON-словарь ранга: versions, sizes, events (t — от общего отсчёта).
     """
     import torch.distributed as dist
 
@@ -127,13 +114,12 @@ def broadcast_weights(
     net, _, info = load_policy(model, device=device)
     is_trainer = rank == 0
     probe = probe_input(net, seed=seed).to(device)
-    names = list(_named_params(net))
+    n_names = len(list(net.named_parameters()))
     nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
-    engine = None
-    if not is_trainer:
-        engine = InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
-        del net
-    ref = torch.empty_like(_logits(engine._models[0] if engine else net, probe))
+    params = dict(net.named_parameters()) if is_trainer else None
+    engine = None if is_trainer else InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
+    net = net if is_trainer else None
+    ref = torch.empty_like(_logits(net if is_trainer else engine._models[0], probe))
     common = {
         "experiment": BROADCAST_EXPERIMENT,
         "rank": rank,
@@ -145,7 +131,7 @@ def broadcast_weights(
         "device": str(device),
         "model": info.describe(),
         "num_params": info.num_params,
-        "num_tensors": len(names),
+        "num_tensors": n_names,
         "t_ref_unix": t_ref,
     }
 
@@ -161,32 +147,26 @@ def broadcast_weights(
             row["loss"] = _trainer_update(net, probe, lr)
             expected = state_checksum(net)
             ref.copy_(_logits(net, probe))
-            header.copy_(torch.tensor([v, len(names)], device=device))
-            digest.copy_(_hex_tensor(expected, device))
+            header.copy_(torch.tensor([v, n_names], device=device))
+            digest.copy_(torch.tensor(list(bytes.fromhex(expected)), dtype=torch.uint8))
             device_sync(device)
             row["update_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-        dist.broadcast(header, src=0)
-        dist.broadcast(digest, src=0)
-        dist.broadcast(ref, src=0)
-        got_version, n_tensors = (int(x) for x in header.tolist())
+        for t in (header, digest, ref):
+            dist.broadcast(t, src=0)
+        got_version, n_tensors = header.tolist()
         if not is_trainer:
             row["wait_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            if n_tensors != len(names):
+            if n_tensors != n_names:
                 raise RuntimeError(
-                    f"ранг {rank}: тренер шлёт {n_tensors} тензоров, у модели генератора {len(names)}"
+                    f"ранг {rank}: тренер шлёт {n_tensors} тензоров, у модели генератора {n_names}"
                 )
             expected = bytes(digest.cpu().tolist()).hex()
-        if is_trainer:
-            for p in net.parameters():
-                dist.broadcast(p.data, src=0)
+        with contextlib.nullcontext() if is_trainer else engine.staging(got_version) as buffers:
+            for _ in transfer_weights(params, buffers, ("broadcast", 0)):
+                pass
             device_sync(device)
-        else:
-            with engine.staging(got_version) as buffers:
-                for name in names:
-                    dist.broadcast(buffers[name], src=0)
-                device_sync(device)
         row["broadcast_s"] = time.perf_counter() - t0
 
         ok = True
@@ -196,26 +176,22 @@ def broadcast_weights(
             t0 = time.perf_counter()
             res = engine.verify(expected, probe, ref, atol)
             row["verify_s"] = time.perf_counter() - t0
-            row.update(checksum_ok=res.checksum_ok, logits_ok=res.logits_ok)
+            row |= {"checksum_ok": res.checksum_ok, "logits_ok": res.logits_ok}
             row["max_abs_diff"] = res.max_abs_diff
             ok = res.ok
             if ok:
                 engine.ready()
         t0 = time.perf_counter()
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)
+        flag = torch.tensor([int(ok)], dtype=torch.int64, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # барьер готовности: ждёт всех
-        all_ok = bool(flag.item())
         row["barrier_s"] = time.perf_counter() - t0
-        row["committed"] = all_ok
+        row["committed"] = all_ok = bool(flag.item())
 
         t0 = time.perf_counter()
         who = TRAINER if is_trainer else engine.name
         if all_ok:
             log.add("barrier", who, got_version, detail=f"готовы все генераторы: {world_size - 1}")
-            if engine is not None:
-                engine.commit()
-            else:
-                version = got_version
+            version = got_version if is_trainer else engine.commit()
         else:
             log.add("abort", who, got_version, detail="проверка не прошла хотя бы на одном ранге")
             if engine is not None:
@@ -224,15 +200,14 @@ def broadcast_weights(
         row["commit_s"] = time.perf_counter() - t0
 
         # Контрольный запрос: какую версию генератор реально обслуживает.
+        answer = torch.tensor([version, 1], dtype=torch.int64, device=device)
         if engine is not None:
             served = engine.forward(probe, request_id=f"{engine.name}/probe-v{v}")
             match = bool((served.logits - ref).abs().max().item() <= atol)
             answer = torch.tensor([served.version, int(match)], dtype=torch.int64, device=device)
-        else:
-            answer = torch.tensor([version, 1], dtype=torch.int64, device=device)
         gathered = [torch.zeros_like(answer) for _ in range(world_size)]
         dist.all_gather(gathered, answer)
-        answers = [tuple(int(x) for x in a.tolist()) for a in gathered]
+        answers = [a.tolist() for a in gathered]
         row["served_version"] = answers[rank][0]
         row["served_matches_reference"] = None if is_trainer else bool(answers[rank][1])
         if is_trainer:
@@ -254,13 +229,9 @@ def broadcast_weights(
             dist.broadcast(buf, src=0)
             device_sync(device)
             times.append(time.perf_counter() - t0)
+        seconds = statistics.median(times)
         size_rows.append(
-            {
-                "size": n,
-                "bytes": n * buf.element_size(),
-                "seconds": statistics.median(times),
-                "times_s": times,
-            }
+            {"size": n, "bytes": n * buf.element_size(), "seconds": seconds, "times_s": times}
         )
 
     final = {"final_version": version if is_trainer else engine.version}
@@ -273,25 +244,19 @@ def broadcast_weights(
 
 def sync_frame(launch_result: Any):
     """Таблица pandas публикаций: строка на (версия, ранг); время — секунды, объём — байты.
-
-    Столбцы: version, rank, role, bytes, wait_s, broadcast_s, verify_s, barrier_s,
-    commit_s, served_version, checksum_ok, logits_ok, max_abs_diff, committed,
-    served_matches_reference. У тренера verify_s и проверки пусты (NaN).
-    """
+    У тренера verify_s и проверки пусты (NaN)."""
     import pandas as pd
 
-    rows = []
-    for res in rank_results(launch_result, BROADCAST_EXPERIMENT):
-        for v in res["versions"]:
-            rows.append({"rank": res["rank"], "role": res["role"], **v})
+    rows = [
+        {"rank": res["rank"], "role": res["role"], **v}
+        for res in rank_results(launch_result, BROADCAST_EXPERIMENT)
+        for v in res["versions"]
+    ]
     cols = ["version", "rank", "role", "bytes", "wait_s", "broadcast_s", "verify_s"]
     cols += ["barrier_s", "commit_s", "served_version", "checksum_ok", "logits_ok"]
     cols += ["max_abs_diff", "committed", "served_matches_reference"]
-    frame = pd.DataFrame(rows)
-    for c in cols:
-        if c not in frame:
-            frame[c] = None
-    return frame[cols].sort_values(["version", "rank"]).reset_index(drop=True)
+    frame = pd.DataFrame(rows).reindex(columns=cols)
+    return frame.sort_values(["version", "rank"]).reset_index(drop=True)
 
 
 def sync_size_frame(launch_result: Any):
@@ -310,20 +275,17 @@ def sync_size_frame(launch_result: Any):
                 row["trainer_s"] = s["seconds"]
             else:
                 row["seconds"] = max(row.get("seconds", 0.0), s["seconds"])
-    frame = pd.DataFrame(
-        sorted(by_size.values(), key=lambda r: r["size"]),
-        columns=["size", "bytes", "seconds", "trainer_s", "repeats"],
-    )
-    frame["gib_per_s"] = frame["bytes"] / 2**30 / frame["seconds"]
-    return frame
+    cols = ["size", "bytes", "seconds", "trainer_s", "repeats"]
+    frame = pd.DataFrame(sorted(by_size.values(), key=lambda r: r["size"]), columns=cols)
+    return frame.assign(gib_per_s=frame["bytes"] / 2**30 / frame["seconds"])
 
 
 def merged_events(launch_result: Any) -> list[dict]:
     """Общий журнал всех рангов, упорядоченный по t (одна машина — одни часы) — для audit_log."""
-    events = []
-    for res in rank_results(launch_result, BROADCAST_EXPERIMENT):
-        events.extend(dict(e) for e in res.get("events", []))
+    events = [
+        dict(e)
+        for res in rank_results(launch_result, BROADCAST_EXPERIMENT)
+        for e in res.get("events", [])
+    ]
     events.sort(key=lambda e: e["t"])
-    for i, e in enumerate(events):
-        e["seq"] = i
-    return events
+    return [e | {"seq": i} for i, e in enumerate(events)]
