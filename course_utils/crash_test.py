@@ -23,7 +23,6 @@ from course_utils.args import (
 )
 from course_utils.checkpoint import (
     COMPONENTS,
-    ToyRLRun,
     checkpoint_name,
     count_steps,
     latest_checkpoint,
@@ -34,6 +33,7 @@ from course_utils.checkpoint import (
     save_checkpoint,
 )
 from course_utils.fmt import count
+from course_utils.toy_run import ToyRLRun
 
 BRANCHES = ("continuous", "full", "weights_only")
 

@@ -22,9 +22,10 @@ import safetensors.torch
 import torch
 
 from course_utils import checkpoint as ck, crash_test
-from course_utils.checkpoint import CheckpointError, ToyRLRun
+from course_utils.checkpoint import CheckpointError
 from course_utils.multiproc import checkpointed_trainer as ckt, launch
 from course_utils.multiproc.transport import state_checksum
+from course_utils.toy_run import ToyRLRun
 
 matplotlib.use("Agg")
 
@@ -669,10 +670,10 @@ def _run_events(run_dir) -> tuple[list[dict], dict]:
 _OVERWRITE_AND_DIE = """
 import os, shutil, signal, sys
 from pathlib import Path
-from course_utils import checkpoint as ck, crash_test
+from course_utils import checkpoint as ck, crash_test, toy_run
 
 point, root = sys.argv[1], Path(sys.argv[2])
-run = ck.ToyRLRun(0)
+run = toy_run.ToyRLRun(0)
 for _ in range(8):
     run.step()
 state = run.state_dict()

@@ -6,7 +6,7 @@ import re
 import pytest
 from exercise_helpers import CYRILLIC, _ex
 
-from course_utils import crash_test, fmt, grading, stack_map
+from course_utils import crash_test, fmt, grading, stack_map, toy_run
 
 IDS = grading.exercise_ids()
 VARIANTS = range(4)
@@ -46,7 +46,7 @@ def test_12_5_10_checkpoint_after_verifier_upgrade_and_promotion():
             for k, v in p.items()
             if k not in ("total_steps", "crash_at", "checkpoint_every", "seed")
         }
-        run, fresh = checkpoint.ToyRLRun(p["seed"], **kw), checkpoint.ToyRLRun(p["seed"], **kw)
+        run, fresh = toy_run.ToyRLRun(p["seed"], **kw), toy_run.ToyRLRun(p["seed"], **kw)
         for _ in range(p["crash_at"] // p["checkpoint_every"] * p["checkpoint_every"]):
             run.step()
         assert run.verifier_version == "verifier-2" and run.curriculum["level"] >= 1, variant
@@ -191,9 +191,9 @@ def test_12_5_10_broken_functions_get_feedback():
     assert result.status == "malformed" and "return run" in result.message
     result = grading.evaluate("12.5.10", lambda run_factory: run_factory())
     assert result.status == "malformed" and "аргумента: resume(" in result.message
-    result = grading.evaluate("12.5.10", checkpoint.ToyRLRun(0))
+    result = grading.evaluate("12.5.10", toy_run.ToyRLRun(0))
     assert result.status == "malformed" and "без скобок" in result.message
-    assert grading.evaluate("12.5.10", checkpoint.ToyRLRun).status == "malformed"
+    assert grading.evaluate("12.5.10", toy_run.ToyRLRun).status == "malformed"
     result = grading.evaluate("12.5.10", two_missing)
     assert result.status == "wrong" and "расходится на шаге" in result.message
     assert "optimizer —" in result.message and "rng —" in result.message

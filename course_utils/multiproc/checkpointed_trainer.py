@@ -18,7 +18,6 @@ from course_utils.args import integer, optional_integer, path
 from course_utils.checkpoint import (
     COMPONENTS,
     EVENTS_FILE,
-    ToyRLRun,
     checkpoint_name,
     latest_checkpoint,
     remove_incomplete,
@@ -26,6 +25,7 @@ from course_utils.checkpoint import (
     save_checkpoint,
 )
 from course_utils.multiproc.transport import state_checksum
+from course_utils.toy_run import ToyRLRun
 
 
 def _append_event(log: Path, record: dict) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_utils import checkpoint, crash_test
+from course_utils import checkpoint, crash_test, toy_run
 from course_utils.exercises.answers import AnswerType, Function, md_table
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import AnswerError
@@ -66,7 +66,7 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
 
     def wrapped(run_factory: Callable, checkpoint_path: Any) -> Any:
         run = fn(run_factory, checkpoint_path)
-        if not isinstance(run, checkpoint.ToyRLRun):
+        if not isinstance(run, toy_run.ToyRLRun):
             msg = f"resume должна вернуть запуск ToyRLRun, а вернула {type(run).__name__}: не забыт ли `return run`?"
             raise AnswerError("malformed", msg)
         rec["stage"] = "после восстановления: запуск, который вернула resume, не работает"
@@ -114,7 +114,7 @@ def _state_at(params_json: str) -> tuple[int, str]:
     """Уровень учебной программы и верификатор после шага s₀ — то, что попадёт в точку."""
     p = json.loads(params_json)
     kw = {k: p[k] for k in ("verifier_upgrade_step", "promote_at", "ema_alpha")}
-    run = checkpoint.ToyRLRun(p["seed"], **kw)
+    run = toy_run.ToyRLRun(p["seed"], **kw)
     for _ in range(p["crash_at"] // p["checkpoint_every"] * p["checkpoint_every"]):
         run.step()
     return run.curriculum["level"], run.verifier_version
@@ -133,7 +133,7 @@ def resume_fn_task(variant: int) -> dict:
             break
     lost = f"шаг {crash}" if crash == s0 + 1 else f"шаги {s0 + 1}…{crash}"
     args = ", ".join(f"{k}={v}" for k, v in p.items())
-    statement = f"**Напишите `{_SIG}`** для проверки аварией (шаг 12.5.3) учебного запуска `checkpoint.ToyRLRun`: seed = {p['seed']}, {p['total_steps']} шагов, контрольная точка — после каждого шага, кратного {every}, авария — после шага {crash}; после шага {p['verifier_upgrade_step']} верификатор заменён на `verifier-2`, уровень учебной программы растёт при скользящей доле успехов ≥ {p['promote_at']}. Восстановление — с `step-{s0:06d}` (s₀ = ⌊{crash}/{every}⌋·{every} = {s0}), {lost} пересчитают заново.\n\n`run_factory()` создаёт **новый** `ToyRLRun` той же конфигурации, `checkpoint_path` — каталог точки; верните запуск, чей следующий `step()` — шаг {s0 + 1} **того же** эксперимента. Под рукой: `checkpoint.load_checkpoint(path, config=run.config)`, `checkpoint.COMPONENTS`, `run.state_dict()`, `run.load_state_dict(state, queue=None)`, `run.load_weights_only(state)`.\n\nПроверка — `crash_test.run_crash_test({args}, resume=resume)` (параметры — `task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный запуск однопроцессный и детерминированный; от распределённого требуют той же семантики эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной точкой. Функцию остановят через 60 с."
+    statement = f"**Напишите `{_SIG}`** для проверки аварией (шаг 12.5.3) учебного запуска `toy_run.ToyRLRun`: seed = {p['seed']}, {p['total_steps']} шагов, контрольная точка — после каждого шага, кратного {every}, авария — после шага {crash}; после шага {p['verifier_upgrade_step']} верификатор заменён на `verifier-2`, уровень учебной программы растёт при скользящей доле успехов ≥ {p['promote_at']}. Восстановление — с `step-{s0:06d}` (s₀ = ⌊{crash}/{every}⌋·{every} = {s0}), {lost} пересчитают заново.\n\n`run_factory()` создаёт **новый** `ToyRLRun` той же конфигурации, `checkpoint_path` — каталог точки; верните запуск, чей следующий `step()` — шаг {s0 + 1} **того же** эксперимента. Под рукой: `checkpoint.load_checkpoint(path, config=run.config)`, `checkpoint.COMPONENTS`, `run.state_dict()`, `run.load_state_dict(state, queue=None)`, `run.load_weights_only(state)`.\n\nПроверка — `crash_test.run_crash_test({args}, resume=resume)` (параметры — `task_12_5_10['crash_test']`): ветвь **full** совпадает с непрерывной побитово (учебный запуск однопроцессный и детерминированный; от распределённого требуют той же семантики эксперимента), а **каждый** компонент состояния сразу после `resume` — с контрольной точкой. Функцию остановят через 60 с."
     return {"statement": statement, "crash_test": p, "restored_step": s0}
 
 
