@@ -352,7 +352,7 @@ def raw_logprob(logits, token, temperature: float = 1.0):
 # --------------------------------------------------------------------------- TIS и MIS
 
 
-def _weights(ratios, mask):
+def _checked_weights(ratios, mask):
     """Вид результата, веса w и маска; w = +inf на маске — ошибка (поддержку не восстановить)."""
     kind, w = _Kind(ratios, mask), _ratios(ratios)
     m = _mask(mask, w.shape)
@@ -370,7 +370,7 @@ def _weights(ratios, mask):
 def truncated_weights(ratios, cap: float, mask=None):
     """Усечённые веса (TIS): w̃ = min(w, C), вне маски 0. Возвращает (w̃, доля маски с w > C)."""
     cap = positive("cap", cap)
-    kind, w, m = _weights(ratios, mask)
+    kind, w, m = _checked_weights(ratios, mask)
     return kind.out(np.where(m, np.minimum(w, cap), 0.0)), float(((w > cap) & m).sum() / m.sum())
 
 
@@ -380,7 +380,7 @@ def masked_weights(ratios, low: float, high: float, mask=None):
     low = nonnegative("low", low)
     if not (is_number(high) and high > low):
         raise ValueError(f"high должно быть числом > low = {low:g} (можно inf), получено {high!r}")
-    kind, w, m = _weights(ratios, mask)
+    kind, w, m = _checked_weights(ratios, mask)
     inside = (w >= low) & (w <= float(high))
     return kind.out(np.where(m & inside, w, 0.0)), float((m & ~inside).sum() / m.sum())
 

@@ -134,7 +134,9 @@ _FIGURES = ("kept_rollouts", "kept_tokens", "length_ratio", "ess", "ess_per_kept
 _FIGURES += ("ess_per_generated", "clip", "estimate")
 
 
-def _weights(kind: str, log_w: np.ndarray, lag: np.ndarray, drop_above, cap, band) -> np.ndarray:
+def _strategy_weights(
+    kind: str, log_w: np.ndarray, lag: np.ndarray, drop_above, cap, band
+) -> np.ndarray:
     """Веса стратегии: 0 у отброшенных (lag > drop_above), TIS min(w, cap), MIS w·1[w ∈ band]."""
     w = np.exp(log_w)
     if kind == "drop":
@@ -196,7 +198,7 @@ def stale_experiment(
             draws[name] = (lag, counts, log_rho, (counts * log_rho).sum(-1), counts[..., -1] == 0)
         for kind in STRATEGIES:
             lag, counts, log_rho, log_w, reward = draws["once" if kind == "one_update" else "reuse"]
-            w = _weights(kind, log_w, lag, drop_above, cap, band)
+            w = _strategy_weights(kind, log_w, lag, drop_above, cap, band)
             frame = pd.DataFrame(
                 batch_figures(w[i], len_pool[idx[i]], reward[i], counts[i], log_rho[i], eps)
                 for i in range(repeats)
