@@ -103,10 +103,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 
 
 def components_frame():
-    """Таблица pandas компонентов полной контрольной точки, столбцы по-русски.
-
-    «компонент» — ключ ``COMPONENTS`` (имя в ``state_dict``), «что в нём», «что ломается без него».
-    """
+    """Таблица pandas ``COMPONENTS``: «компонент», «что в нём», «что ломается без него»."""
     import pandas as pd
 
     rows = [
@@ -309,18 +306,12 @@ def save_checkpoint(
 ) -> Path:
     """Атомарно пишет контрольную точку state (компонент → состояние) в каталог path; его Path.
 
-    Порядок: временный каталог рядом с path (".tmp-<имя>-…"), по компоненту файлы
-    <компонент>.safetensors (тензоры) и <компонент>.json (остальное), fsync каждого файла,
-    затем manifest.json (компоненты, размеры в байтах, SHA-256 файлов, хэш config, версии,
-    шаг, время создания) последним, fsync каталога, переименование в path и fsync родителя.
-    Сбой до manifest оставляет только недописанный временный каталог, который пропускают
-    ``latest_checkpoint`` и удаляет ``remove_incomplete``. overwrite=True заменяет прежнюю
-    копию так, что полная копия есть на диске в любой момент: прежняя отодвигается в
-    ".old-<имя>-…" и удаляется только после того, как новая встала на место.
-    Имя каталога — любое, кроме начинающихся с точки (они заняты временными каталогами);
-    новизну ``latest_checkpoint`` определяет по шагу в manifest, а не по имени.
-    Шаг и версии берутся из компонентов "counters" и "versions", если они есть.
-    after_file(имя) вызывается после каждого записанного файла данных (для опытов с аварией).
+    Временный каталог ".tmp-<имя>-…" рядом с path: <компонент>.safetensors (тензоры) и
+    <компонент>.json (остальное), fsync каждого; manifest.json (размеры, SHA-256 файлов, хэш
+    config, версии, шаг) последним; fsync каталога, переименование, fsync родителя. Сбой до
+    manifest оставляет лишь временный каталог (его пропускает ``latest_checkpoint``).
+    overwrite=True отодвигает прежнюю копию в ".old-…" и удаляет её, только когда новая на месте.
+    after_file(имя) вызывается после каждого файла данных (для опытов с аварией).
     """
     import safetensors.torch
 
@@ -458,22 +449,15 @@ def _read_manifest(path: Path) -> dict:
     if not isinstance(files, dict) or not isinstance(comps, dict):
         raise _fail(path, f"файл {MANIFEST}: нет списков files и components", MANIFEST)
     for fname, meta in files.items():
-        if (
-            not isinstance(meta, dict)
-            or not is_int(meta.get("bytes"))
-            or not isinstance(meta.get("sha256"), str)
-        ):
+        meta = meta if isinstance(meta, dict) else {}
+        if not is_int(meta.get("bytes")) or not isinstance(meta.get("sha256"), str):
             raise _fail(path, f"файл {MANIFEST}: для {fname} нет размера и SHA-256", MANIFEST)
     for comp, names in comps.items():
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise _fail(path, f"файл {MANIFEST}: у компонента {comp} нет списка файлов", MANIFEST)
-        for fname in names:
-            if fname not in files:
-                raise _fail(
-                    path,
-                    f"файл {MANIFEST}: компонент {comp} ссылается на {fname}, которого нет в files",
-                    MANIFEST,
-                )
+        for fname in (n for n in names if n not in files):
+            msg = f"компонент {comp} ссылается на {fname}, которого нет в files"
+            raise _fail(path, f"файл {MANIFEST}: {msg}", MANIFEST)
     for fname in files:
         if "/" in fname or "\\" in fname or fname.startswith(".") or fname == MANIFEST:
             raise _fail(path, f"файл {MANIFEST}: недопустимое имя файла {fname!r}", MANIFEST)
@@ -667,12 +651,9 @@ def scan_checkpoints(
 ):
     """Таблица pandas каталогов контрольных точек в root, новые сверху (порядок latest_checkpoint).
 
-    В таблице — каталоги с manifest.json, каталоги "step-NNNNNN" и временные ".tmp-…"/".old-…".
-    Столбцы: name, step (из manifest, иначе из имени), ok (примет ли load_checkpoint с этими
-    config и components), problem (сообщение по-русски), total_bytes (байты по manifest),
-    kind ("основной", "временный" — запись идёт или прервана, "старая копия" — отодвинута
-    при overwrite), created_utc. Первая строка с ok — то, что вернёт ``latest_checkpoint``.
-    У непроверенных временных каталогов step пуст: это незавершённые записи.
+    Столбцы: name, step, ok (примет ли load_checkpoint), problem (по-русски), total_bytes (Б по
+    manifest), kind (основной, временный, старая копия), created_utc. Первая строка с ok — то,
+    что вернёт ``latest_checkpoint``; у непроверенных временных каталогов step пуст.
     """
     import pandas as pd
 
@@ -721,12 +702,9 @@ def latest_checkpoint(
 ) -> Path | None:
     """Самая новая контрольная точка в root, которую примет ``load_checkpoint``; иначе None.
 
-    Проверка — та же, что у ``load_checkpoint(путь, config, components=components)``.
-    Кандидаты — все подкаталоги root с manifest.json под любым именем, в том числе полные копии
-    ".tmp-…" и ".old-…", оставшиеся от записи, убитой посреди замены. Новизна — по шагу в
-    manifest (без шага — по имени "step-NNNNNN"), при равном шаге основной каталог раньше
-    копий, затем более новая. Недописанные, повреждённые, неразбираемые, с чужим config или без
-    обязательного компонента — пропускаются: перезапуск откатывается к предыдущей годной.
+    Кандидаты — подкаталоги с manifest.json под любым именем, включая полные копии ".tmp-…" и
+    ".old-…" от записи, убитой посреди замены. Новизна — по шагу в manifest, при равном шаге
+    основной каталог раньше копий. Негодные пропускаются: откат к предыдущей годной точке.
     """
     root = _path("root", root)
     components = _required(components)
@@ -745,14 +723,11 @@ def _remove(entry: Path, removed: list[str]) -> None:
 
 
 def remove_incomplete(root: str | os.PathLike) -> list[str]:
-    """Доводит до конца прерванные записи в root и возвращает имена удалённых каталогов.
+    """Доводит до конца прерванные записи в root; возвращает имена удалённых каталогов.
 
-    Временный ".tmp-…" или старый ".old-…" каталог, который не проходит ``verify_checkpoint``, —
-    недописанная запись или недоудалённая копия: удаляется. Полная копия не удаляется, пока она
-    самая новая под своим именем (manifest["name"]): её ставят на место (root/имя) той же
-    безопасной заменой, что в save_checkpoint. Удаляются лишь полные копии старше полной копии
-    под тем же именем — ровно то, что сделала бы завершённая запись с overwrite=True.
-    Вызывать, только когда в root не пишет ни один другой процесс.
+    Непроверяемый ".tmp-…"/".old-…" удаляется; самая новая полная копия под своим именем встаёт
+    на место (root/имя) той же заменой, что в save_checkpoint, старшие копии удаляются — как
+    после завершённой записи с overwrite=True. Только когда в root не пишет другой процесс.
     """
     root = _path("root", root)
     removed: list[str] = []
@@ -799,12 +774,8 @@ def resume_full(
 def resume_weights_only(
     run_factory: Callable[[], ToyRLRun], checkpoint_path: str | os.PathLike
 ) -> ToyRLRun:
-    """Нечестное восстановление: только веса политики; остальное — как у нового запуска.
-
-    Номер шага и версия политики берутся из manifest (как скрипт, читающий шаг из имени
-    каталога), поэтому журнал сравним по шагам; оптимизатор, планировщик, ГСЧ, курсор данных,
-    учебная программа, нормировщик, верификатор и очередь — свежие.
-    """
+    """Нечестное восстановление: только веса политики, шаг и версия — из manifest (журнал
+    сравним по шагам); оптимизатор, ГСЧ, курсор, программа, очередь и прочее — свежие."""
     run = run_factory()
     state = load_checkpoint(checkpoint_path, config=run.config, components=("policy",))
     run.load_weights_only(state)
