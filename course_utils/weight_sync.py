@@ -116,6 +116,8 @@ COLUMN_NAMES = {
     "repeats": "повторов",
 }
 
+REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
+REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
 
@@ -407,12 +409,8 @@ class InProcessEngine:
         return ServeResult(output, version, self.name, rid, checksum)
 
     def forward(self, input_ids, request_id=None, between_layers=None, track_reads=False):
-        """Логиты запроса на активном буфере; версия и сумма закреплены в начале запроса.
-
-        between_layers(i) вызывается перед i-м слоем (блоки декодера, затем выходной слой) —
-        точка, где публикатор может вклиниться. track_reads=True копирует каждый параметр в
-        момент чтения и сравнивает SHA-256 прочитанного с суммой версии (read_consistent).
-        """
+        """Логиты запроса на активном буфере, версия закреплена в начале. between_layers(i) —
+        крючок перед i-м слоем; track_reads сверяет SHA-256 прочитанного с суммой версии."""
         input_ids = _check_input_ids(input_ids, self.vocab_size)
         if between_layers is not None and not callable(between_layers):
             raise ValueError(
@@ -529,13 +527,12 @@ class InProcessEngine:
         max_diff = float((logits.float() - reference.to(logits.device).float()).abs().max())
         logits_ok = math.isfinite(max_diff) and max_diff <= atol  # max |Δ логита| ≤ atol
         reasons = []
-        if checksum != expected:
+        if checksum != expected:  # SHA-256 побитно
             reasons.append(f"сумма буфера {_short(checksum)} ≠ ожидаемой {_short(expected)}")
         if not logits_ok:
             reasons.append(f"логиты отличаются от эталона на {max_diff:.3g} > atol={atol:g}")
-        result = VerifyResult(
-            self.name, version, checksum == expected, max_diff, logits_ok, reasons
-        )
+        checksum_ok = checksum == expected
+        result = VerifyResult(self.name, version, checksum_ok, max_diff, logits_ok, reasons)
         self._staging_state = "verified" if result.ok else "failed"
         detail = "; ".join(reasons) or "сумма и логиты совпали с эталоном"
         detail += f" (max |Δ логитов| = {max_diff:.3g})"
@@ -616,12 +613,8 @@ def make_replicas(model, n: int = 2, version: int = 0, log: EventLog | None = No
 
 @dataclass
 class PublishReport:
-    """Итог публикации: переключились ли реплики, проверки и запросы, шедшие во время неё.
-
-    requests — строка на запрос: request_id, replica, served_version (метка ответа),
-    matches_old/matches_new (логиты побитно равны эталону старой/новой версии),
-    read_consistent, torn (смесь версий), outcome; outputs — логиты этих запросов.
-    """
+    """Итог публикации: переключились ли реплики, проверки и запросы во время неё (строка
+    на запрос, столбцы ``REQUEST_COLUMNS``; matches_* — логиты побитно = эталону версии)."""
 
     version: int
     atomic: bool
@@ -641,8 +634,7 @@ class PublishReport:
         """Таблица pandas запросов, шедших во время публикации."""
         import pandas as pd
 
-        cols = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
-        return pd.DataFrame(self.requests, columns=cols + ["read_consistent", "torn", "outcome"])
+        return pd.DataFrame(self.requests, columns=REQUEST_COLUMNS)
 
     def verify_frame(self):
         """Таблица pandas проверок: реплика, версия, ok, checksum_ok, max_abs_diff, logits_ok."""
@@ -659,7 +651,8 @@ class PublishReport:
         state = "переключены все реплики" if self.committed else "переключения нет (abort)"
         out = f"Публикация версии {self.version} {mode}: {state}"
         if self.requests:
-            out += f"; запросов во время публикации: {len(self.requests)}, смесь версий: {self.torn_reads}"
+            n, torn = len(self.requests), self.torn_reads
+            out += f"; запросов во время публикации: {n}, смесь версий: {torn}"
         return out + "."
 
 
@@ -668,7 +661,7 @@ class Publisher:
     подготовительные буферы → проверка (сумма + эталонные логиты на probe_ids) → ready →
     барьер (готовы все) → commit всех подряд; одна неудача — abort, не переключается никто."""
 
-    def __init__(self, engines, probe_ids=None, atol: float = DEFAULT_ATOL, name="publisher"):
+    def __init__(self, engines, probe_ids=None, atol: float = DEFAULT_ATOL):
         engines = [engines] if isinstance(engines, InProcessEngine) else engines
         if not isinstance(engines, Sequence) or not engines:
             raise ValueError("engines должно быть непустым списком InProcessEngine")
@@ -680,8 +673,7 @@ class Publisher:
             raise ValueError("engines должны писать в один журнал (см. make_replicas)")
         if len({tuple(e.param_names) for e in engines}) != 1:
             raise ValueError("engines: у реплик разные наборы параметров — это разные модели")
-        self.name = text("name", name)
-        self.engines, self.log = list(engines), engines[0].log
+        self.name, self.engines, self.log = "publisher", list(engines), engines[0].log
         self.atol = nonnegative("atol", atol)
         template = engines[0]._models[engines[0]._active]
         self._reference = copy.deepcopy(template).eval().requires_grad_(False)
@@ -739,14 +731,9 @@ class Publisher:
         steps_per_layer=None,
         corrupt=None,
     ) -> PublishReport:
-        """Публикует версию; requests — входы запросов, которые идут во время публикации.
-
-        Запрос i обслуживает реплика i mod n; между слоями запроса публикатор делает
-        steps_per_layer шагов (по умолчанию ⌈шагов / (слоёв · ⌈запросов/2⌉)⌉: публикация
-        кончается к середине списка). Ответ сравнивается побитно с эталонами старой и новой
-        версии и проверяется по сумме прочитанного; смесь — событие torn_read. corrupt — имя
-        реплики, которой после записи портится одно число (ждём verify_fail и abort).
-        """
+        """Публикует версию, пока идут запросы requests: запрос i — на реплике i mod n, перед
+        каждым его слоем — steps_per_layer шагов публикации (по умолчанию ⌈шагов / (слоёв ·
+        ⌈запросов/2⌉)⌉). Ответ сверяется побитно с эталонами обеих версий; corrupt — опыт."""
         version = integer("version", version, 0)
         flag("atomic", atomic)
         flag("verify", verify)
@@ -815,33 +802,17 @@ class Publisher:
                     f"({_short(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
                     "ни со старым, ни с новым эталоном"
                 )
-            self.log.add(
-                "torn_read",
-                res.replica,
-                res.version,
-                checksum=res.read_checksum,
-                request_id=res.request_id,
-                detail=detail,
-            )
-        return {
-            "request_id": res.request_id,
-            "replica": res.replica,
-            "served_version": res.version,
-            "matches_old": matches_old,
-            "matches_new": matches_new,
-            "read_consistent": bool(res.read_consistent),
-            "torn": torn,
-            "outcome": outcome,
-        }
+            ids = {"checksum": res.read_checksum, "request_id": res.request_id}
+            self.log.add("torn_read", res.replica, res.version, detail=detail, **ids)
+        values = [res.request_id, res.replica, res.version, matches_old, matches_new]
+        return dict(zip(REQUEST_COLUMNS, values + [bool(res.read_consistent), torn, outcome]))
 
 
 def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **options):
-    """Публикует state_dict версии version на все реплики (``Publisher.publish``; options —
-    atomic, verify, requests, steps_per_layer, corrupt). atomic=True — двойной буфер,
-    проверка, барьер, переключение всех; atomic=False — запись на месте, пока идут запросы."""
-    return Publisher(engines, probe_ids=probe_ids, atol=atol).publish(
-        state_dict, version, **options
-    )
+    """Публикует state_dict версии version на все реплики (``Publisher.publish``: atomic,
+    verify, requests, steps_per_layer, corrupt); atomic=False — запись на месте."""
+    publisher = Publisher(engines, probe_ids=probe_ids, atol=atol)
+    return publisher.publish(state_dict, version, **options)
 
 
 # ----------------------------------------------------------------------------- аудит журнала
@@ -867,7 +838,8 @@ def _normalise(events: Any) -> list[dict]:
         kind, version, t = ev.get("event"), ev.get("version"), ev.get("t")
         if not isinstance(kind, str) or kind not in EVENT_TYPES:
             raise ValueError(
-                f"events[{i}]: поле event должно быть одним из {sorted(EVENT_TYPES)}, получено {kind!r}"
+                f"events[{i}]: поле event должно быть одним из {sorted(EVENT_TYPES)}, "
+                f"получено {kind!r}"
             )
         if not isinstance(ev.get("replica"), str) or not ev["replica"]:
             raise ValueError(f"events[{i}]: поле replica должно быть непустой строкой")
@@ -897,14 +869,10 @@ def russian(frame):
 
 
 def audit_log(events: Any) -> list[str]:
-    """Нарушения протокола публикации весов в журнале (пустой список — журнал чистый).
-
-    events — события схемы ``EVENT_FIELDS`` (обязательны event, replica, version): список,
-    ``EventLog`` или таблица pandas; с t у всех — по порядку t. Сообщение начинается с кода
-    правила ``AUDIT_RULES`` в скобках, одно на (правило, реплика, версия). Участники версии v —
-    реплики с событиями stage_*/verify_*/ready/commit для v; барьер v пройден, когда ready
-    прислали все участники (и после первого события barrier для v, если такие есть).
-    """
+    """Нарушения протокола в журнале схемы ``EVENT_FIELDS`` (пусто — журнал чистый): по
+    сообщению «[код] текст» (коды — ``AUDIT_RULES``) на (правило, реплика, версия). Барьер
+    версии v пройден, когда ready прислали все её участники (реплики с stage_*/verify_*/
+    ready/commit для v) и, если в журнале есть barrier для v, — после первого из них."""
     evs = _normalise(events)
     participants: dict[int, set[str]] = {}
     has_barrier: set[int] = set()
@@ -1017,8 +985,8 @@ def audit_log(events: Any) -> list[str]:
                 msg = f"реплика {r} обслуживает версию {v}, а другие реплики — {listed}"
                 report("replicas_diverged", f"{msg} ({where})")
             if checksum and ref and checksum != ref:
-                msg = f"реплика {r} {doing} {v} с суммой {_short(checksum)}, эталон версии — {_short(ref)}"
-                report("checksum_mismatch", f"{msg} ({where})")
+                msg = f"реплика {r} {doing} {v} с суммой {_short(checksum)}, "
+                report("checksum_mismatch", f"{msg}эталон версии — {_short(ref)} ({where})")
         elif kind == "torn_read":
             rid = ev.get("request_id")
             msg = f"запрос {rid} на реплике {r} помечен версией {v}, но прочитал смесь версий"

@@ -1,4 +1,4 @@
-"""Обмен между рангами поверх dist.send/recv: JSON-объекты, именованные тензоры, контрольная сумма, время."""
+"""Уровень C: обмен между рангами (JSON-объекты, именованные тензоры), SHA-256 весов, время."""
 
 from __future__ import annotations
 
@@ -293,39 +293,23 @@ def rank_results(launch_result: Any, experiment: str | None = None) -> list[dict
 
 
 # Вид работы каждой стадии — для читаемой диаграммы Ганта (5 цветов вместо 15).
-STAGE_KINDS_RU = {
-    "load_model": "загрузка модели",
-    "handshake": "рукопожатие",
-    "generate": "генерация",
-    "wait_rollouts": "ожидание",
-    "wait_weights": "ожидание",
-    "send_rollouts": "передача",
-    "recv_rollouts": "передача",
-    "send_weights": "передача",
-    "recv_weights": "передача",
-    "validate": "обучение",
-    "logprob_recompute": "обучение",
-    "grpo_update": "обучение",
-    "checksum": "проверка и загрузка весов",
-    "verify_weights": "проверка и загрузка весов",
-    "load_weights": "проверка и загрузка весов",
-    # урок 12.3, queue_generators_trainer
-    "permission": "ожидание",
-    "backpressure_wait": "обратное давление",
-    "train_delay": "обучение",
-    "snapshot_weights": "проверка и загрузка весов",
+_KIND_STAGES = {
+    "загрузка модели": "load_model",
+    "рукопожатие": "handshake",
+    "генерация": "generate",
+    "ожидание": "wait_rollouts wait_weights permission",
+    "передача": "send_rollouts recv_rollouts send_weights recv_weights",
+    "обучение": "validate logprob_recompute grpo_update train_delay",
+    "проверка и загрузка весов": "checksum verify_weights load_weights snapshot_weights",
+    "обратное давление": "backpressure_wait",
 }
+STAGE_KINDS_RU = {stage: kind for kind, names in _KIND_STAGES.items() for stage in names.split()}
 
 
 def events_frame(launch_result: Any, by_kind: bool = False):
-    """События всех процессов для ``tracing.gantt``: worker, stage, start_s, end_s, duration_s
-    (секунды от общей точки отсчёта, см. ``CLOCK_NOTE``), step, rank.
-
-    worker — исполнитель строки диаграммы («генератор», «тренер», «генератор 1», «очередь
-    (ранг 0)»…); step — шаг, номер пакета у тренера или номер запроса у генератора.
-    ``by_kind=True`` заменяет имя стадии её видом из ``STAGE_KINDS_RU`` (генерация, обучение,
-    передача, ожидание…); исходное имя остаётся в столбце ``detail``.
-    """
+    """События всех процессов для ``tracing.gantt``: worker (строка диаграммы), stage, start_s,
+    end_s, duration_s (с от общей точки отсчёта, ``CLOCK_NOTE``), step, rank; ``by_kind`` —
+    стадия заменена видом из ``STAGE_KINDS_RU``, исходное имя — в столбце detail."""
     import pandas as pd
 
     rows = []
