@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
 import datetime as dt
 import glob
 import importlib
@@ -18,6 +19,7 @@ import json
 import math
 import numbers
 import os
+import signal
 import sys
 import threading
 import time
@@ -335,6 +337,70 @@ def _describe_mismatch(e: Any, g: Any, rtol: float, hint: str | None = None) -> 
 
 
 # ---------------------------------------------------------------- проверка
+class _Deadline(BaseException):
+    """Время функции студента вышло (BaseException: её `except Exception` его не поймает)."""
+
+
+def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
+    """fn(*args) не дольше ``seconds`` с, иначе AnswerError. В главном потоке POSIX таймер SIGALRM
+    прерывает и бесконечный цикл; в других fn идёт в потоке, куда по истечении времени бросают
+    останов (цикл на Python прервётся, ожидание в C-вызове вроде sleep — нет). Исключение,
+    SystemExit и Ctrl+C внутри fn — тоже AnswerError (AnswerError самой проверки — как есть)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 — любое исключение — отзыв студенту
+            box["error"] = exc
+
+    main = threading.current_thread() is threading.main_thread()
+    if main and hasattr(signal, "setitimer"):
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise _Deadline
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            target()
+        except _Deadline:
+            box["error"] = _Deadline()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    else:
+        worker = threading.Thread(target=target, daemon=True)
+        worker.start()
+        worker.join(seconds)
+        if worker.is_alive():  # исключение в поток: цикл на Python остановится, а не займёт GIL
+            tid, exc = ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, exc)
+            worker.join(1.0)
+            box["error"] = _Deadline()
+    error = box.get("error")
+    if error is None:
+        return box.get("value")
+    if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
+        raise error
+    if isinstance(error, _Deadline):
+        raise AnswerError(
+            "wrong",
+            f"Проверка остановлена: `{name}` не завершилась за "
+            f"{seconds:g} с. Нет ли в ней бесконечного цикла или ожидания?",
+        )
+    if isinstance(error, KeyboardInterrupt):
+        raise AnswerError(
+            "not_attempted",
+            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана.",
+        )
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except Exception:
+        text = type(error).__name__
+    raise AnswerError("wrong", f"`{name}` упала: {text if len(text) <= 300 else text[:297] + '…'}.")
+
+
 _STATUS = {
     "correct": ("✅", "верно!"),
     "wrong": ("❌", "пока неверно."),

@@ -16,12 +16,11 @@ from course_utils.exercises.answers import (
     Keyed,
     Number,
     Share,
-    call_with_deadline,
     md_table,
     sig,
 )  # fmt: skip
 from course_utils.exercises.step import Step, Trap
-from course_utils.grading import AnswerError
+from course_utils.grading import AnswerError, call_with_deadline
 
 
 def _endless(x):

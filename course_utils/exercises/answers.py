@@ -6,22 +6,19 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import inspect
 import math
-import signal
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils import fmt
 from course_utils.args import is_number
-from course_utils.grading import AnswerError, _describe_mismatch, _kind, _plain
+from course_utils.grading import _describe_mismatch, _kind, _plain, call_with_deadline
 
 __all__ = [
     "AnswerType", "Bool", "Choice", "Fields", "Function", "IdSet", "Keyed", "Number", "Numbers",
-    "Share", "call_with_deadline", "far_apart", "get", "md_table", "norm", "sig", "tex_num",
+    "Share", "far_apart", "get", "md_table", "norm", "sig", "tex_num",
 ]  # fmt: skip
 
 _BYTE_UNITS = ("", "Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "КБ", "МБ", "ГБ", "ТБ", "байт")
@@ -339,65 +336,6 @@ class Function(AnswerType):
 
     def mismatch(self, expected: Any, given: Any) -> str:
         return self.result.mismatch(expected, given)
-
-
-class _Deadline(BaseException):
-    """Время функции студента вышло (BaseException: её `except Exception` его не поймает)."""
-
-
-def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
-    """fn(*args) не дольше ``seconds`` с, иначе AnswerError. В главном потоке POSIX таймер SIGALRM
-    прерывает и бесконечный цикл; в других fn идёт в потоке, куда по истечении времени бросают
-    останов (цикл на Python прервётся, ожидание в C-вызове вроде sleep — нет). Исключение,
-    SystemExit и Ctrl+C внутри fn — тоже AnswerError (AnswerError самой проверки — как есть)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 — любое исключение — отзыв студенту
-            box["error"] = exc
-
-    main = threading.current_thread() is threading.main_thread()
-    if main and hasattr(signal, "setitimer"):
-
-        def on_alarm(signum: int, frame: Any) -> None:
-            raise _Deadline
-
-        old = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            target()
-        except _Deadline:
-            box["error"] = _Deadline()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-    else:
-        worker = threading.Thread(target=target, daemon=True)
-        worker.start()
-        worker.join(seconds)
-        if worker.is_alive():  # исключение в поток: цикл на Python остановится, а не займёт GIL
-            tid, exc = ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, exc)
-            worker.join(1.0)
-            box["error"] = _Deadline()
-    error = box.get("error")
-    if error is None:
-        return box.get("value")
-    if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
-        raise error
-    if isinstance(error, _Deadline):
-        raise AnswerError("wrong", f"Проверка остановлена: `{name}` не завершилась за "
-                          f"{sig(seconds)} с. Нет ли в ней бесконечного цикла или ожидания?")  # fmt: skip
-    if isinstance(error, KeyboardInterrupt):
-        raise AnswerError("not_attempted", "Проверка прервана (Ctrl+C или «Стоп») во время "
-                          f"вызова `{name}`; попытка не записана.")  # fmt: skip
-    try:
-        text = f"{type(error).__name__}: {error}"
-    except Exception:
-        text = type(error).__name__
-    raise AnswerError("wrong", f"`{name}` упала: {text if len(text) <= 300 else text[:297] + '…'}.")
 
 
 def sig(x: float, digits: int = 4) -> str:
