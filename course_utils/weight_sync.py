@@ -38,7 +38,7 @@ from course_utils.multiproc.transport import named_tensors, state_checksum
 
 # Допуск max |Δ логита|: один тип и одно устройство дают побитное совпадение; допуск — для bf16.
 DEFAULT_ATOL = 1e-4
-LINKS = ("copy", "broadcast", "send", "recv")
+_LINKS = ("copy", "broadcast", "send", "recv")
 
 EVENT_FIELDS = {
     "seq": "порядковый номер события в журнале (0, 1, 2, …)",
@@ -116,8 +116,8 @@ COLUMN_NAMES = {
     "repeats": "повторов",
 }
 
-REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
-REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
+_REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
+_REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
 
@@ -137,7 +137,7 @@ def transfer_weights(src: Any, dst: Any, link: Any = "copy", *, device=None, dty
     и src у источника. Байт на тензор: numel · element_size (типа на проводе).
     """
     kind, peer = (link, None) if isinstance(link, str) else link
-    choice("link", kind, LINKS)
+    choice("link", kind, _LINKS)
     peer = None if kind == "copy" else integer("link[1] (ранг)", peer, 0)
     sender = kind == "send" or (kind == "broadcast" and dist.get_rank() == peer)
     for name, t in (src if sender else dst).items():
@@ -361,16 +361,16 @@ class InProcessEngine:
         """SHA-256 активного буфера, записанная при его подготовке (то, что движок заявляет)."""
         return self._checksums[self._active]
 
-    def _weights(self, idx: int) -> dict[str, torch.Tensor]:
+    def _buffer(self, idx: int) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self._models[idx].named_parameters()}
 
     def _checksum(self, idx: int) -> str:
-        return state_checksum(self._weights(idx))
+        return state_checksum(self._buffer(idx))
 
     def weights(self, buffer: str = "active") -> dict[str, torch.Tensor]:
         """Тензоры буфера ("active" или "staging") без копирования — для опытов и приёма."""
         choice("buffer", buffer, ("active", "staging"))
-        return self._weights(self._active if buffer == "active" else 1 - self._active)
+        return self._buffer(self._active if buffer == "active" else 1 - self._active)
 
     def checksum(self, buffer: str = "active") -> str:
         """SHA-256 буфера, посчитанная заново по его текущим байтам."""
@@ -489,7 +489,7 @@ class InProcessEngine:
         self._staging_state = "staging"
         self._versions[idx], self._checksums[idx] = version, None
         self.log.add("stage_start", self.name, version, buffer="staging")
-        yield self._weights(idx)
+        yield self._buffer(idx)
         self._checksums[idx] = self._checksum(idx)
         self._staging_state = "staged"
         checksum = self._checksums[idx]
@@ -590,7 +590,7 @@ class InProcessEngine:
         tensors, version, idx = self._source(state_dict), self._check_version(version), self._active
         detail = "запись на месте в активный буфер, пока идут запросы"
         self.log.add("stage_start", self.name, version, buffer="active", detail=detail)
-        yield from transfer_weights(tensors, self._weights(idx))
+        yield from transfer_weights(tensors, self._buffer(idx))
         checksum = self._checksum(idx)
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="active")
         with self._lock:
@@ -614,7 +614,7 @@ def make_replicas(model, n: int = 2, version: int = 0, log: EventLog | None = No
 @dataclass
 class PublishReport:
     """Итог публикации: переключились ли реплики, проверки и запросы во время неё (строка
-    на запрос, столбцы ``REQUEST_COLUMNS``; matches_* — логиты побитно = эталону версии)."""
+    на запрос, столбцы ``_REQUEST_COLUMNS``; matches_* — логиты побитно = эталону версии)."""
 
     version: int
     atomic: bool
@@ -634,7 +634,7 @@ class PublishReport:
         """Таблица pandas запросов, шедших во время публикации."""
         import pandas as pd
 
-        return pd.DataFrame(self.requests, columns=REQUEST_COLUMNS)
+        return pd.DataFrame(self.requests, columns=_REQUEST_COLUMNS)
 
     def verify_frame(self):
         """Таблица pandas проверок: реплика, версия, ok, checksum_ok, max_abs_diff, logits_ok."""
@@ -805,7 +805,7 @@ class Publisher:
             ids = {"checksum": res.read_checksum, "request_id": res.request_id}
             self.log.add("torn_read", res.replica, res.version, detail=detail, **ids)
         values = [res.request_id, res.replica, res.version, matches_old, matches_new]
-        return dict(zip(REQUEST_COLUMNS, values + [bool(res.read_consistent), torn, outcome]))
+        return dict(zip(_REQUEST_COLUMNS, values + [bool(res.read_consistent), torn, outcome]))
 
 
 def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **options):
