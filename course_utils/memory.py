@@ -2,8 +2,8 @@
 
 Всё в байтах, целыми числами (дробные байты на параметр — точно, через Fraction); единица при
 показе названа явно: 1 ГиБ = 2³⁰ Б, 1 ГБ = 10⁹ Б. ``ModelShape`` — точное число параметров по
-config.json; ``accelerate_*`` — сверка с ``accelerate estimate-memory``; уровень C (ZeRO-1 на процессах) —
-``multiproc.zero_state``. torch, transformers и matplotlib импортируются внутри функций, которым они нужны.
+config.json; ``accelerate_*`` — сверка с ``accelerate estimate-memory``; уровень C (ZeRO-1 на
+процессах) — ``multiproc.zero_state``. torch, transformers и matplotlib загружаются лениво.
 """
 
 from __future__ import annotations

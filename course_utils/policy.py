@@ -595,12 +595,13 @@ def grpo_step(
 
 @torch.no_grad()
 def sync_weights(trainer_model, engine_model) -> int:
-    """Копирует веса тренера в копию движка (с приведением типа); возвращает байты движка."""
-    src, dst = trainer_model.state_dict(), engine_model.state_dict()
-    for name, tensor in dst.items():
-        if name not in src:
-            raise ValueError(f"engine_model: параметр {name} отсутствует у тренера")
-        tensor.copy_(src[name])
+    """Копирует веса тренера в копию движка (``weight_sync.transfer_weights``, с приведением
+    типа); возвращает байты весов движка: Σ numel · element_size."""
+    from course_utils.weight_sync import transfer_weights
+
+    dst = engine_model.state_dict()
+    for _ in transfer_weights(trainer_model.state_dict(), dst):
+        pass
     return tensor_bytes(dst.values())
 
 

@@ -5,8 +5,8 @@
 подготовительный, ``commit`` атомарно меняет указатель. ``Publisher``/``publish``: запись во все
 реплики → проверка (SHA-256 и эталонные логиты) → ready → барьер → commit всех; одна неудача —
 abort везде. ``atomic=False`` — сломанный режим: запись на месте, пока идут запросы (смесь версий).
-Каждый шаг — событие ``EventLog`` (схема ``EVENT_FIELDS``); ``audit_log`` проверяет любой журнал
-этой схемы по правилам ``AUDIT_RULES``. Уровень C — ``multiproc.weight_broadcast``.
+Каждый шаг — событие ``EventLog`` (схема ``EVENT_FIELDS``); аудит журнала — ``weight_audit``.
+Уровень C — ``multiproc.weight_broadcast``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from course_utils.args import (
     real,
     text,
 )
+from course_utils.csv_tables import read_exact_csv
 from course_utils.multiproc.transport import named_tensors, state_checksum
 
 # Допуск max |Δ логита|: один тип и одно устройство дают побитное совпадение; допуск — для bf16.
@@ -67,58 +69,19 @@ EVENT_TYPES = {
     "torn_read": "проверка нашла, что запрос прочитал смесь версий",
 }
 
-AUDIT_RULES = {
-    "serve_before_barrier": "реплика обслуживает новую версию до барьера готовности",
-    "commit_before_barrier": "переключение до того, как готовы все реплики (барьер не пройден)",
-    "barrier_not_ready": "барьер отмечен пройденным, хотя не все реплики сообщили ready",
-    "commit_without_verify": "переключение без успешной проверки (verify_ok) этой версии",
-    "version_backwards": "версия реплики уменьшилась (переключение или запрос на старую версию)",
-    "serve_uncommitted": "реплика обслуживает версию, на которую не переключалась",
-    "replicas_diverged": (
-        "после переключения (commit) хотя бы одной реплики на версию реплики обслуживают "
-        "разные версии"
-    ),
-    "checksum_mismatch": "контрольная сумма версии не совпадает с эталонной",
-    "inplace_update": "версия пишется на месте в активный буфер (нет двойного буфера)",
-    "torn_read": "запрос прочитал смесь версий",
-}
-
 # Русские заголовки таблиц для показа (``russian``); в коде столбцы остаются английскими.
 COLUMN_NAMES = {
-    "request_id": "запрос",
-    "replica": "реплика",
-    "served_version": "версия ответа",
-    "matches_old": "= старым весам",
-    "matches_new": "= новым весам",
-    "read_consistent": "чтение цельное",
-    "torn": "смесь версий",
-    "outcome": "итог",
-    "version": "версия",
-    "ok": "проверка пройдена",
-    "checksum_ok": "сумма совпала",
-    "max_abs_diff": "max |Δ логита|",
-    "logits_ok": "логиты совпали",
-    "reasons": "причины",
-    "rank": "ранг",
-    "role": "роль",
-    "bytes": "байт",
-    "wait_s": "ожидание, с",
-    "broadcast_s": "рассылка, с",
-    "verify_s": "проверка, с",
-    "barrier_s": "барьер, с",
-    "commit_s": "переключение, с",
-    "committed": "переключились",
-    "served_matches_reference": "ответ = эталону",
-    "size": "параметров",
-    "seconds": "рассылка, с (медиана)",
-    "trainer_s": "у тренера, с",
-    "gib_per_s": "ГиБ/с",
-    "repeats": "повторов",
+    row["column"]: row["label"]
+    for _, row in read_exact_csv(
+        Path(__file__).resolve().parent.parent / "data" / "weight_sync_columns.csv",
+        ("column", "label"),
+        ValueError,
+        "заголовки таблиц синхронизации весов",
+    )
 }
 
 _REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
 _REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
-_REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
 
 
@@ -815,46 +778,6 @@ def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **o
     return publisher.publish(state_dict, version, **options)
 
 
-# ----------------------------------------------------------------------------- аудит журнала
-
-
-def _normalise(events: Any) -> list[dict]:
-    """События как список словарей (из EventLog, таблицы pandas или списка), NaN → None,
-    с проверкой обязательных полей; если у всех есть t — упорядочены по t (устойчиво)."""
-    if isinstance(events, EventLog):
-        events = events.to_list()
-    if hasattr(events, "to_dict") and hasattr(events, "columns"):  # pandas.DataFrame
-        events = events.to_dict("records")
-    if isinstance(events, str | bytes) or not isinstance(events, Sequence):
-        raise ValueError(
-            "events должно быть списком словарей-событий, EventLog или таблицей pandas, "
-            f"получено {type(events).__name__}"
-        )
-    out = []
-    for i, raw in enumerate(events):
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"events[{i}] должно быть словарём, получено {type(raw).__name__}")
-        ev = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in raw.items()}
-        kind, version, t = ev.get("event"), ev.get("version"), ev.get("t")
-        if not isinstance(kind, str) or kind not in EVENT_TYPES:
-            raise ValueError(
-                f"events[{i}]: поле event должно быть одним из {sorted(EVENT_TYPES)}, "
-                f"получено {kind!r}"
-            )
-        if not isinstance(ev.get("replica"), str) or not ev["replica"]:
-            raise ValueError(f"events[{i}]: поле replica должно быть непустой строкой")
-        if not is_count(version) or version < 0:
-            raise ValueError(
-                f"events[{i}] ({kind}): поле version должно быть целым ≥ 0, получено {version!r}"
-            )
-        if t is not None and not is_real(t):
-            raise ValueError(f"events[{i}]: поле t должно быть числом секунд, получено {t!r}")
-        out.append(ev | {"version": int(version), "_pos": i})
-    if out and all(e.get("t") is not None for e in out):
-        out.sort(key=lambda e: e["t"])
-    return out
-
-
 def russian(frame):
     """Копия таблицы pandas для показа студенту: русские заголовки (``COLUMN_NAMES``), целые
     от 10 000 — с разрядами через неразрывный пробел (``fmt.num``: 4 000 000, а не 4000000)."""
@@ -866,129 +789,3 @@ def russian(frame):
         if values.dtype.kind in "iu" and len(values) and values.abs().max() >= 10_000:
             out[col] = values.map(num)
     return out
-
-
-def audit_log(events: Any) -> list[str]:
-    """Нарушения протокола в журнале схемы ``EVENT_FIELDS`` (пусто — журнал чистый): по
-    сообщению «[код] текст» (коды — ``AUDIT_RULES``) на (правило, реплика, версия). Барьер
-    версии v пройден, когда ready прислали все её участники (реплики с stage_*/verify_*/
-    ready/commit для v) и, если в журнале есть barrier для v, — после первого из них."""
-    evs = _normalise(events)
-    participants: dict[int, set[str]] = {}
-    has_barrier: set[int] = set()
-    ref_checksum: dict[int, str] = {}
-    for ev in evs:
-        v = ev["version"]
-        if ev["event"] in _REPLICA_EVENTS:
-            participants.setdefault(v, set()).add(ev["replica"])
-        if ev["event"] == "barrier":
-            has_barrier.add(v)
-        if ev["event"] in ("verify_ok", "verify_fail") and ev.get("expected_checksum"):
-            ref_checksum.setdefault(v, ev["expected_checksum"])
-    for ev in evs:  # без присланной суммы эталон — первая сумма переключения (или init)
-        if ev["event"] in ("commit", "init") and ev.get("checksum"):
-            ref_checksum.setdefault(ev["version"], ev["checksum"])
-
-    messages: dict[tuple, str] = {}
-    current: dict[str, int] = {}
-    initial: dict[str, int] = {}
-    switched: set[int] = set()  # версии, на которые переключилась хотя бы одна реплика
-    ready: dict[int, set[str]] = {}
-    barrier_passed: set[int] = set()
-    verified: dict[tuple[str, int], str | None] = {}
-
-    def not_ready(v: int) -> list[str]:
-        return sorted(participants.get(v, set()) - ready.get(v, set()))
-
-    def barrier_missing(v: int) -> str:
-        if waiting := not_ready(v):
-            return f"не сообщили ready: {', '.join(waiting)}"
-        if v in has_barrier and v not in barrier_passed:
-            return "событие barrier ещё не записано"
-        return ""
-
-    for ev in evs:
-        kind, r, v, checksum = ev["event"], ev["replica"], ev["version"], ev.get("checksum")
-        where = f"событие №{ev['_pos']} ({kind})"
-        ref = ref_checksum.get(v)
-
-        def report(code: str, msg: str, key: Any = None, r: str = r, v: int = v) -> None:
-            messages.setdefault((code, r, v, key), f"[{code}] {msg}")
-
-        if kind == "init":
-            initial.setdefault(r, v)
-            current[r] = v
-        elif kind == "stage_start":
-            verified[(r, v)] = None
-            if ev.get("buffer") == "active":
-                report(
-                    "inplace_update",
-                    f"реплика {r} пишет версию {v} на месте в активный буфер ({where}): "
-                    "запросы могут прочитать смесь версий — нужен второй буфер",
-                )
-        elif kind in ("verify_ok", "verify_fail"):
-            verified[(r, v)] = "ok" if kind == "verify_ok" else "fail"
-            expected = ev.get("expected_checksum")
-            if kind == "verify_ok" and checksum and expected and checksum != expected:
-                report(
-                    "checksum_mismatch",
-                    f"реплика {r}, версия {v}: verify_ok, но сумма {_short(checksum)} ≠ "
-                    f"ожидаемой {_short(expected)} ({where})",
-                )
-        elif kind == "ready":
-            ready.setdefault(v, set()).add(r)
-        elif kind == "barrier":
-            if waiting := not_ready(v):
-                report(
-                    "barrier_not_ready",
-                    f"барьер версии {v} отмечен пройденным ({where}), а ready не прислали: "
-                    f"{', '.join(waiting)}",
-                )
-            barrier_passed.add(v)
-        elif kind in ("commit", "serve"):
-            doing = "переключилась на версию" if kind == "commit" else "обслуживает версию"
-            if kind == "serve" and r not in current:
-                initial.setdefault(r, v)
-                current[r] = v
-            cur = current.get(r, v)
-            if (kind == "commit" or v != initial.get(r)) and (missing := barrier_missing(v)):
-                report(
-                    f"{kind}_before_barrier",
-                    f"реплика {r} {doing} {v} до барьера готовности ({missing}; {where})",
-                )
-            if kind == "commit":
-                state = verified.get((r, v))
-                if state != "ok":
-                    why = {"fail": "последняя проверка — verify_fail"}.get(
-                        state, "проверки не было"
-                    )
-                    msg = f"реплика {r} переключилась на версию {v} без verify_ok ({why}; {where})"
-                    report("commit_without_verify", msg)
-                if v < cur:
-                    msg = f"реплика {r} переключилась назад: {cur} → {v}"
-                    report("version_backwards", f"{msg} ({where})")
-                current[r] = v
-                switched.add(v)
-            elif v < cur:
-                msg = f"реплика {r} обслуживает версию {v}, хотя уже переключилась на {cur}"
-                report("version_backwards", f"{msg} ({where})")
-            elif v > cur:
-                msg = f"реплика {r} обслуживает версию {v}, а переключалась только на {cur}"
-                report("serve_uncommitted", f"{msg} ({where})")
-            # Расхождение — только после переключения на более новую из двух версий: запрос
-            # из staging до любого commit — это serve_uncommitted, а не разошедшиеся реплики.
-            others = {
-                o: w for o, w in current.items() if o != r and w != v and max(w, v) in switched
-            }
-            if kind == "serve" and others:
-                listed = ", ".join(f"{o}: {w}" for o, w in sorted(others.items()))
-                msg = f"реплика {r} обслуживает версию {v}, а другие реплики — {listed}"
-                report("replicas_diverged", f"{msg} ({where})")
-            if checksum and ref and checksum != ref:
-                msg = f"реплика {r} {doing} {v} с суммой {_short(checksum)}, "
-                report("checksum_mismatch", f"{msg}эталон версии — {_short(ref)} ({where})")
-        elif kind == "torn_read":
-            rid = ev.get("request_id")
-            msg = f"запрос {rid} на реплике {r} помечен версией {v}, но прочитал смесь версий"
-            report("torn_read", f"{msg} ({where})", key=rid)
-    return list(messages.values())

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from course_utils import fmt, grading, weight_sync
+from course_utils import fmt, grading, weight_audit
 from course_utils.exercises.lesson_12_4 import lag_or_mismatch, sync_audit
 
 VARIANTS = range(50)
@@ -218,8 +218,8 @@ def test_12_4_9_codes_match_injected_violations(variant):
     plan = sync_audit.plan(variant)
     task, ref = grading.task("12.4.9", variant), ref_of("12.4.9", variant)
     assert set(ref) == sync_audit.expected_codes(plan)
-    assert len(ref) == len(set(ref)) and set(ref) <= set(weight_sync.AUDIT_RULES)
-    assert task["rules"] == weight_sync.AUDIT_RULES
+    assert len(ref) == len(set(ref)) and set(ref) <= set(weight_audit.AUDIT_RULES)
+    assert task["rules"] == weight_audit.AUDIT_RULES
     replicas = {e["replica"] for e in task["events"]} - {"publisher"}
     assert 2 <= len(replicas) <= 3
     assert 1 <= len({e["version"] for e in task["events"] if e["event"] == "barrier"}) <= 2
@@ -238,9 +238,9 @@ def test_12_4_9_variety_and_decoy():
 def test_12_4_9_wrong_answers_built_by_hand_are_named_in_every_variant():
     for variant in VARIANTS:
         task = grading.task("12.4.9", variant)
-        codes = {m[1 : m.index("]")] for m in weight_sync.audit_log(task["events"])}
+        codes = {m[1 : m.index("]")] for m in weight_audit.audit_log(task["events"])}
         blind = [{**e, "checksum": None, "expected_checksum": None} for e in task["events"]]
-        no_sums = {m[1 : m.index("]")] for m in weight_sync.audit_log(blind)}  # суммы не сверены
+        no_sums = {m[1 : m.index("]")] for m in weight_audit.audit_log(blind)}  # суммы не сверены
         no_barrier = codes - {"serve_before_barrier", "commit_before_barrier", "barrier_not_ready"}
         cases = {"everything_wrong": sorted(task["rules"]), "commit_is_enough": sorted(no_barrier),
                  "checksum_ignored": sorted(no_sums)}  # fmt: skip
@@ -256,7 +256,7 @@ def test_12_4_9_answer_forms_and_feedback():
     result = grading.evaluate("12.4.9", [*ref, "torn-read"])
     assert result.status == "malformed" and "torn-read" in result.message
     assert all(
-        code in result.message for code in weight_sync.AUDIT_RULES
+        code in result.message for code in weight_audit.AUDIT_RULES
     )  # допустимые коды названы
     result = grading.evaluate("12.4.9", {c: True for c in ref})
     assert result.status == "malformed"

@@ -18,14 +18,13 @@ import torch
 from course_utils import multiproc, policy, weight_sync
 from course_utils.multiproc import weight_broadcast
 from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER, state_checksum
+from course_utils.weight_audit import AUDIT_RULES, audit_log
 from course_utils.weight_sync import (
-    AUDIT_RULES,
     EVENT_FIELDS,
     EVENT_TYPES,
     EventLog,
     InProcessEngine,
     Publisher,
-    audit_log,
     make_replicas,
     probe_input,
     publish,

@@ -5,9 +5,8 @@
 дедлайном и возвращает ``LaunchResult``: результаты рангов (``<run_dir>/rank_<r>.json``), а при
 сбое — код выхода и хвост stderr. По таймауту или после сбоя ранга остальные убиваются целой
 группой процессов; если умер сам запускатель, группу ранга убивает его сторож — сирот нет.
-Те же точки входа работают под ``torchrun -m course_utils.multiproc --entry …``; без RANK
-``python -m course_utils.multiproc --entry … --nprocs 2`` сам работает как ``launch``.
-Бэкенд по умолчанию: "nccl", если GPU не меньше, чем процессов, иначе "gloo"; Linux и macOS.
+Те же точки входа — под ``torchrun -m course_utils.multiproc --entry …``; без RANK эта команда
+сама работает как ``launch``. Бэкенд: "nccl", если GPU не меньше процессов, иначе "gloo".
 """
 
 from __future__ import annotations

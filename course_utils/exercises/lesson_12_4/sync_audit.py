@@ -26,6 +26,7 @@ _BARRIER_KINDS = ("commit_no_wait", "serve_from_staging", "early_commit", "barri
 _CHECKSUM_KINDS = ("verify_ok_mismatch", "commit_mismatch")
 BARRIER_CODES = {"serve_before_barrier", "commit_before_barrier", "barrier_not_ready"}
 _WEIGHT_SYNC = "course_utils.weight_sync"  # импортирует torch: грузится, только когда шаг нужен
+_AUDIT = "course_utils.weight_audit"
 
 
 def plan(variant: int) -> dict:
@@ -130,22 +131,26 @@ def sync_audit_task(variant: int) -> dict:
     events, cols = _sync_events(p), tuple(ws.EVENT_FIELDS)
     rows = [["—" if e[c] in (None, "") else e[c] for c in cols] for e in events]
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
-    rules = "\n".join(f"- `{k}` — {text}" for k, text in ws.AUDIT_RULES.items())
+    rules = "\n".join(f"- `{k}` — {text}" for k, text in import_module(_AUDIT).AUDIT_RULES.items())
     statement = (
         f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\nЖурнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
         f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\nКакие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
-    return {"statement": statement, "events": events, "rules": dict(ws.AUDIT_RULES)}
+    return {
+        "statement": statement,
+        "events": events,
+        "rules": dict(import_module(_AUDIT).AUDIT_RULES),
+    }
 
 
 def sync_audit_solve(task: dict) -> list[str]:
-    found = {m[1 : m.index("]")] for m in import_module(_WEIGHT_SYNC).audit_log(task["events"])}
+    found = {m[1 : m.index("]")] for m in import_module(_AUDIT).audit_log(task["events"])}
     return [code for code in task["rules"] if code in found]
 
 
 def sync_audit_solution(task: dict, ref: list[str]) -> str:
     events = task["events"]
-    found = "\n".join(f"- {m}" for m in import_module(_WEIGHT_SYNC).audit_log(events))
+    found = "\n".join(f"- {m}" for m in import_module(_AUDIT).audit_log(events))
     aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
     replicas = sorted({e["replica"] for e in events} - {"publisher"})
     return f"Для каждой реплики ({', '.join(replicas)}) и версии проверяем порядок stage → verify_ok (сумма = ожидаемой) → ready → barrier (ready прислали все) → commit → serve; после переключения у всех реплик одна версия, и она не убывает. `audit_log` находит:\n\n{found}\n\n**Ответ:** `{ref}`.\n\nНе нарушения: `serve` старой версии, пока новая пишется во второй буфер, — ради этого и нужен двойной буфер{aborted and f'; `verify_fail` и `abort` версии {aborted} — протокол сработал: проверка поймала порчу, и никто не переключился'}. Реплика, переключившаяся до барьера, может остаться единственной с новой версией — и в пакет попадут роллауты разных политик."
