@@ -105,11 +105,15 @@ def queue_generators_trainer(
     worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
     head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
     head["config"] = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
-    out = _QueueTrainer(r, control, cfg).run() if is_trainer else _run_generator(r, control, cfg)
+    out = (
+        _QueueTrainer(r, control, cfg).run()
+        if is_trainer
+        else _run_queue_generator(r, control, cfg)
+    )
     return {**head, **out, "events": r.stages.events}
 
 
-def _run_generator(r, control, cfg: dict) -> dict:
+def _run_queue_generator(r, control, cfg: dict) -> dict:
     rank, stages, trainer = cfg["rank"], r.stages, QUEUE_TRAINER_RANK
     engine = r.net.eval()
 
