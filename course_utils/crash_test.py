@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import itertools
 import math
-import numbers
 import os
 import shutil
 import tempfile
@@ -17,42 +17,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.args import (
-    integer,
-    path as _path,
-)
-from course_utils.checkpoint import (
-    COMPONENTS,
-    checkpoint_name,
-    count_steps,
-    latest_checkpoint,
-    read_manifest,
-    remove_checkpoints,
-    resume_full,
-    resume_weights_only,
-    save_checkpoint,
-)
+from course_utils import checkpoint as ck
+from course_utils.args import choice, integer, is_real, path, text
 from course_utils.fmt import count
 from course_utils.toy_run import ToyRLRun
 
 BRANCHES = ("continuous", "full", "weights_only")
-
-
-# ----------------------------------------------------------------------------- проверка аварией
-
-
-def _diff_fields(a: Mapping, b: Mapping) -> list[str]:
-    return [k for k in sorted(set(a) | set(b)) if a.get(k, None) != b.get(k, None)]
+_FRAME_FIELDS = (
+    "mean_reward",
+    "loss",
+    "lr",
+    "policy_version",
+    "verifier_version",
+    "curriculum_level",
+)
 
 
 @dataclass
 class CrashTestResult:
     """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N.
 
-    restored_step — шаг контрольной точки, с которой восстанавливались (≤ crash_at);
-    lost_events — события шагов restored_step+1..crash_at, вычисленные до аварии (их работа
-    потеряна); recomputed_identical — ветвь full пересчитала их точно так же;
-    checkpoint — manifest этой контрольной точки.
+    restored_step — шаг контрольной точки восстановления (≤ crash_at); lost_events — события
+    шагов restored_step+1..crash_at, потерянные при аварии; recomputed_identical — ветвь full
+    пересчитала их так же; checkpoint — manifest этой точки.
     """
 
     branches: dict[str, list[dict]]
@@ -68,11 +55,8 @@ class CrashTestResult:
 
     def first_divergence(self, branch: str, reference: str = "continuous") -> int | None:
         """Первый шаг, на котором событие ветви branch отличается от reference; None — не отличается."""
-        a, b = self._branch(branch), self._branch(reference)
-        for i in range(max(len(a), len(b))):
-            if i >= len(a) or i >= len(b) or a[i] != b[i]:
-                return i + 1
-        return None
+        pairs = itertools.zip_longest(self._branch(branch), self._branch(reference))
+        return next((i for i, (a, b) in enumerate(pairs, 1) if a != b), None)
 
     def diverged_fields(self, branch: str, step: int | None = None) -> list[str]:
         """Поля события, которыми ветвь отличается от continuous на шаге step (по умолчанию — первом)."""
@@ -82,14 +66,11 @@ class CrashTestResult:
         a, b = self._branch(branch), self._branch("continuous")
         if step > len(a) or step > len(b):
             return ["<нет события>"]
-        return _diff_fields(a[step - 1], b[step - 1])
+        a, b = a[step - 1], b[step - 1]
+        return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def _branch(self, name: str) -> list[dict]:
-        if name not in self.branches:
-            raise ValueError(
-                f"branch должно быть одним из {list(self.branches)}, получено {name!r}"
-            )
-        return self.branches[name]
+        return self.branches[choice("branch", name, self.branches)]
 
     @property
     def passed(self) -> bool:
@@ -101,43 +82,29 @@ class CrashTestResult:
         )
 
     def frame(self):
-        """Таблица pandas для графика: строка на (ветвь, шаг).
-
-        Столбцы: branch, step, mean_reward, cumulative_reward (сумма средних наград с шага 1),
-        loss, lr, policy_version, verifier_version, curriculum_level, same_as_continuous.
-        """
+        """Таблица pandas для графика: строка на (ветвь, шаг); cumulative_reward = Σ mean_reward
+        с шага 1 по ветви (у. е.), same_as_continuous — событие совпало с непрерывной ветвью."""
         import pandas as pd
 
         ref = self.branches.get("continuous", [])
-        rows = []
-        for name, events in self.branches.items():
-            total = 0.0
-            for i, ev in enumerate(events):
-                total += ev["mean_reward"]
-                rows.append(
-                    {
-                        "branch": name,
-                        "step": i + 1,
-                        "mean_reward": ev["mean_reward"],
-                        "cumulative_reward": total,
-                        "loss": ev["loss"],
-                        "lr": ev["lr"],
-                        "policy_version": ev["policy_version"],
-                        "verifier_version": ev["verifier_version"],
-                        "curriculum_level": ev["curriculum_level"],
-                        "same_as_continuous": i < len(ref) and ev == ref[i],
-                    }
-                )
-        return pd.DataFrame(rows)
+        rows = [
+            {"branch": name, "step": i, **{k: ev[k] for k in _FRAME_FIELDS}}
+            | {"same_as_continuous": i <= len(ref) and ev == ref[i - 1]}
+            for name, events in self.branches.items()
+            for i, ev in enumerate(events, 1)
+        ]
+        df = pd.DataFrame(rows)
+        df.insert(3, "cumulative_reward", df.groupby("branch", sort=False)["mean_reward"].cumsum())
+        return df
 
     def summary(self) -> str:
         """Сводка по-русски: где авария, откуда восстановление, где расходится каждая ветвь."""
         n = self.checkpoint_every
-        every = "после каждого шага" if n == 1 else f"каждые {count_steps(n)}"
+        every = "после каждого шага" if n == 1 else f"каждые {ck.count_steps(n)}"
         lines = [
-            f"Проверка аварией: seed={self.seed}, {count_steps(self.total_steps)}, контрольная точка "
-            f"{every}, авария после шага {self.crash_at}, восстановление "
-            f"с {checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
+            f"Проверка аварией: seed={self.seed}, {ck.count_steps(self.total_steps)}, контрольная "
+            f"точка {every}, авария после шага {self.crash_at}, восстановление "
+            f"с {ck.checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
         ]
         for name in self.branches:
             if name == "continuous":
@@ -156,11 +123,10 @@ class CrashTestResult:
                     f"  {label}: совпадает до шага {step - 1}, расходится на шаге {step} "
                     f"(различаются: {fields})."
                 )
-        n = len(self.lost_events)
         same = "да" if self.recomputed_identical else "НЕТ"
         lines.append(
-            f"  Шагов после контрольной точки, потерянных при аварии и пересчитанных: {n} "
-            f"(пересчёт совпал: {same})."
+            "  Шагов после контрольной точки, потерянных при аварии и пересчитанных: "
+            f"{len(self.lost_events)} (пересчёт совпал: {same})."
         )
         return "\n".join(lines)
 
@@ -196,29 +162,25 @@ class CrashRun:
             ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
             shutil.copytree(self.checkpoint, ckpt)
             for name, fn in (
-                ("full", resume or resume_full),
-                ("weights_only", resume_weights_only),
+                ("full", resume or ck.resume_full),
+                ("weights_only", ck.resume_weights_only),
             ):
                 run = fn(self.factory, ckpt)
                 if not isinstance(run, ToyRLRun):
                     raise ValueError(
                         f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}"
                     )
-                after[name] = [run.step() for _ in range(self.total_steps - s0)]
+                after[name] = self.before[:s0] + [run.step() for _ in range(self.total_steps - s0)]
         lost = self.before[s0 : self.crash_at]
         return CrashTestResult(
-            branches={
-                "continuous": list(self.continuous),
-                "full": self.before[:s0] + after["full"],
-                "weights_only": self.before[:s0] + after["weights_only"],
-            },
+            branches={"continuous": list(self.continuous), **after},
             crash_at=self.crash_at,
             restored_step=s0,
             total_steps=self.total_steps,
             checkpoint_every=self.checkpoint_every,
             seed=self.seed,
             lost_events=lost,
-            recomputed_identical=after["full"][: len(lost)] == lost,
+            recomputed_identical=after["full"][s0 : self.crash_at] == lost,
             checkpoint=self.manifest,
             custom_resume=resume is not None,
         )
@@ -234,17 +196,12 @@ def prepare_crash_run(
     **run_kwargs: Any,
 ) -> CrashRun:
     """Непрерывный запуск ToyRLRun(seed, **run_kwargs) на total_steps шагов и аварийный: точка
-    после каждого шага, кратного checkpoint_every, в workdir, «авария» после шага crash_at.
-
-    Прежние контрольные точки в workdir (каталоги с manifest.json, step-…, .tmp-…, .old-…)
-    удаляются: они сбили бы latest_checkpoint. s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every.
-    """
+    после каждого шага, кратного checkpoint_every, в workdir (прежние точки там удаляются),
+    «авария» после шага crash_at; s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every."""
     total_steps = integer("total_steps", total_steps, 2)
-    crash_at = integer("crash_at", crash_at, 1)
+    crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
     checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
     seed = integer("seed", seed, 0)
-    if crash_at >= total_steps:
-        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
     if crash_at < checkpoint_every:
         raise ValueError(
             f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
@@ -253,24 +210,20 @@ def prepare_crash_run(
     factory = functools.partial(ToyRLRun, seed, **run_kwargs)
     ref = factory()
     continuous = [ref.step() for _ in range(total_steps)]
-    root = _path("workdir", workdir)
+    root = path("workdir", workdir)
     root.mkdir(parents=True, exist_ok=True)
-    remove_checkpoints(root)  # прежние сбили бы latest_checkpoint
+    ck.remove_checkpoints(root)  # прежние сбили бы latest_checkpoint
     crashing = factory()
     before: list[dict] = []
     for t in range(1, crash_at + 1):
         before.append(crashing.step())
         if t % checkpoint_every == 0:
             state = crashing.state_dict()
-            save_checkpoint(state, root / checkpoint_name(t), crashing.config, overwrite=True)
+            ck.save_checkpoint(state, root / ck.checkpoint_name(t), crashing.config, overwrite=True)
     del crashing  # авария: всё, что было только в памяти процесса, потеряно
-    ckpt = latest_checkpoint(root, components=COMPONENTS)
-    if ckpt is None:  # не бывает при crash_at ≥ checkpoint_every
-        raise RuntimeError(f"в {root} нет полной контрольной точки")
-    return CrashRun(
-        factory, continuous, before, ckpt, read_manifest(ckpt),
-        total_steps, crash_at, checkpoint_every, seed,
-    )  # fmt: skip
+    last = ck.latest_checkpoint(root, components=ck.COMPONENTS)  # есть: crash_at ≥ checkpoint_every
+    sizes = (total_steps, crash_at, checkpoint_every, seed)
+    return CrashRun(factory, continuous, before, last, ck.read_manifest(last), *sizes)
 
 
 def run_crash_test(
@@ -284,24 +237,19 @@ def run_crash_test(
 ) -> CrashTestResult:
     """Три ветви одного запуска ToyRLRun(seed, **run_kwargs), по событию на шаг 1..total_steps.
 
-    continuous — без аварии. Аварийный запуск пишет контрольную точку после каждого шага,
-    кратного checkpoint_every, и «падает» после шага crash_at; затем из последней полной
-    контрольной точки s₀ ≤ crash_at (s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every)
-    ветвь full восстанавливает всё (или своей resume), weights_only — только веса, и обе
-    доучиваются до total_steps. Шаги 1..s₀ ветвей — события аварийного запуска.
-    Ожидается: full == continuous побитово; weights_only совпадает до s₀ и расходится на s₀ + 1.
-
-    Контракт resume(run_factory, checkpoint_path) -> ToyRLRun: run_factory() без аргументов
-    создаёт новый ToyRLRun той же конфигурации; checkpoint_path — Path каталога (копии)
-    последней полной контрольной точки; вернуть запуск, чей следующий step() — шаг s₀ + 1 того
-    же эксперимента. workdir — где хранить контрольные точки (по умолчанию временный каталог;
-    прежние контрольные точки в нём удаляются). То же по шагам: prepare_crash_run + branches.
+    continuous — без аварии; аварийный запуск пишет точку после каждого шага, кратного
+    checkpoint_every, и «падает» после crash_at; из последней полной точки
+    s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every ветвь full восстанавливает всё
+    (resume(run_factory, checkpoint_path) -> ToyRLRun, чей следующий step() — шаг s₀ + 1),
+    weights_only — только веса. Ожидается: full == continuous побитово, weights_only расходится
+    на s₀ + 1. workdir — каталог точек (по умолчанию временный). = prepare_crash_run + branches.
     """
-    args = (total_steps, crash_at, seed, checkpoint_every)  # resume проверяет branches
-    with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="crash_test_"))
-        return prepare_crash_run(*args, workdir=workdir, **run_kwargs).branches(resume)
+    with tempfile.TemporaryDirectory(prefix="crash_test_") as tmp:
+        workdir = tmp if workdir is None else workdir
+        crash = prepare_crash_run(
+            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, **run_kwargs
+        )
+        return crash.branches(resume)
 
 
 _BRANCH_STYLE = {
@@ -321,18 +269,14 @@ _METRIC_LABEL = {
 
 
 def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", ax=None):
-    """График метрики по шагам для трёх ветвей; отмечены авария и точка восстановления.
-
-    metric — столбец CrashTestResult.frame(): cumulative_reward, mean_reward, loss, lr,
-    curriculum_level или policy_version; заголовок панели называет метрику. Возвращает Axes.
-    """
+    """График метрики metric (столбец frame() из _METRIC_LABEL) по шагам для трёх ветвей;
+    отмечены авария и точка восстановления. Возвращает Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     if not isinstance(result, CrashTestResult):
         raise ValueError(f"result должно быть CrashTestResult, получено {type(result)}")
-    if metric not in _METRIC_LABEL:
-        raise ValueError(f"metric должно быть одним из {list(_METRIC_LABEL)}, получено {metric!r}")
+    ylabel, title, integer_y = _METRIC_LABEL[choice("metric", metric, _METRIC_LABEL)]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4))
     frame = result.frame()
@@ -347,7 +291,6 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
         (result.restored_step, "tab:blue", 1.2, f"контрольная точка: шаг {result.restored_step}"),
     ):
         ax.axvline(x + 0.5, color=color, ls=":", lw=lw, label=label)
-    ylabel, title, integer_y = _METRIC_LABEL[metric]
     ax.set_xlabel("шаг обучения, номер")
     ax.set_ylabel(ylabel)
     ax.set_title(f"Три ветви одного запуска: {title}")
@@ -361,22 +304,13 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
     return ax
 
 
-# ----------------------------------------------------------------------------- три вида отказов
-
-
 def simulate_collector_crash(
     total_steps: int = 12, crash_at: int = 5, seed: int = 0, **run_kwargs: Any
 ) -> dict:
-    """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян, запуск продолжается.
-
-    Возвращает словарь: lost_rollouts (сколько потеряно, = batch_size), lost_rollout_ids,
-    events (все total_steps событий), steps_completed, versions_monotonic (версия политики
-    росла на 1 каждый шаг), losses_finite.
-    """
+    """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян (lost_rollouts =
+    batch_size), запуск продолжается; versions_monotonic — версия политики росла на 1 за шаг."""
     total_steps = integer("total_steps", total_steps, 2)
-    crash_at = integer("crash_at", crash_at, 1)
-    if crash_at >= total_steps:
-        raise ValueError(f"crash_at должно быть меньше total_steps: {crash_at=}, {total_steps=}")
+    crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
     run = ToyRLRun(seed, **run_kwargs)
     events, lost = [], []
     for t in range(1, total_steps + 1):
@@ -397,12 +331,8 @@ def simulate_collector_crash(
 def simulate_trainer_crash(
     crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0, **run_kwargs: Any
 ) -> dict:
-    """Отказ тренера после шага crash_at: восстановление с последней контрольной точки s₀.
-
-    Шаги s₀+1..crash_at вычисляются заново. Возвращает: checkpoint_step (s₀), crash_at,
-    recomputed_steps, identical (пересчёт побитово совпал с потерянным), lost_work_steps
-    (= crash_at − s₀, работа, которую пришлось повторить).
-    """
+    """Отказ тренера после шага crash_at: восстановление с точки s₀, шаги s₀+1..crash_at
+    пересчитываются (lost_work_steps = crash_at − s₀); identical — пересчёт побитово тот же."""
     res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every, **run_kwargs)
     return {
         "checkpoint_step": res.restored_step,
@@ -415,10 +345,8 @@ def simulate_trainer_crash(
 
 @dataclass
 class BatchVerdict:
-    """Решение по пакету: accepted — принят целиком; reasons — почему отклонён (по-русски).
-
-    rollouts — принятые роллауты: весь пакет или пусто, частичного принятия не бывает.
-    """
+    """Решение по пакету: принят целиком (rollouts — весь пакет) или отклонён целиком
+    (rollouts пуст, reasons — почему, по-русски)."""
 
     accepted: bool
     reasons: list[str]
@@ -439,16 +367,19 @@ def _ids(ids: list, limit: int = 5) -> str:
     return shown + (f" … (всего {len(ids)})" if len(ids) > limit else "")
 
 
+def _version(rollout: Mapping) -> str | None:
+    v = rollout.get("verifier_version")
+    return v if isinstance(v, str) and v else None
+
+
 def accept_batch(
     batch: Any, expected_ids: Sequence, verifier_version: str | None = None
 ) -> BatchVerdict:
     """Принимает пакет роллаутов целиком или отклоняет целиком (шаг 12.5.3); не бросает на данных.
 
-    Отклоняется, если: пакет не список словарей; у роллаута нет rollout_id; id повторяются; есть
-    id не из expected_ids или не хватает ожидаемых; награда отсутствует, не число или не
-    конечна; версии верификатора нет, она не совпадает с verifier_version (если задана) или
-    в пакете смешаны версии. expected_ids — ожидаемые id (ValueError, если это не список
-    уникальных строк или целых).
+    Отклоняет: не список словарей, нет rollout_id, повторы, id не из expected_ids или нехватка
+    ожидаемых, награда не конечное число, версии верификатора нет, не та или смешаны.
+    expected_ids — список уникальных строк или целых (иначе ValueError).
     """
     if isinstance(expected_ids, str | bytes) or not isinstance(
         expected_ids, Sequence | set | frozenset
@@ -461,61 +392,37 @@ def accept_batch(
         raise ValueError("expected_ids: id должны быть строками или целыми")
     if len(set(expected)) != len(expected):
         raise ValueError("expected_ids: id повторяются")
-    if verifier_version is not None and (
-        not isinstance(verifier_version, str) or not verifier_version
-    ):
-        raise ValueError(
-            f"verifier_version должно быть непустой строкой или None, получено {verifier_version!r}"
-        )
+    if verifier_version is not None:
+        text("verifier_version", verifier_version)
     if not isinstance(batch, list | tuple):
         return BatchVerdict(
             False, [f"пакет должен быть списком роллаутов, получено {type(batch).__name__}"]
         )
-    reasons: list[str] = []
-    not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
-    if not_dict:
-        reasons.append(f"элементы пакета не словари (позиции {_ids(not_dict)})")
     items = [r for r in batch if isinstance(r, Mapping)]
-    no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
-    if no_id:
-        reasons.append(f"у роллаутов нет rollout_id (позиции {_ids(no_id)})")
     ids = [r["rollout_id"] for r in items if "rollout_id" in r]
     seen, dup = set(), []
     for i in ids:
-        with contextlib.suppress(TypeError):
+        with contextlib.suppress(TypeError):  # нехешируемый id попадёт в «неизвестные»
             if i in seen and i not in dup:
                 dup.append(i)
             seen.add(i)
-    if dup:
-        reasons.append(f"повторяются роллауты: {_ids(dup)}")
-    exp_set = set(expected)
-    unknown = [i for i in ids if not isinstance(i, str | int) or i not in exp_set]
-    if unknown:
-        reasons.append(f"неизвестные роллауты (не из этого пакета): {_ids(unknown)}")
+    not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
+    no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
+    unknown = [i for i in ids if not isinstance(i, str | int) or i not in expected]
     missing = [i for i in expected if i not in seen]
-    if missing:
-        reasons.append(f"не хватает {len(missing)} из {len(expected)} роллаутов: {_ids(missing)}")
-    bad_reward = []
-    for r in items:
-        rew = r.get("reward")
-        if not isinstance(rew, numbers.Real) or isinstance(rew, bool) or not math.isfinite(rew):
-            bad_reward.append(r.get("rollout_id", "?"))
-    if bad_reward:
-        reasons.append(f"нет награды или она не конечное число: {_ids(bad_reward)}")
-    bad_ver = [
-        r.get("rollout_id", "?")
-        for r in items
-        if not isinstance(r.get("verifier_version"), str) or not r.get("verifier_version")
-    ]
-    if bad_ver:
-        reasons.append(f"нет версии верификатора: {_ids(bad_ver)}")
-    versions = sorted(
-        {
-            r["verifier_version"]
-            for r in items
-            if isinstance(r.get("verifier_version"), str) and r.get("verifier_version")
-        }
+    bad_reward = [r.get("rollout_id", "?") for r in items if not is_real(r.get("reward"))]
+    no_version = [r.get("rollout_id", "?") for r in items if _version(r) is None]
+    checks = (  # (что не так, сообщение): {ids} — первые из них, {n} — сколько
+        (not_dict, "элементы пакета не словари (позиции {ids})"),
+        (no_id, "у роллаутов нет rollout_id (позиции {ids})"),
+        (dup, "повторяются роллауты: {ids}"),
+        (unknown, "неизвестные роллауты (не из этого пакета): {ids}"),
+        (missing, f"не хватает {{n}} из {len(expected)} роллаутов: {{ids}}"),
+        (bad_reward, "нет награды или она не конечное число: {ids}"),
+        (no_version, "нет версии верификатора: {ids}"),
     )
+    reasons = [msg.format(ids=_ids(bad), n=len(bad)) for bad, msg in checks if bad]
+    versions = sorted({_version(r) for r in items} - {None})
     if len(versions) > 1:
         reasons.append(f"в пакете смешаны версии верификатора: {', '.join(versions)}")
     if verifier_version is not None and versions and versions != [verifier_version]:
@@ -533,16 +440,12 @@ def accept_batch(
 def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
     """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды.
 
-    Возвращает: expected_ids, partial (частичный пакет), partial_verdict (отклонён целиком),
-    retry_verdict (верификатор перезапущен и оценил весь пакет заново — принят целиком).
+    partial_verdict — частичный пакет отклонён целиком; retry_verdict — верификатор перезапущен,
+    оценил весь пакет заново, пакет принят целиком.
     """
     run = ToyRLRun(seed, **run_kwargs)
     batch = run.generate_batch()
-    scored = integer("scored", scored, 0)
-    if scored >= len(batch):
-        raise ValueError(
-            f"scored должно быть меньше размера пакета {len(batch)}, получено {scored}"
-        )
+    scored = integer("scored", scored, 0, len(batch) - 1)
     expected = [r["rollout_id"] for r in batch]
     partial = copy.deepcopy(batch)
     for ro in partial[scored:]:
