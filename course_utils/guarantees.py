@@ -1,10 +1,7 @@
 """Семь гарантий RL-контура (шаг 12.5.5) и предполётная проверка описания запуска.
 
-Цепочка модуля: политика поведения → контракт роллаута → ограниченная очередь → обновление
-относительно объявленной политики → атомарная синхронизация → полная контрольная точка →
-трассировка. ``preflight(run)`` берёт описание запуска (словарь) и для каждой гарантии говорит,
-выполнена ли она и чего не хватает. Описание — заявления команды, а не измерения: функция
-проверяет полноту заявленного, а подтверждают его тесты и аварийные проверки уроков 12.1–12.5.
+``preflight(run)`` для каждой гарантии говорит, выполнена ли она по описанию запуска (заявлениям
+команды, не измерениям) и чего не хватает; подтверждают их тесты и аварии уроков 12.1–12.5.
 """
 
 from __future__ import annotations
@@ -14,9 +11,9 @@ from collections.abc import Mapping
 import pandas as pd
 
 from course_utils.args import choice
-from course_utils.checkpoint import COMPONENTS as CHECKPOINT_VOCABULARY
+from course_utils.checkpoint import COMPONENTS as _COMPONENTS
 
-TRACE_IDS = (
+_TRACE_IDS = (
     "prompt_id",
     "rollout_id",
     "behavior_policy_version",
@@ -25,8 +22,8 @@ TRACE_IDS = (
     "optimizer_step",
     "resulting_policy_version",
 )
-RECORD_FIELDS = ("tokens", "policy_mask", "behavior_logprobs", "reward", "stop_reason", "versions")
-SYNC_PROPERTIES = ("version_id", "atomic_switch", "readiness_barrier", "verification")
+_RECORD_FIELDS = ("tokens", "policy_mask", "behavior_logprobs", "reward", "stop_reason", "versions")
+_SYNC_PROPERTIES = ("version_id", "atomic_switch", "readiness_barrier", "verification")
 _RUN_KEYS = frozenset(
     "name decoding_logged weights_can_change_mid_response per_token_versions record_fields "
     "asynchronous queue_limit variable_lengths max_policy_lag logs_ratio_diagnostics "
@@ -57,49 +54,37 @@ PREFLIGHT_ORDER = (
 )
 
 
-def _missing(items, required) -> list[str]:
-    have = set(items or ())
-    return [x for x in required if x not in have]
-
-
 def _check(run: Mapping) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    gaps = []
+    """Пробелы по ключу гарантии: пустой список — гарантия выполнена."""
+
+    def missing(key: str, required: tuple, text: str) -> list[str]:
+        have = set(run.get(key) or ())
+        return [text.format(x) for x in required if x not in have]
+
+    out = {key: [] for key in _RU}
     if not run.get("decoding_logged"):
-        gaps.append("правила декодирования (температура, top-p) не записываются")
+        out["behavior_policy"].append("правила декодирования (температура, top-p) не записываются")
     if run.get("weights_can_change_mid_response") and not run.get("per_token_versions"):
-        gaps.append("веса меняются посреди ответа, а версий по токенам нет")
-    out["behavior_policy"] = gaps
-    out["rollout_contract"] = [
-        f"в записи нет поля {f}" for f in _missing(run.get("record_fields"), RECORD_FIELDS)
-    ]
-    gaps = []
-    unit = run.get("queue_limit")
+        out["behavior_policy"].append("веса меняются посреди ответа, а версий по токенам нет")
+    out["rollout_contract"] = missing("record_fields", _RECORD_FIELDS, "в записи нет поля {}")
     if run.get("asynchronous"):
-        if unit is None:
-            gaps.append("асинхронная очередь без порога")
-        elif unit == "rollouts" and run.get("variable_lengths", True):
-            gaps.append("порог в записях при разной длине ответов — нужен порог в токенах")
+        queue = out["bounded_queue"]
+        if run.get("queue_limit") is None:
+            queue.append("асинхронная очередь без порога")
+        elif run.get("queue_limit") == "rollouts" and run.get("variable_lengths", True):
+            queue.append("порог в записях при разной длине ответов — нужен порог в токенах")
         if run.get("max_policy_lag") is None:
-            gaps.append("нет ограничения задержки политики")
-    out["bounded_queue"] = gaps
-    gaps = []
+            queue.append("нет ограничения задержки политики")
     if not run.get("logs_ratio_diagnostics"):
-        gaps.append("ESS, доля клиппирования и |log w| не записываются")
+        out["declared_update"].append("ESS, доля клиппирования и |log w| не записываются")
     if run.get("asynchronous") and not run.get("off_policy_correction"):
-        gaps.append("асинхронные данные без поправки, отбрасывания или пересчёта")
-    out["declared_update"] = gaps
-    out["atomic_sync"] = [
-        f"нет свойства синхронизации: {p}" for p in _missing(run.get("sync"), SYNC_PROPERTIES)
-    ]
-    gaps = [
-        f"контрольная точка не хранит {c}"
-        for c in _missing(run.get("checkpoint_components"), CHECKPOINT_VOCABULARY)
-    ]
+        out["declared_update"].append("асинхронные данные без поправки, отбрасывания или пересчёта")
+    out["atomic_sync"] = missing("sync", _SYNC_PROPERTIES, "нет свойства синхронизации: {}")
+    ckpt = missing("checkpoint_components", _COMPONENTS, "контрольная точка не хранит {}")
     if not run.get("crash_tested"):
-        gaps.append("восстановление не проверено принудительным сбоем")
-    out["full_checkpoint"] = gaps
-    out["trace_chain"] = [f"в трассе нет {t}" for t in _missing(run.get("trace_ids"), TRACE_IDS)]
+        ckpt.append("восстановление не проверено принудительным сбоем")
+    out["full_checkpoint"] = ckpt
+    out["trace_chain"] = missing("trace_ids", _TRACE_IDS, "в трассе нет {}")
     return out
 
 
@@ -107,8 +92,8 @@ def preflight(run: Mapping) -> pd.DataFrame:
     """Предполётная проверка: строка на гарантию — выполнена ли и чего не хватает (по-русски).
 
     ``run`` — словарь с ключами из ``_RUN_KEYS`` (queue_limit: "tokens", "rollouts" или None;
-    sync — из SYNC_PROPERTIES, checkpoint_components — из checkpoint.COMPONENTS, trace_ids — из
-    TRACE_IDS). Отсутствующий ключ = «не заявлено».
+    sync — из _SYNC_PROPERTIES, checkpoint_components — из checkpoint.COMPONENTS, trace_ids — из
+    _TRACE_IDS). Отсутствующий ключ = «не заявлено».
     """
     if not isinstance(run, Mapping):
         raise ValueError(
@@ -133,16 +118,16 @@ def example_runs() -> dict[str, dict]:
         "decoding_logged": True,
         "per_token_versions": True,
         "weights_can_change_mid_response": False,
-        "record_fields": list(RECORD_FIELDS),
+        "record_fields": list(_RECORD_FIELDS),
         "asynchronous": True,
         "queue_limit": "tokens",
         "max_policy_lag": 2,
         "logs_ratio_diagnostics": True,
         "off_policy_correction": True,
-        "sync": list(SYNC_PROPERTIES),
-        "checkpoint_components": list(CHECKPOINT_VOCABULARY),
+        "sync": list(_SYNC_PROPERTIES),
+        "checkpoint_components": list(_COMPONENTS),
         "crash_tested": True,
-        "trace_ids": list(TRACE_IDS),
+        "trace_ids": list(_TRACE_IDS),
     }
     quick = {
         "name": "быстрый прототип",
