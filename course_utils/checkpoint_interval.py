@@ -29,12 +29,9 @@ def _write_below_mtbf(fn: str, write_s: float, mtbf_s: float) -> tuple[float, fl
 
 
 def young_interval(write_s: float, mtbf_s: float) -> float:
-    """Оптимальный интервал контрольных точек по Янгу: I* = √(2·C·M), в секундах (C ≪ M).
-
-    Без времени перезапуска и коррелированных отказов; C ≥ M — ValueError. При C/M > 0.1 —
-    предупреждение: I* завышен против точного оптимума (на 17 % при C/M = 0.1, на 43 % при 0.5),
-    точнее ``daly_interval``.
-    """
+    """Оптимальный интервал контрольных точек по Янгу: I* = √(2·C·M), в секундах (C ≪ M, C ≥ M —
+    ValueError). При C/M > 0.1 — предупреждение: I* завышен против точного оптимума (на 17 % при
+    C/M = 0.1, на 43 % при 0.5), точнее ``daly_interval``."""
     write_s, mtbf_s = _write_below_mtbf("young_interval", write_s, mtbf_s)
     if write_s / mtbf_s > _YOUNG_RATIO_WARN:
         warnings.warn(
@@ -48,11 +45,8 @@ def young_interval(write_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval(write_s: float, mtbf_s: float) -> float:
-    """Интервал по Дейли (2006), в секундах: √(2CM)·[1 + ⅓·√(C/2M) + (C/2M)/9] − C.
-
-    Поправка высшего порядка к Янгу: до C/M = 0.99 отличается от точного оптимума модели Дейли
-    (без перезапуска) меньше чем на 2 %. C ≥ M — ValueError: там надо сокращать запись.
-    """
+    """Интервал по Дейли (2006), в секундах: √(2CM)·[1 + ⅓·√(C/2M) + (C/2M)/9] − C; до C/M = 0.99
+    отличается от точного оптимума его модели меньше чем на 2 %. C ≥ M — ValueError."""
     write_s, mtbf_s = _write_below_mtbf("daly_interval", write_s, mtbf_s)
     x = write_s / (2 * mtbf_s)  # C/(2M) < 1/2
     return math.sqrt(2 * write_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - write_s  # с
@@ -60,10 +54,8 @@ def daly_interval(write_s: float, mtbf_s: float) -> float:
 
 def checkpoint_overhead(interval_s: float, write_s: float, mtbf_s: float) -> float:
     """Доля времени, потерянная на контрольные точки: H(I) ≈ C/I + I/(2M), безразмерная (0.1 = 10 %).
-
-    C/I — запись, I/(2M) — в среднем половина интервала пересчитывается после отказа; все
-    величины в секундах. Минимум при I* = √(2CM), там H = √(2C/M); верно при C ≪ I ≪ M.
-    """
+    C/I — запись, I/(2M) — пересчёт половины интервала после отказа; I, C, M в секундах; верно при
+    C ≪ I ≪ M, минимум H = √(2C/M) при I* = √(2CM)."""
     interval_s = positive("interval_s", interval_s)
     write_s = positive("write_s", write_s)
     mtbf_s = positive("mtbf_s", mtbf_s)
@@ -71,11 +63,9 @@ def checkpoint_overhead(interval_s: float, write_s: float, mtbf_s: float) -> flo
 
 
 def daly_overhead(interval_s: float, write_s: float, mtbf_s: float) -> float:
-    """Потери в модели Дейли (2006): H = M·(e^((I+C)/M) − 1)/I − 1, доля полезного времени.
-
-    Пуассоновские отказы со средним интервалом M; отрезок I + C повторяется, пока не пройдёт без
-    отказа (перезапуск R = 0). Все величины в секундах; при C ≪ I ≪ M ≈ C/I + I/(2M).
-    """
+    """Потери в модели Дейли (2006): H = M·(e^((I+C)/M) − 1)/I − 1, доля полезного времени; отказы
+    пуассоновские, отрезок I + C повторяется до прохода без отказа (перезапуск R = 0); I, C, M в
+    секундах; при C ≪ I ≪ M ≈ C/I + I/(2M)."""
     interval_s = positive("interval_s", interval_s)
     write_s = positive("write_s", write_s)
     mtbf_s = positive("mtbf_s", mtbf_s)
@@ -91,20 +81,17 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 
 
 def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: float | None = None):
-    """График H(I) = C/I + I/(2M) в % от интервала I (ось x логарифмическая, единица по I*).
-
-    Пунктиром — слагаемые C/I и I/(2M), оранжевым — daly_overhead и daly_interval; отмечены I*
-    Янга и current_interval_s (ваш интервал, с). Возвращает matplotlib Axes.
-    """
+    """График H(I) = C/I + I/(2M) в % от интервала I (ось x логарифмическая, единица по I*):
+    пунктиром — слагаемые C/I и I/(2M), оранжевым — daly_overhead и daly_interval; отмечены I*
+    Янга и current_interval_s (ваш интервал, с). Возвращает matplotlib Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     i_star = young_interval(write_s, mtbf_s)
-    if current_interval_s is not None:
-        current_interval_s = positive("current_interval_s", current_interval_s)
     scale, unit = _time_unit(i_star)
     lo, hi = i_star / 10, i_star * 10
     if current_interval_s is not None:
+        current_interval_s = positive("current_interval_s", current_interval_s)
         lo, hi = min(lo, current_interval_s / 2), max(hi, current_interval_s * 2)
     grid = np.geomspace(lo, hi, 400)
     write, redo = write_s / grid, grid / (2 * mtbf_s)  # доли: C/I и I/(2M)

@@ -35,12 +35,9 @@ _FRAME_FIELDS = (
 
 @dataclass
 class CrashTestResult:
-    """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N.
-
-    restored_step — шаг контрольной точки восстановления (≤ crash_at); lost_events — события
-    шагов restored_step+1..crash_at, потерянные при аварии; recomputed_identical — ветвь full
-    пересчитала их так же; checkpoint — manifest этой точки.
-    """
+    """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N;
+    restored_step — шаг точки восстановления (≤ crash_at, её manifest — checkpoint); lost_events —
+    события шагов restored_step+1..crash_at, потерянные при аварии и пересчитанные ветвью full."""
 
     branches: dict[str, list[dict]]
     crash_at: int
@@ -106,23 +103,20 @@ class CrashTestResult:
             f"точка {every}, авария после шага {self.crash_at}, восстановление "
             f"с {ck.checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
         ]
-        for name in self.branches:
-            if name == "continuous":
-                continue
+        for name in [b for b in self.branches if b != "continuous"]:
             label = _BRANCH_STYLE.get(name, {}).get("label", name)
             if name == "full" and self.custom_resume:
                 label = "полное восстановление (ваша resume)"
             step = self.first_divergence(name)
             if step is None:
-                lines.append(
-                    f"  {label}: совпадает с непрерывной ветвью на всех {self.total_steps} шагах."
-                )
+                verdict = f"совпадает с непрерывной ветвью на всех {self.total_steps} шагах"
             else:
                 fields = ", ".join(self.diverged_fields(name, step))
-                lines.append(
-                    f"  {label}: совпадает до шага {step - 1}, расходится на шаге {step} "
-                    f"(различаются: {fields})."
+                verdict = (
+                    f"совпадает до шага {step - 1}, расходится на шаге {step} "
+                    f"(различаются: {fields})"
                 )
+            lines.append(f"  {label}: {verdict}.")
         same = "да" if self.recomputed_identical else "НЕТ"
         lines.append(
             "  Шагов после контрольной точки, потерянных при аварии и пересчитанных: "
@@ -130,8 +124,7 @@ class CrashTestResult:
         )
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.summary()
+    __str__ = summary
 
 
 @dataclass(frozen=True)
@@ -161,10 +154,8 @@ class CrashRun:
         with tempfile.TemporaryDirectory(prefix="crash_resume_") as tmp:
             ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
             shutil.copytree(self.checkpoint, ckpt)
-            for name, fn in (
-                ("full", resume or ck.resume_full),
-                ("weights_only", ck.resume_weights_only),
-            ):
+            resumes = {"full": resume or ck.resume_full, "weights_only": ck.resume_weights_only}
+            for name, fn in resumes.items():
                 run = fn(self.factory, ckpt)
                 if not isinstance(run, ToyRLRun):
                     raise ValueError(
@@ -279,9 +270,7 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
     ylabel, title, integer_y = _METRIC_LABEL[choice("metric", metric, _METRIC_LABEL)]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4))
-    frame = result.frame()
-    for name in result.branches:
-        part = frame[frame["branch"] == name]
+    for name, part in result.frame().groupby("branch", sort=False):
         style = dict(_BRANCH_STYLE.get(name, {"label": name}))
         if name == "full" and result.custom_resume:
             style["label"] = "ваша resume"
@@ -376,11 +365,8 @@ def accept_batch(
     batch: Any, expected_ids: Sequence, verifier_version: str | None = None
 ) -> BatchVerdict:
     """Принимает пакет роллаутов целиком или отклоняет целиком (шаг 12.5.3); не бросает на данных.
-
-    Отклоняет: не список словарей, нет rollout_id, повторы, id не из expected_ids или нехватка
-    ожидаемых, награда не конечное число, версии верификатора нет, не та или смешаны.
-    expected_ids — список уникальных строк или целых (иначе ValueError).
-    """
+    Отклоняет: не список словарей, нет rollout_id, повторы, чужие id или нехватка expected_ids
+    (уникальных строк или целых), награда не конечна, версии верификатора нет, не та или смешаны."""
     if isinstance(expected_ids, str | bytes) or not isinstance(
         expected_ids, Sequence | set | frozenset
     ):
@@ -438,11 +424,8 @@ def accept_batch(
 
 
 def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
-    """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды.
-
-    partial_verdict — частичный пакет отклонён целиком; retry_verdict — верификатор перезапущен,
-    оценил весь пакет заново, пакет принят целиком.
-    """
+    """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды;
+    partial_verdict — частичный пакет отклонён, retry_verdict — оценённый заново весь принят."""
     run = ToyRLRun(seed, **run_kwargs)
     batch = run.generate_batch()
     scored = integer("scored", scored, 0, len(batch) - 1)

@@ -96,9 +96,7 @@ def preflight(run: Mapping) -> pd.DataFrame:
     _TRACE_IDS). Отсутствующий ключ = «не заявлено».
     """
     if not isinstance(run, Mapping):
-        raise ValueError(
-            f"run должен быть словарём-описанием запуска, получено {type(run).__name__}"
-        )
+        raise ValueError(f"run должен быть словарём-описанием, получено {type(run).__name__}")
     if unknown := sorted(set(run) - _RUN_KEYS):
         raise ValueError(f"run: неизвестные ключи {unknown}; допустимы {sorted(_RUN_KEYS)}")
     choice("run['queue_limit']", run.get("queue_limit"), (None, "tokens", "rollouts"))
