@@ -48,10 +48,14 @@ def _range_text(low: Any, high: Any) -> str:
     return ""
 
 
-def integer(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
-    """Целое low ≤ value ≤ high (границы включены; None — без границы); 7.5e9 → 7 500 000 000."""
+def integer(
+    name: str, value: Any, low: int | None = None, high: int | None = None, *, strict: bool = False
+) -> int:
+    """Целое low ≤ value ≤ high (границы включены; None — без границы); 7.5e9 → 7 500 000 000.
+
+    strict=True — только значение целого типа (2.0 не принимается: это счётчик, а не измерение)."""
     if (
-        not is_count(value)
+        not (is_int(value) if strict else is_count(value))
         or (low is not None and value < low)
         or (high is not None and value > high)
     ):

@@ -28,13 +28,6 @@ from course_utils.offpolicy import normalized_ess
 WAIT_STAGES = ("queue_wait", "backpressure")
 
 
-def _int(name: str, value: Any, low: int) -> int:
-    """Целое ≥ low типа int (2.0 не принимается: это счётчик, а не измерение)."""
-    if not is_int(value):
-        raise ValueError(f"{name} должно быть целым ≥ {low}, получено {value!r}")
-    return integer(name, value, low)
-
-
 def _reals(name: str, values: Any) -> np.ndarray:
     """Непустая последовательность конечных чисел ≥ 0 → массив float64."""
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
@@ -60,7 +53,7 @@ def pipelined_period(G: float, T: float) -> float:
 
 def pipeline_total_time(G: float, T: float, n: int) -> float:
     """Время n пакетов в идеальном конвейере: T_n = G + T + (n − 1)·max(G, T), с; n ≥ 1."""
-    return sequential_cycle(G, T) + (_int("n", n, 1) - 1) * pipelined_period(G, T)
+    return sequential_cycle(G, T) + (integer("n", n, 1, strict=True) - 1) * pipelined_period(G, T)
 
 
 def speedup(G: float, T: float, n: int | None = None) -> float:
@@ -72,7 +65,7 @@ def speedup(G: float, T: float, n: int | None = None) -> float:
         raise ValueError(f"G и T не могут быть оба нулевыми: {G=}, {T=}")
     if n is None:
         return sequential_cycle(G, T) / pipelined_period(G, T)
-    return _int("n", n, 1) * sequential_cycle(G, T) / pipeline_total_time(G, T, n)
+    return integer("n", n, 1, strict=True) * sequential_cycle(G, T) / pipeline_total_time(G, T, n)
 
 
 def group_utilization(durations: Iterable[float]) -> float:
@@ -105,7 +98,7 @@ def best_device_split(
     (отн. 1e−12) — меньший k_gen. Линейное масштабирование — приближение: узким местом могут
     стать сеть, проверяющая система или память.
     """
-    K = _int("K", K, 2)
+    K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
     r_t = positive("train_rate_per_device", train_rate_per_device)
     best = (0, 0, -1.0)
@@ -165,7 +158,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         for name, low in (_COUNTS | _LIMITS).items():
             if name in _COUNTS or getattr(self, name) is not None:
-                _int(name, getattr(self, name), low)
+                integer(name, getattr(self, name), low, strict=True)
         for name in _POSITIVE:
             positive(name, getattr(self, name))
         if self.max_age_s is not None:
@@ -496,7 +489,7 @@ def profile_over_lag(
         raise ValueError(f"lags должно быть последовательностью целых ≥ 0 или None: {lags!r}")
     rows, index = [], []
     for eta in list(lags):
-        index.append("∞" if eta is None else str(_int("lags[...]", eta, 0)))
+        index.append("∞" if eta is None else str(integer("lags[...]", eta, 0, strict=True)))
         s = simulate(dataclasses.replace(base, max_policy_lag=eta)).summary
         values = (
             round(s["throughput_tokens_per_s"], 1),

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
-from course_utils.args import choice, is_int, path, positive, text
+from course_utils.args import choice, integer, path, positive, text
 from course_utils.fmt import count
 
 BACKENDS = ("gloo", "nccl")
@@ -236,8 +236,7 @@ def _check_env(env: Any) -> dict[str, str]:
 
 def default_backend(nprocs: int) -> str:
     """Бэкенд по умолчанию: "nccl", если CUDA доступна и GPU ≥ nprocs, иначе "gloo"."""
-    if not is_int(nprocs) or nprocs < 1:
-        raise ValueError(f"nprocs должно быть целым ≥ 1, получено {nprocs!r}")
+    nprocs = integer("nprocs", nprocs, 1, strict=True)
     import torch
 
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
@@ -440,8 +439,7 @@ def launch(
     или None (по наличию GPU); env — добавочные переменные; run_dir — каталог результатов и
     журналов (по умолчанию временный). Занятый порт — одна повторная попытка.
     """
-    if not is_int(nprocs) or not 1 <= nprocs <= MAX_NPROCS:
-        raise ValueError(f"nprocs должно быть целым в [1, {MAX_NPROCS}], получено {nprocs!r}")
+    nprocs = integer("nprocs", nprocs, 1, MAX_NPROCS, strict=True)
     timeout_s = positive("timeout_s", timeout_s)
     args, env = _check_args(args), _check_env(env)
     module, fn = _resolve_entry(entry)
