@@ -606,66 +606,6 @@ def sync_weights(trainer_model, engine_model) -> int:
 
 
 @dataclass
-class MemoryTimeline:
-    """Память по фазам совмещённого шага, байт: ``phases`` — точный учёт тензоров
-    ``[(фаза, {компонент: байты})]``, ``gpu`` — ``[(фаза, memory_allocated, пик за фазу)]``
-    (на CPU пусто), ``kv_tokens`` — позиций в KV-кэше генерации."""
-
-    phases: list
-    gpu: list
-    device: str
-    kv_tokens: int
-    info: PolicyInfo | None = None
-
-
-def colocated_memory_timeline(
-    model,
-    tokenizer,
-    tasks: list[ArithTask],
-    group_size: int = 4,
-    max_new_tokens: int = 24,
-    lr: float = 1e-5,
-    seed: int = 0,
-    info: PolicyInfo | None = None,
-) -> MemoryTimeline:
-    """Совмещённое размещение: одна float32-копия модели по очереди генерирует и обучается;
-    после шага прогрева (создаёт состояние AdamW) память меряется по фазам одного шага."""
-    positive("lr", lr)
-    device = next(model.parameters()).device
-    cuda = device.type == "cuda"
-    net = copy.deepcopy(model).float()
-    opt = torch.optim.AdamW(net.parameters(), lr=lr)
-    kwargs = {"group_size": group_size, "max_new_tokens": max_new_tokens}
-    grpo_step(net, opt, generate_rollouts(net, tokenizer, tasks, seed=seed, **kwargs).records)
-    phases, gpu = [], []
-
-    def mark(name: str, extra: dict | None = None) -> None:
-        state = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
-        grads = [p.grad for p in net.parameters() if p.grad is not None]
-        sizes = {"веса": tensor_bytes(net.parameters())}
-        sizes["состояние оптимизатора"] = tensor_bytes(state)
-        sizes |= {"градиенты": tensor_bytes(grads)} if grads else {}
-        phases.append((name, {**sizes, **(extra or {})}))
-        if cuda:
-            torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device)
-            gpu.append((name, torch.cuda.memory_allocated(device), peak))
-            torch.cuda.reset_peak_memory_stats(device)
-
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    batch = generate_rollouts(net, tokenizer, tasks, seed=seed + 1, **kwargs)
-    mark("генерация", {"KV-кэш": batch.kv_cache_bytes})
-    old = recompute_logprobs(net, batch.records)
-    mark("пересчёт log π")
-    names = {"forward_backward": "прямой и обратный проход", "optimizer_step": "шаг оптимизатора"}
-    grpo_step(net, opt, batch.records, old_logprobs=old, after_stage=lambda s: mark(names[s]))
-    mark("после шага")
-    return MemoryTimeline(phases, gpu, str(device), batch.kv_cache_tokens, info)
-
-
-@dataclass
 class LoopResult:
     """Итог ``sequential_loop``: таблица шагов, события таймера, записи, модель и тип памяти."""
 

@@ -1,17 +1,21 @@
-"""Репетиция уровня B без сети: эталонный цикл на модели настоящей формы со случайными весами.
+"""Репетиция уровня B: эталонный цикл и его память — измерение рядом с калькулятором ``memory``.
 
 ``python -m course_utils.policy rehearse --model random:Qwen2.5-0.5B --steps 1 --json`` строит
-архитектуру из ``data/model_configs/``, проходит ``policy.sequential_loop`` (генерация, награда,
-пересчёт, шаг GRPO, синхронизация весов) и печатает один JSON: время этапов, токены, скорость
-декодирования, измеренный пик памяти и предсказание калькулятора ``memory`` для того же цикла.
+архитектуру из ``data/model_configs/``, проходит ``policy.sequential_loop`` и печатает один JSON:
+время этапов, токены, скорость декодирования, пик памяти и предсказание калькулятора.
+``memory_timeline`` — тот же шаг по фазам ``PHASES``: байты по статьям, измерено и предсказано.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
+import os
 import time
 from typing import Any
 
+import pandas as pd
 import torch
 
 from course_utils import args as check
@@ -19,6 +23,41 @@ from course_utils import args as check
 # Форма цикла репетиции по умолчанию: мало запросов и коротких ответов — чтобы 0,5 млрд
 # параметров на двух ядрах CPU укладывались в минуты, а вся память состояний уже была занята.
 DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro_batch": 8}
+# Фазы совмещённого шага и статьи памяти — одни имена у калькулятора и у измерения.
+PHASES = ("генерация", "пересчёт log π", "прямой и обратный проход", "шаг оптимизатора",
+          "синхронизация весов")  # fmt: skip
+ENGINE, TRAINER, GRADS, ADAM, KV = (
+    "веса движка",
+    "веса тренера",
+    "градиенты",
+    "Adam m и v",
+    "KV-кэш",
+)
+TEMP = "активации и временные буферы"
+COLUMNS = ("фаза", "статья", "предсказано, Б", "измерено, Б", "разница, Б")
+
+
+def predicted_timeline(
+    shape, engine_bytes_per_param: float, kv_tokens: int, logits_tokens: int, logits_bytes: int = 4
+) -> list[tuple[str, dict[str, int]]]:
+    """Калькулятор по фазам ``PHASES``, байт: ``[(фаза, {статья: байты})]``. Всегда живут веса
+    движка N·b_engine, веса тренера 4N и Adam m, v 8N (рецепт ``fp32_adam``); генерация — KV-кэш
+    2·L·H_kv·d_h·N_kv·b_engine; пересчёт — логиты микропакета P·V·4 (P = m·T позиций); обучение —
+    три их копии (логиты, log_softmax, градиент) и градиенты 4N; шаг — градиенты. Активаций слоёв
+    и прочих временных буферов калькулятор не считает."""
+    from course_utils import memory
+
+    fp32 = memory.per_rank_breakdown(shape.num_params, "fp32_adam", 1, 0)  # 4N, 4N, 8N байт
+    kv_tokens = check.integer("kv_tokens", kv_tokens, 1)
+    kv = memory.kv_cache_bytes(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, kv_tokens, engine_bytes_per_param
+    )  # 2 · L · H_kv · d_h · N_kv · b_engine
+    logits = check.integer("logits_tokens", logits_tokens, 1) * shape.vocab_size * logits_bytes
+    base = {ENGINE: shape.weights_bytes(engine_bytes_per_param), TRAINER: fp32["params"]}
+    base |= {GRADS: 0, ADAM: fp32["optimizer"], KV: 0, TEMP: 0}
+    grads = {GRADS: fp32["grads"]}
+    changes = ({KV: kv}, {TEMP: logits}, grads | {TEMP: 3 * logits}, grads, {})  # P·V·4 Б
+    return [(phase, base | change) for phase, change in zip(PHASES, changes)]
 
 
 def predicted_peak_bytes(
@@ -29,31 +68,133 @@ def predicted_peak_bytes(
     micro_batch: int,
     logits_bytes: int = 4,
 ) -> dict[str, int]:
-    """Предсказание пика памяти эталонного цикла по слагаемым, байт.
-
-    Одновременно живут: веса движка N·b_engine; тренер во float32 с AdamW — рецепт
-    ``fp32_adam`` (4 + 4 + 4 + 4 = 16 Б/параметр: веса, градиенты, m, v), ``memory.state_bytes``;
-    логиты словаря одного микропакета при обучении: m·T·V·b_logits на каждую из трёх копий
-    (логиты, log_softmax, их градиент); KV-кэш генерации 2·L·H_kv·d_h·S·T·b_engine. Остальное
-    (активации слоёв, буферы библиотек) не входит — поэтому измеренный пик чуть больше.
-    """
-    from course_utils import memory
-
-    n = shape.num_params
+    """Верхняя оценка пика эталонного цикла по слагаемым, байт: все статьи ``predicted_timeline``
+    сразу (сумма максимумов): веса движка N·b_engine; тренер ``fp32_adam`` 16 Б · N; логиты
+    микропакета при обучении 3·m·T·V·b_logits; KV-кэш 2·L·H_kv·d_h·S·T·b_engine. Активации слоёв
+    и буферы библиотек не входят — поэтому измеренный пик чуть больше."""
     m = min(check.integer("micro_batch", micro_batch, 1), check.integer("sequences", sequences, 1))
     t = check.integer("tokens_per_sequence", tokens_per_sequence, 1)
-    layers, kv_heads, head_dim = shape.num_layers, shape.num_kv_heads, shape.head_dim
+    phases = predicted_timeline(shape, engine_bytes_per_param, sequences * t, m * t, logits_bytes)
+    top = {k: max(comps[k] for _, comps in phases) for k in phases[0][1]}  # max_t по статье
     terms = {
-        "engine_weights": int(n * engine_bytes_per_param),  # N · b_engine
-        "trainer_fp32_adam": memory.state_bytes(n, "fp32_adam"),  # 16 Б · N
-        "train_logits": 3 * m * t * shape.vocab_size * logits_bytes,  # 3 · m · T · V · 4 Б
-        # 2 · L · H_kv · d_h · S · T · b_engine
-        "kv_cache": memory.kv_cache_bytes(
-            layers, kv_heads, head_dim, sequences * t, engine_bytes_per_param
-        ),
+        "engine_weights": top[ENGINE],  # N · b_engine
+        "trainer_fp32_adam": top[TRAINER] + top[GRADS] + top[ADAM],  # 16 Б · N
+        "train_logits": top[TEMP],  # 3 · m · T · V · 4 Б
+        "kv_cache": top[KV],  # 2 · L · H_kv · d_h · S · T · b_engine
     }
     terms["total"] = sum(terms.values())
     return terms
+
+
+class _PhasePeak:
+    """Пик байт за фазу: на GPU — ``torch.cuda.max_memory_allocated``; на CPU — байты тензоров
+    состояния в начале фазы + наибольший прирост байт у аллокатора CPU torch за фазу (события
+    памяти ``torch.profiler`` с ``profile_memory=True``)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.kind = (
+            "torch.cuda.max_memory_allocated"
+            if self.cuda
+            else "тензоры состояния + пик прироста аллокатора CPU (torch.profiler)"
+        )
+
+    def start(self, base: int) -> None:
+        self.base = base
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:  # без этого kineto печатает в stderr служебные строки USDT/STAGE на каждый старт
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            self.prof = torch.profiler.profile(activities=activities, profile_memory=True)
+            self.prof.start()
+
+    def stop(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_allocated(self.device))
+        self.prof.stop()
+        events = [e for e in self.prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        events.sort(key=lambda e: e.start_ns())  # выделения (+) и освобождения (−) по времени
+        return self.base + max(itertools.accumulate((e.nbytes() for e in events), initial=0))
+
+
+def memory_timeline(
+    model,
+    tokenizer,
+    tasks,
+    group_size: int = 4,
+    max_new_tokens: int = 16,
+    micro_batch: int = 8,
+    lr: float = 1e-5,
+    seed: int = 0,
+):
+    """Шаг совмещённого цикла по фазам ``PHASES`` рядом с ``predicted_timeline`` — таблица pandas
+    ``COLUMNS`` (байт; разница = измерено − предсказано). Как в ``sequential_loop``: движок —
+    сама ``model`` (её веса после вызова — веса после шага), тренер — её fp32-копия с AdamW на том
+    же устройстве; сначала шаг прогрева (создаёт m и v). Статьи состояния и KV-кэш — Σ numel ·
+    element_size живых тензоров; «активации и временные буферы» = пик фазы − статьи (``_PhasePeak``).
+    """
+    from course_utils import memory, policy
+
+    check.positive("lr", lr)
+    train = {"micro_batch": check.integer("micro_batch", micro_batch, 1)}
+    sampling = {"group_size": group_size, "max_new_tokens": max_new_tokens}
+    engine = model.eval()
+    device, engine_dtype = next(engine.parameters()).device, next(engine.parameters()).dtype
+    trainer = copy.deepcopy(engine).float()
+    train["autocast_dtype"] = policy.trainer_autocast_dtype(device, engine_dtype)
+    scaler = policy.grad_scaler_for(device, train["autocast_dtype"])
+    opt = torch.optim.AdamW(trainer.parameters(), lr=lr)
+    warm = policy.generate_rollouts(engine, tokenizer, tasks, seed=seed, **sampling).records
+    policy.grpo_step(trainer, opt, warm, scaler=scaler, **train)  # прогрев: создаёт m и v
+
+    def state(kv: int = 0) -> dict[str, int]:  # Σ numel · element_size по живым тензорам, байт
+        grads = memory.tensor_bytes(p.grad for p in trainer.parameters())
+        weights = {ENGINE: memory.tensor_bytes(engine.parameters())}
+        weights[TRAINER] = memory.tensor_bytes(trainer.parameters())
+        return weights | {GRADS: grads, ADAM: memory.optimizer_state_bytes(opt), KV: kv}
+
+    meter, measured, peaks, after_stage = _PhasePeak(device), [], {}, {}
+
+    def close(comps: dict[str, int]) -> None:  # конец фазы PHASES[len(measured)], начало следующей
+        phase = PHASES[len(measured)]
+        peaks[phase] = meter.stop()
+        measured.append((phase, comps | {TEMP: peaks[phase] - sum(comps.values())}))
+        if len(measured) < len(PHASES):
+            meter.start(sum(state().values()))
+
+    def after(stage: str) -> None:  # grpo_step: после forward_backward и после optimizer_step
+        after_stage[stage] = state()
+        if stage == "forward_backward":
+            close(after_stage[stage])
+
+    meter.start(sum(state().values()))
+    batch = policy.generate_rollouts(engine, tokenizer, tasks, seed=seed + 1, **sampling)
+    close(state(batch.kv_cache_bytes))
+    old = policy.recompute_logprobs(trainer, batch.records, **train)
+    close(state())
+    policy.grpo_step(trainer, opt, batch.records, old, after_stage=after, scaler=scaler, **train)
+    close(after_stage["optimizer_step"])  # градиенты живы до уборки в конце grpo_step
+    policy.sync_weights(trainer, engine)
+    close(state())
+    seqs = len(batch.records)
+    longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in batch.records)
+    logits_tokens = min(train["micro_batch"], seqs) * longest  # P = m · T позиций микропакета
+    engine_b = torch.finfo(engine_dtype).bits // 8
+    shape = memory.ModelShape.from_config(engine.config)
+    predicted = predicted_timeline(shape, engine_b, batch.kv_cache_tokens, logits_tokens)
+    rows = [
+        (phase, k, want[k], got[k], got[k] - want[k])
+        for (phase, want), (_, got) in zip(predicted, measured)
+        for k in want
+        if want[k] or got[k] or k == TEMP  # нулевые статьи фазы не показываем, кроме TEMP
+    ]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame.attrs |= {"device": str(device), "dtype": str(engine_dtype).replace("torch.", "")}
+    frame.attrs |= {"peak_kind": meter.kind, "peaks": peaks, "kv_tokens": batch.kv_cache_tokens}
+    return frame
 
 
 def rehearse(

@@ -635,33 +635,6 @@ def test_kv_cache_bytes_match_formula(tiny):
         policy.cache_bytes(None)
 
 
-def test_colocated_memory_timeline_exact_accounting(tiny):
-    model, tokenizer, info = tiny
-    tl = policy.colocated_memory_timeline(
-        model, tokenizer, policy.make_tasks(2, seed=1), group_size=2, max_new_tokens=6
-    )
-    names = [name for name, _ in tl.phases]
-    assert names == [
-        "генерация",
-        "пересчёт log π",
-        "прямой и обратный проход",
-        "шаг оптимизатора",
-        "после шага",
-    ]
-    weights = sum(p.numel() * 4 for p in model.parameters())
-    comps = dict(tl.phases)
-    assert all(c["веса"] == weights for c in comps.values())
-    # AdamW: два момента float32 на параметр плюс скаляр step на каждый тензор параметров
-    n_tensors = len(list(model.parameters()))
-    assert comps["генерация"]["состояние оптимизатора"] == 2 * weights + 4 * n_tensors
-    assert comps["прямой и обратный проход"]["градиенты"] == weights
-    assert "градиенты" not in comps["после шага"] and "KV-кэш" not in comps["пересчёт log π"]
-    assert comps["генерация"]["KV-кэш"] > 0
-    assert tl.gpu == [] and tl.device == "cpu"
-    with pytest.raises(ValueError, match="tasks"):
-        policy.colocated_memory_timeline(model, tokenizer, [])
-
-
 def test_share_prefill_same_distribution_fewer_prefill_tokens(tiny):
     model, tokenizer, _ = tiny
     tasks = policy.make_tasks(3, seed=8)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import policy, rehearsal
+from course_utils import memory, policy, rehearsal
 from course_utils.memory import ModelShape
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -114,3 +114,91 @@ def test_policy_label_names_random_weights():
                              is_random=True)  # fmt: skip
     assert info.label == "random:Qwen2.5-0.5B (случайные веса, настоящая форма)"
     assert policy.PolicyInfo("tiny_arith_lm", 1, "cpu", "float32", True).label == "tiny_arith_lm"
+
+
+QWEN05 = 494_032_768  # параметров Qwen2.5-0.5B (опубликовано, см. PUBLISHED)
+R = rehearsal  # статьи: R.ENGINE, R.TRAINER, R.GRADS, R.ADAM, R.KV, R.TEMP
+
+
+def test_predicted_timeline_is_the_calculator_by_phase():
+    shape = ModelShape.from_name("Qwen2.5-0.5B")
+    phases = dict(R.predicted_timeline(shape, 2, kv_tokens=1000, logits_tokens=8 * 512))
+    assert list(phases) == list(R.PHASES)
+    logits = 8 * 512 * 151_936 * 4  # P · V · 4 Б
+    kv = 2 * 24 * 2 * 64 * 1000 * 2  # 2 · L · H_kv · d_h · N_kv · 2 Б
+    always = {R.ENGINE: 2 * QWEN05, R.TRAINER: 4 * QWEN05, R.ADAM: 8 * QWEN05}
+    grads = {R.GRADS: 4 * QWEN05}
+    expected = [{R.KV: kv}, {R.TEMP: logits}, {**grads, R.TEMP: 3 * logits}, grads, {}]
+    for (phase, comps), extra in zip(phases.items(), expected):
+        assert {k: v for k, v in comps.items() if v} == always | extra, phase
+    assert memory.colocation_peak(list(phases.items()))[1] == "прямой и обратный проход"
+    # Верхняя оценка репетиции — все статьи сразу: ровно сумма максимумов той же шкалы.
+    terms = R.predicted_peak_bytes(shape, 4, sequences=4, tokens_per_sequence=40, micro_batch=8)
+    same = R.predicted_timeline(shape, 4, kv_tokens=4 * 40, logits_tokens=4 * 40)
+    assert memory.sum_of_component_maxima(same) == terms["total"]
+    assert memory.colocation_peak(same)[0] < terms["total"]
+
+
+@pytest.mark.parametrize("kwargs, name", [({"kv_tokens": 0}, "kv_tokens"),
+                                          ({"logits_tokens": 0.5}, "logits_tokens")])  # fmt: skip
+def test_predicted_timeline_refuses_bad_counts_in_russian(kwargs, name):
+    args = {"kv_tokens": 10, "logits_tokens": 10} | kwargs
+    with pytest.raises(ValueError, match=f"{name}.*должно быть"):
+        R.predicted_timeline(ModelShape.from_name("Qwen2.5-0.5B"), 2, **args)
+
+
+@pytest.fixture(scope="module")
+def timeline():
+    model, tokenizer, _ = policy.load_policy("tiny", device="cpu")
+    tasks = policy.make_tasks(2, seed=1)
+    frame = R.memory_timeline(model, tokenizer, tasks, group_size=2, max_new_tokens=6)
+    return model, frame
+
+
+def test_memory_timeline_counts_state_tensors_exactly(timeline):
+    model, frame = timeline
+    assert frame.attrs["device"] == "cpu" and frame.attrs["dtype"] == "float32"
+    assert list(frame["фаза"].unique()) == list(R.PHASES)
+    got = {(r[0], r[1]): r[2:] for r in frame.itertuples(index=False)}  # (pred, meas, diff)
+    # Независимо: Σ numel · element_size по настоящим параметрам (движок — сама model, float32).
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4
+    kv *= frame.attrs["kv_tokens"]
+    expected = {R.ENGINE: weights, R.TRAINER: weights, R.ADAM: 2 * weights}  # m и v без step
+    for phase in R.PHASES:
+        exact = expected | ({R.KV: kv} if phase == "генерация" else {})
+        if phase in ("прямой и обратный проход", "шаг оптимизатора"):
+            exact[R.GRADS] = weights
+        shown = {k for p, k in got if p == phase}
+        assert shown == set(exact) | {R.TEMP}, phase  # градиентов и KV-кэша вне своих фаз нет
+        for k, value in exact.items():
+            assert got[phase, k] == (value, value, 0), (phase, k)
+    # Калькулятор не знает активаций слоёв: обучение держит больше трёх копий логитов.
+    pred, meas, diff = got["прямой и обратный проход", R.TEMP]
+    assert meas > pred > 0 and diff == meas - pred
+    # Синхронизация copy_ на месте, тензор за тензором: ни байта сверх состояния.
+    assert got["синхронизация весов", R.TEMP][1] == 0
+
+
+def test_memory_timeline_peak_is_colocation_peak_of_the_table(timeline):
+    _, frame = timeline
+    for column in ("предсказано, Б", "измерено, Б"):
+        by_phase = frame.groupby("фаза", sort=False)
+        phases = [(p, dict(zip(g["статья"], g[column]))) for p, g in by_phase]
+        totals = by_phase[column].sum()
+        assert memory.colocation_peak(phases) == (totals.max(), totals.idxmax())
+    # Σ статей фазы — пик, измеренный в фазе; максимум — в обучении (градиенты + активации).
+    assert totals.to_dict() == frame.attrs["peaks"]
+    assert memory.colocation_peak(phases) == (max(totals), "прямой и обратный проход")
+
+
+@pytest.mark.parametrize("kwargs, name", [({"tasks": []}, "tasks"), ({"micro_batch": 0}, "micro_batch"),
+                                          ({"lr": -1.0}, "lr")])  # fmt: skip
+def test_memory_timeline_refuses_bad_input_in_russian(timeline, kwargs, name):
+    model, _ = timeline
+    _, tokenizer, _ = policy.load_policy("tiny", device="cpu")
+    args = {"tasks": policy.make_tasks(1, seed=0)} | kwargs
+    with pytest.raises(ValueError, match=name):
+        R.memory_timeline(model, tokenizer, **args)
