@@ -26,14 +26,8 @@ DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro
 # Фазы совмещённого шага и статьи памяти — одни имена у калькулятора и у измерения.
 PHASES = ("генерация", "пересчёт log π", "прямой и обратный проход", "шаг оптимизатора",
           "синхронизация весов")  # fmt: skip
-ENGINE, TRAINER, GRADS, ADAM, KV = (
-    "веса движка",
-    "веса тренера",
-    "градиенты",
-    "Adam m и v",
-    "KV-кэш",
-)
-TEMP = "активации и временные буферы"
+ENGINE, TRAINER, GRADS, ADAM = "веса движка", "веса тренера", "градиенты", "Adam m и v"
+KV, TEMP = "KV-кэш", "активации и временные буферы"
 COLUMNS = ("фаза", "статья", "предсказано, Б", "измерено, Б", "разница, Б")
 
 
@@ -115,7 +109,8 @@ class _PhasePeak:
             torch.cuda.synchronize(self.device)
             return int(torch.cuda.max_memory_allocated(self.device))
         self.prof.stop()
-        events = [e for e in self.prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        raw = self.prof.profiler.kineto_results.events()  # сырые события, до сводки по операциям
+        events = [e for e in raw if e.name() == "[memory]"]
         events.sort(key=lambda e: e.start_ns())  # выделения (+) и освобождения (−) по времени
         return self.base + max(itertools.accumulate((e.nbytes() for e in events), initial=0))
 
