@@ -60,28 +60,15 @@ def zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = 
     if threshold is not None:
         verdict = "движок обслуживает не те веса, что заявляет версия" if fired else "согласованы"
         message += f" {'>' if fired else '≤'} порога {threshold:.3g} нат — {verdict}"
-    return {
-        "gap": gap,
-        "max_gap": rep["abs_delta_max"],
-        "threshold": threshold,
-        "fired": fired,
-        "message": message,
-    }
+    probe = {"gap": gap, "max_gap": rep["abs_delta_max"], "threshold": threshold, "fired": fired}
+    return probe | {"message": message}
 
 
 def sleep_wake_run(
-    model,
-    tokenizer,
-    tasks,
-    variant: str = "fixed",
-    steps: int = 3,
-    lr: float = 3e-5,
-    group_size: int = 8,
-    max_new_tokens: int = 16,
-    seed: int = 0,
-    threshold: float | None = None,
+    model, tokenizer, tasks, variant="fixed", steps=3, lr=3e-5, seed=0, threshold=None, **generate
 ) -> list[dict]:
-    """GRPO с движком ``InProcessEngine`` и пробой нулевой задержки на каждом шаге (``VARIANTS``).
+    """GRPO с движком ``InProcessEngine`` и пробой нулевой задержки на каждом шаге (``VARIANTS``);
+    generate — аргументы ``policy.generate_rollouts`` (group_size, max_new_tokens, …).
 
     Шаг k: движок (метка версии k) генерирует → тренер (версия k) пересчитывает log π тех же
     токенов → ``zero_lag_probe`` → сон движка (кроме healthy) → шаг GRPO → ``publish`` версии
@@ -95,19 +82,13 @@ def sleep_wake_run(
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=positive("lr", lr))
     rows = []
     for k in range(steps + 1):
-        batch = engine.serve(
-            lambda m, v, k=k: policy.generate_rollouts(
-                m,
-                tokenizer,
-                tasks,
-                group_size,
-                max_new_tokens=max_new_tokens,
-                policy_version=v,
-                seed=seed + k,
-            )
-        ).output
-        behaviour = [torch.tensor(r.behavior_logprobs) for r in batch.records]
-        target = [t.cpu() for t in policy.recompute_logprobs(trainer, batch.records)]
+        options = {"policy_version": engine.version, "seed": seed + k} | generate
+        served = engine.serve(
+            lambda m, _, o=options: policy.generate_rollouts(m, tokenizer, tasks, **o)
+        )
+        records = served.output.records
+        behaviour = [torch.tensor(r.behavior_logprobs) for r in records]
+        target = [t.cpu() for t in policy.recompute_logprobs(trainer, records)]
         same = engine.checksum() == engine.expected_checksum(trainer)
         row = {"step": k, "engine_version": engine.version, "trainer_version": k}
         rows.append(row | {"weights_match": same} | zero_lag_probe(behaviour, target, threshold))
@@ -115,7 +96,7 @@ def sleep_wake_run(
             return rows
         if variant != "healthy":
             engine.sleep()  # после генерации: веса выброшены
-        policy.grpo_step(trainer, optimizer, batch.records)
+        policy.grpo_step(trainer, optimizer, records)
         publish(engine, trainer, k + 1)  # sync_weights: тренер → движок, версия k + 1
         if variant != "healthy":  # generate(): wake_up + reload_weights — исходный чекпойнт
             engine.wake(model if variant == "broken" else None)
@@ -146,10 +127,7 @@ class PauseRun:
 
     def row(self) -> dict:
         """Строка таблицы для показа (русские заголовки, единицы в названиях)."""
-        kinds = [len(set(r.token_policy_versions)) for r in self.records]
-        old = sum(
-            k == 1 and r.policy_version == self.version - 1 for k, r in zip(kinds, self.records)
-        )
+        versions = [set(r.token_policy_versions) for r in self.records]
         decoded = sum(len(r.response_tokens) for r in self.records) + self.wasted_tokens
         mode = self.mode + (" + abort_all_requests" if self.abort_all_requests else "")
         return {
@@ -160,22 +138,15 @@ class PauseRun:
             "декодировано всего, токенов": decoded,
             "задержка публикации, тактов": self.delay_ticks,
             "задержка публикации, мс": 1e3 * self.delay_s,
-            "ответов старой версии": old,
-            "ответов со смесью версий": sum(k > 1 for k in kinds),
+            "ответов старой версии": sum(v == {self.version - 1} for v in versions),
+            "ответов со смесью версий": sum(len(v) > 1 for v in versions),
             "тактов до конца": self.ticks,
         }
 
 
 @torch.no_grad()
 def run_pause_mode(
-    engine: InProcessEngine,
-    new_state,
-    mode: str,
-    lengths,
-    publish_at: int,
-    abort_all_requests: bool = False,
-    prompt_len: int = 6,
-    seed: int = 0,
+    engine, new_state, mode, lengths, publish_at, abort_all_requests=False, prompt_len=6, seed=0
 ) -> PauseRun:
     """Запросы длиной lengths (токенов, без EOS) декодируются по токену за такт на ``engine``
     (forward без KV-кэша, семплирование при T = 1); на такте publish_at публикуется
@@ -185,9 +156,9 @@ def run_pause_mode(
     """
     choice("mode", mode, PAUSE_MODES)
     lengths = [integer("lengths[i]", n, 1) for n in lengths]
-    publish_at = integer("publish_at", publish_at, 1, max(lengths, default=2) - 1)
+    n, version = integer("len(lengths)", len(lengths), 1), engine.version + 1
+    publish_at = integer("publish_at", publish_at, 1, max(lengths) - 1)
     aborting = mode == "abort" or flag("abort_all_requests", abort_all_requests)
-    n, version = len(lengths), engine.version + 1
     prompts = [
         probe_input(engine.vocab_size, 1, prompt_len, seed + i)[0].tolist() for i in range(n)
     ]
@@ -209,9 +180,8 @@ def run_pause_mode(
         for i in sorted(active):
             batches.setdefault(len(out[i]), []).append(i)
         for batch in batches.values():
-            res = engine.forward(
-                torch.tensor([prompts[i] + [t for t, _, _ in out[i]] for i in batch])
-            )
+            ids = torch.tensor([prompts[i] + [t for t, _, _ in out[i]] for i in batch])
+            res = engine.forward(ids)
             logp = policy.sampling_logprobs(res.logits[:, -1])  # [пакет, словарь], нат
             for row, i in enumerate(batch):
                 token = int(torch.multinomial(logp[row].exp(), 1, generator=gens[i]))
@@ -246,7 +216,7 @@ def _record(sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]
 def in_flight_check(run: PauseRun) -> dict:
     """Проверка курса: fired, если публикация прервала запросы, хотя режим run.mode обещал их
     сохранить (mode ≠ abort, а прервано > 0 — miles #2372), или записи нарушают контракт
-    (``validate_rollout``). Ключи: fired, aborted_fraction, wasted_tokens, violations, message."""
+    (``validate_rollout``). Ключи: fired, violations (сообщения контракта), message."""
     if not isinstance(run, PauseRun):
         raise ValueError(f"run должно быть PauseRun (run_pause_mode), получено {type(run)}")
     violations = [m for r in run.records for m in validate_rollout(r)]
@@ -260,10 +230,4 @@ def in_flight_check(run: PauseRun) -> dict:
         message = f"режим {run.mode}: публикация не нарушила обещание режима"
     if violations:
         message += f"; нарушений контракта: {len(violations)} ({violations[0]})"
-    return {
-        "fired": lost or bool(violations),
-        "aborted_fraction": run.aborted_fraction,
-        "wasted_tokens": run.wasted_tokens,
-        "violations": violations,
-        "message": message,
-    }
+    return {"fired": lost or bool(violations), "violations": violations, "message": message}
