@@ -154,6 +154,8 @@ def run_pause_mode(
     abort_all_requests — публикация версии сама прерывает всё в полёте, как по умолчанию
     SGLang в miles #2372. Награды нет (0.0): опыт о версиях и потерях.
     """
+    if not isinstance(engine, InProcessEngine):
+        raise ValueError(f"engine должно быть InProcessEngine, получено {type(engine).__name__}")
     choice("mode", mode, PAUSE_MODES)
     lengths = [integer("lengths[i]", n, 1) for n in lengths]
     n, version = integer("len(lengths)", len(lengths), 1), engine.version + 1
