@@ -5,8 +5,8 @@
 подготовительный, ``commit`` атомарно меняет указатель. ``Publisher``/``publish``: запись во все
 реплики → проверка (SHA-256 и эталонные логиты) → ready → барьер → commit всех; одна неудача —
 abort везде. ``atomic=False`` — сломанный режим: запись на месте, пока идут запросы (смесь версий).
-Каждый шаг — событие ``EventLog`` (схема ``EVENT_FIELDS``); аудит журнала — ``weight_audit``.
-Уровень C — ``multiproc.weight_broadcast``.
+``sleep``/``wake`` — сон уровня 2 (vLLM). Шаги — события ``EventLog`` (схема ``EVENT_FIELDS``),
+аудит журнала — ``weight_audit``; уровень C — ``multiproc.weight_broadcast``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -36,6 +37,7 @@ from course_utils.args import (
     text,
 )
 from course_utils.csv_tables import read_exact_csv
+from course_utils.fmt import num
 from course_utils.multiproc.transport import named_tensors, state_checksum
 
 # Допуск max |Δ логита|: один тип и одно устройство дают побитное совпадение; допуск — для bf16.
@@ -152,8 +154,6 @@ class EventLog:
 
     def frame(self):
         """Таблица pandas: строка на событие, столбцы — ``EVENT_FIELDS``."""
-        import pandas as pd
-
         return pd.DataFrame(self.to_list(), columns=list(EVENT_FIELDS))
 
 
@@ -307,6 +307,7 @@ class InProcessEngine:
         self._readers = [0, 0]
         self._staging_state = "empty"  # empty → staging → staged → verified | failed
         self._requests = 0
+        self._asleep = False
         self.log.add("init", self.name, version, checksum=self._checksums[0], buffer="active")
 
     @property
@@ -349,6 +350,8 @@ class InProcessEngine:
     def _pinned(self, request_id: str | None):
         """Закрепляет активный буфер за запросом: версия фиксируется в начале запроса."""
         request_id = None if request_id is None else text("request_id", request_id)
+        if self._asleep:
+            raise RuntimeError(f"реплика {self.name} спит: веса выброшены, сначала wake")
         with self._lock:
             idx = self._active
             self._readers[idx] += 1
@@ -529,6 +532,22 @@ class InProcessEngine:
         self.log.add("commit", self.name, version, checksum=checksum, buffer="staging")
         return int(version)
 
+    def sleep(self) -> None:
+        """Сон уровня 2 (vLLM): веса обоих буферов выброшены (NaN), метка версии остаётся;
+        до ``wake`` запросы отвергаются, а ``publish`` по-прежнему пишет и переключает."""
+        with self._lock:
+            for t in [*self._buffer(0).values(), *self._buffer(1).values()]:
+                t.fill_(math.nan)
+            self._asleep = True
+
+    def wake(self, state_dict: Any = None) -> None:
+        """Пробуждение: state_dict (модель или словарь) перечитывается в активный буфер, как
+        ``reload_weights`` vLLM — исходный чекпойнт; None — без перечитывания. Версия та же."""
+        if state_dict is not None:
+            for _ in transfer_weights(self._source(state_dict), self.weights()):
+                pass
+        self._asleep = False
+
     def discard_staging(self) -> None:
         """Забывает подготовленную версию (после abort): активный буфер не меняется."""
         self._staging_state = "empty"
@@ -558,10 +577,8 @@ class InProcessEngine:
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="active")
         with self._lock:
             self._versions[idx], self._checksums[idx] = version, checksum
-        detail = "метка версии сменилась без проверки и барьера"
-        self.log.add(
-            "commit", self.name, version, checksum=checksum, buffer="active", detail=detail
-        )
+        note = "метка версии сменилась без проверки и барьера"
+        self.log.add("commit", self.name, version, checksum=checksum, buffer="active", detail=note)
 
 
 def make_replicas(model, n: int = 2, version: int = 0, log: EventLog | None = None) -> list:
@@ -595,14 +612,10 @@ class PublishReport:
 
     def requests_frame(self):
         """Таблица pandas запросов, шедших во время публикации."""
-        import pandas as pd
-
         return pd.DataFrame(self.requests, columns=_REQUEST_COLUMNS)
 
     def verify_frame(self):
         """Таблица pandas проверок: реплика, версия, ok, checksum_ok, max_abs_diff, logits_ok."""
-        import pandas as pd
-
         cols = ["replica", "version", "ok", "checksum_ok", "max_abs_diff", "logits_ok"]
         rows = [{c: getattr(v, c) for c in cols} for v in self.verify_results]
         reasons = ["; ".join(v.reasons) for v in self.verify_results]
@@ -671,16 +684,14 @@ class Publisher:
             if e.name not in failed:
                 e.ready()
         if failed:
-            self.log.add(
-                "abort", self.name, version, detail=f"не прошли проверку: {', '.join(failed)}"
-            )
+            why = f"не прошли проверку: {', '.join(failed)}"
+            self.log.add("abort", self.name, version, detail=why)
             for e in self.engines:
                 e.discard_staging()
             outcome["committed"] = False
             return
-        self.log.add(
-            "barrier", self.name, version, detail=f"готовы все реплики: {len(self.engines)}"
-        )
+        why = f"готовы все реплики: {len(self.engines)}"
+        self.log.add("barrier", self.name, version, detail=why)
         for e in self.engines:  # подряд, без запросов между ними
             e.commit(require_verified=verify)
 
@@ -781,8 +792,6 @@ def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **o
 def russian(frame):
     """Копия таблицы pandas для показа студенту: русские заголовки (``COLUMN_NAMES``), целые
     от 10 000 — с разрядами через неразрывный пробел (``fmt.num``: 4 000 000, а не 4000000)."""
-    from course_utils.fmt import num
-
     out = frame.rename(columns=COLUMN_NAMES)
     for col in out.columns:
         values = out[col]

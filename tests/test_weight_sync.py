@@ -251,6 +251,40 @@ def test_publish_without_verify_is_flagged_by_audit(models):
     assert [e.version for e in engines] == [2, 2]
 
 
+def test_sleep_level_two_discards_weights_and_wake_reload_restores_them(models):
+    base, new, _ = models
+    x = probe_input(base)
+    engine = InProcessEngine(base)
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="спит"):
+        engine.forward(x)
+    engine.wake()  # без перечитывания веса остаются выброшенными
+    assert torch.isnan(engine.forward(x).logits).all()
+    engine.sleep()
+    engine.wake(new)  # reload_weights: веса с «диска», метка версии не меняется
+    assert engine.version == 0 and engine.checksum() == engine.expected_checksum(new)
+    assert torch.equal(engine.forward(x).logits, reference_logits(new, x))
+
+
+def test_publish_to_sleeping_engine_then_wake_serves_published_version(models):
+    base, new, other = models
+    x = probe_input(base)
+    engine = InProcessEngine(base)
+    engine.sleep()
+    report = publish(engine, new, 1)  # проверка проходит: буфер пишется целиком
+    assert report.committed and engine.version == 1
+    engine.wake()  # исправленный путь (TRL PR #5313): перечитывать нечего
+    assert torch.equal(engine.forward(x).logits, reference_logits(new, x))
+    engine.sleep()
+    publish(engine, other, 2)
+    engine.wake(base)  # сломанный путь (TRL #5312): исходный чекпойнт поверх версии 2
+    assert engine.version == 2 and engine.active_checksum == engine.expected_checksum(other)
+    assert engine.checksum() == engine.expected_checksum(
+        base
+    )  # заявлено одно, обслуживается другое
+    assert torch.equal(engine.forward(x).logits, reference_logits(base, x))
+
+
 def test_event_log_frame_and_schema(models):
     base, new, _ = models
     engines = make_replicas(base, 2)
