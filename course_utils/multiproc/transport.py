@@ -228,13 +228,9 @@ class _Span:
 
 
 class _Stages:
-    """События этапов одного процесса: начало и конец — по одним часам ``clock``.
-
-    clock() = perf_counter() + anchor: монотонные часы, привязанные к настенным один раз
-    (anchor = time.time() − perf_counter() ранга 0, ``shared_stages``), поэтому подстройка
-    системного времени посреди прогона не сдвигает события, а процессы одной машины читают одну
-    шкалу (perf_counter — общие для машины монотонные часы).
-    """
+    """События этапов процесса: начало и конец — по одним часам clock() = perf_counter() + anchor
+    (anchor = time.time() − perf_counter() ранга 0, ``shared_stages``): подстройка системного
+    времени не сдвигает события, процессы одной машины читают одну шкалу."""
 
     def __init__(self, t_ref: float, device, anchor: float) -> None:
         self.t_ref, self.device, self._anchor = t_ref, device, anchor  # с
@@ -249,9 +245,7 @@ class _Stages:
         return self.clock() - self.t_ref
 
     def add(self, stage: str, step, wall_start: float, duration_s: float, worker=None) -> None:
-        """Событие этапа: start_s = wall_start − t_ref, end_s = start_s + duration_s, с.
-
-        wall_start — значение ``clock()``, не time.time(): иначе часы смешаются."""
+        """Событие: start_s = wall_start − t_ref, end_s = start_s + duration_s, с; wall_start — clock()."""
         start = wall_start - self.t_ref
         event = {"stage": stage, "step": step, "start_s": start, "end_s": start + duration_s}
         if worker is not None:  # своя строка диаграммы Ганта (например, поток очереди)
