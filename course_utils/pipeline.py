@@ -4,7 +4,8 @@
 ``simulate`` — модель на SimPy: сборщики кладут роллауты в очередь, тренер набирает пакет,
 обучается и публикует версию весов; результат — таблицы pandas. ``critical_path``, ``sum_of_work``
 и ``pool_utilization`` читают интервалы стадий. Коэффициенты модели иллюстративны, а не измерены.
-Замер скорости: ``python -m course_utils.pipeline benchmark``.
+Замер скорости: ``python -m course_utils.pipeline benchmark``; проверка на настоящем цикле —
+``python -m course_utils.pipeline validate --json`` (``pipeline_validate``).
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ class SimConfig:
     mean_tokens). Гарантия η — у тренера: при drop_stale=False шаг s ждёт все роллауты версий
     ≤ s − η, при drop_stale=True роллауты с lag > η выбрасываются; η = 0 — синхронный режим.
     Пакет — FIFO до batch_tokens; log w ~ N(0, (is_sigma_per_lag·lag)²) — синтетические веса.
+    batch_when_ready=True: тренер ждёт ≥ batch_tokens в очереди и снимает пакет разом (как
+    уровень C), иначе забирает роллауты по мере прихода. measured_rollouts — измеренные пары
+    (токены, с от допуска до очереди): роллаут берёт случайную пару вместо length_dist и decode.
     """
 
     duration_s: float = 120.0
@@ -154,6 +158,8 @@ class SimConfig:
     train_fixed_s: float = 0.3
     weight_sync_s: float = 0.5
     is_sigma_per_lag: float = 0.3
+    batch_when_ready: bool = False
+    measured_rollouts: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         for name, low in (_COUNTS | _LIMITS).items():
@@ -166,6 +172,14 @@ class SimConfig:
         for name in _NONNEG:
             nonnegative(name, getattr(self, name))
         flag("drop_stale", self.drop_stale)
+        flag("batch_when_ready", self.batch_when_ready)
+        pairs = self.measured_rollouts
+        if pairs is not None:  # непустой кортеж пар (токены ≥ 1, секунды ≥ 0)
+            if not isinstance(pairs, tuple) or not pairs or any(len(p) != 2 for p in pairs):
+                raise ValueError(f"measured_rollouts: нужны пары (токены, с), получено {pairs!r}")
+            for i, (tokens, seconds) in enumerate(pairs):
+                integer(f"measured_rollouts[{i}][0]", tokens, 1, strict=True)
+                nonnegative(f"measured_rollouts[{i}][1]", seconds)
         choice("length_dist", self.length_dist, ("lognormal", "deterministic", "uniform"))
         real("mean_tokens", self.mean_tokens, 1.0)
         if self.mean_tokens > self.max_tokens:
@@ -281,15 +295,19 @@ class _Loop:
                 return False
         return True
 
-    def draw_tokens(self, rng: np.random.Generator) -> int:
+    def draw_tokens(self, rng: np.random.Generator) -> tuple[int, float]:
+        """(токены, время decode, с): измеренная пара или length_dist и decode_tokens_per_s."""
         cfg = self.cfg
+        if cfg.measured_rollouts is not None:
+            return cfg.measured_rollouts[rng.integers(len(cfg.measured_rollouts))]
         if cfg.length_dist == "deterministic":
             x = cfg.mean_tokens
         elif cfg.length_dist == "uniform":
             x = rng.integers(1, max(2, round(2 * cfg.mean_tokens)))
         else:
             x = rng.lognormal(math.log(cfg.mean_tokens) - cfg.length_sigma**2 / 2, cfg.length_sigma)
-        return int(min(max(round(x), 1), cfg.max_tokens))
+        tokens = int(min(max(round(x), 1), cfg.max_tokens))
+        return tokens, tokens / cfg.decode_tokens_per_s
 
     def collector(self, c: int):
         """Сборщик c: допуск → prefill → decode → (reward) → в очередь."""
@@ -299,9 +317,10 @@ class _Loop:
             self.begin(worker, "backpressure")
             while not self.may_start():
                 yield self._changed
-            tokens = self.draw_tokens(rng)
+            tokens, decode_s = self.draw_tokens(rng)
             self.z.append(rng.standard_normal())  # шум синтетического веса важности
             truncated = tokens >= cfg.max_tokens and cfg.length_dist != "deterministic"
+            truncated &= cfg.measured_rollouts is None
             values = (len(self.rollouts), c, env.now, nan, nan, nan, tokens, truncated)
             row = dict(zip(_ROLLOUT_COLUMNS, (*values, self.version, nan, False, nan)))
             self.rollouts.append(row)
@@ -309,7 +328,7 @@ class _Loop:
             self.in_flight_tokens += tokens
             self.in_flight_by_version[self.version] += 1
             yield from self.work([worker], "prefill", tid, cfg.prefill_s)
-            yield from self.work([worker], "decode", tid, tokens / cfg.decode_tokens_per_s)
+            yield from self.work([worker], "decode", tid, decode_s)
             row["gen_end"] = env.now
             if cfg.reward_s > 0:
                 yield from self.work([worker], "reward", tid, cfg.reward_s)
@@ -344,6 +363,8 @@ class _Loop:
             s, collect_start, batch = self.version, env.now, []
             for w in self.trainers:
                 self.begin(w, "queue_wait")
+            while cfg.batch_when_ready and self.queued_tokens < cfg.batch_tokens:
+                yield self._changed
             while (r := self.next_for_batch(s)) is not None or not self.batch_ready(s):  # набор
                 if r is None:
                     yield self._changed
@@ -709,6 +730,10 @@ def _benchmark() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["validate"]:
+        from course_utils.pipeline_validate import main
+
+        sys.exit(main(sys.argv[2:]))
     if sys.argv[1:] != ["benchmark"]:
-        raise SystemExit("использование: python -m course_utils.pipeline benchmark")
+        raise SystemExit("использование: python -m course_utils.pipeline benchmark | validate …")
     _benchmark()

@@ -131,6 +131,12 @@ def test_helpers_reject_bad_input(call, name):
         ("train_tokens_per_s", -5),
         ("weight_sync_s", math.nan),
         ("is_sigma_per_lag", -0.3),
+        ("batch_when_ready", 1),
+        ("measured_rollouts", ()),
+        ("measured_rollouts", [(100, 1.0)]),  # список, а не кортеж: конфигурация неизменяема
+        ("measured_rollouts", ((100, 1.0, 2.0),)),
+        ("measured_rollouts", ((0, 1.0),)),
+        ("measured_rollouts", ((100, -1.0),)),
     ],
 )
 def test_bad_config_names_the_field_in_russian(field, value):
@@ -191,7 +197,34 @@ CONFIGS = [
     SimConfig(duration_s=400.0, seed=2, max_policy_lag=1, drop_stale=True, length_dist="uniform"),
     SimConfig(duration_s=400.0, seed=3, num_collectors=3, max_queue_rollouts=4, max_age_s=5.0),
     SimConfig(duration_s=400.0, seed=4, max_policy_lag=0, num_trainers=2, reward_s=0.3),
+    SimConfig(
+        duration_s=400.0,
+        seed=5,
+        num_collectors=2,
+        max_queue_tokens=1500,
+        batch_when_ready=True,
+        measured_rollouts=((100, 0.5), (300, 2.0), (50, 0.1)),
+    ),
 ]
+
+
+def test_measured_rollouts_and_batch_when_ready():
+    pairs = ((100, 0.5), (300, 2.0), (50, 0.1))
+    cfg = SimConfig(duration_s=200.0, num_collectors=2, batch_tokens=400, max_queue_tokens=800)
+    cfg = dataclasses.replace(cfg, measured_rollouts=pairs, prefill_s=0.0, batch_when_ready=True)
+    res = simulate(cfg)
+    r = res.rollouts.dropna(subset=["gen_end"])
+    assert set(r["tokens"]) == {100, 300, 50}  # только измеренные пары, и все встречаются
+    assert np.allclose(r["gen_end"] - r["gen_start"], r["tokens"].map(dict(pairs)))
+    for eager in (False, True):  # как уровень C: пакет снят разом, когда набралось ≥ пакета
+        cfg = dataclasses.replace(cfg, batch_when_ready=not eager)
+        res = simulate(cfg)
+        taken = res.rollouts.dropna(subset=["consumed_version"])
+        pops = taken.groupby("consumed_version")["dequeue_time"]
+        if eager:  # без флага тренер забирает роллауты по мере прихода
+            assert (pops.nunique() > 1).any()
+            continue
+        assert (pops.nunique() == 1).all() and len(pops) > 10
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

@@ -335,3 +335,22 @@ def test_summary_text_is_russian_with_units():
     assert "граница пик < T + работа в полёте выполнена: да" in lines
     assert "максимальная задержка политики, версий: —" in lines
     assert "," not in "".join(x.split(":")[-1] for x in lines)  # числа без запятых
+
+
+def test_stage_events_use_one_clock(monkeypatch):
+    # Системные часы шагнули на час вперёд посреди этапа: начало и конец события берутся с одних
+    # часов (perf_counter, привязанный к настенным один раз), поэтому события не разъезжаются.
+    import time
+
+    import torch
+
+    stages = transport._Stages(time.time(), torch.device("cpu"), time.time() - time.perf_counter())
+    wall = time.time
+    with stages.stage("a"):
+        monkeypatch.setattr(transport.time, "time", lambda: wall() + 3600.0)
+    t0 = stages.clock()
+    stages.add("b", None, t0, 0.0)
+    a, b = stages.events
+    assert a["end_s"] >= a["start_s"] >= 0
+    assert 0 <= b["start_s"] - a["end_s"] < 1.0  # старый код: сдвиг на 3600 с
+    assert abs(stages.now() - (stages.clock() - stages.t_ref)) < 1.0

@@ -121,20 +121,17 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         transport.send_object(msg, trainer, "cpu", control)
         return transport.recv_object(trainer, "cpu", control)[0]
 
-    def now() -> float:
-        return time.time() - stages.t_ref
-
     with stages.stage("handshake"):
         hello = {"type": "hello", **sync_loop._model_card(r.info)}
         transport.send_object(hello, trainer, "cpu", control)
     version, k, staging, requests, fetches = 0, 0, None, [], []
     denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
     while True:
-        first_ask = now() if first_ask is None else first_ask
+        first_ask = stages.now() if first_ask is None else first_ask
         with stages.stage("permission", k):
             reply = ask({"type": "request", "request_id": k, "version": version})
         if reply.get("weights_follow"):
-            wall0 = time.time()
+            wall0 = stages.clock()
             meta, staging, rs = transport.recv_tensors(trainer, r.device, staging)
             stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
             load_s = sync_loop._load_weights(engine, staging, stages, k)
@@ -157,12 +154,12 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
             continue
         if reply.get("type") != "grant":
             raise RuntimeError(f"генератор {rank}: неизвестный ответ тренера {reply!r}")
-        granted = now()
+        granted = stages.now()
         req_seed = cfg["seed"] * 1_000_000 + rank * 100_000 + k
         with stages.stage("generate", k) as gen:
             n_prompts, run_id = cfg["prompts_per_request"], f"q{cfg['seed']}r{rank}"
             batch = sync_loop._generate(engine, r.tok, cfg, n_prompts, version, req_seed, run_id)
-        gen_end, tokens = now(), rollout_tokens(batch.records)
+        gen_end, tokens = stages.now(), rollout_tokens(batch.records)
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
         with stages.stage("send_rollouts", k) as snd:
@@ -212,7 +209,7 @@ class _QueueTrainer:
         self.in_flight: set[tuple[int, int]] = set()
 
     def now(self) -> float:
-        return time.time() - self.stages.t_ref
+        return self.stages.now()
 
     def _snapshot(self) -> dict:
         """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
@@ -255,10 +252,10 @@ class _QueueTrainer:
 
         try:
             for b in itertools.count():
-                wall0 = time.time()
+                wall0 = self.stages.clock()
                 with self.cond:
                     groups, pop_s = self._take_batch()
-                self.stages.add("wait_rollouts", b, wall0, time.time() - wall0)
+                self.stages.add("wait_rollouts", b, wall0, self.stages.clock() - wall0)
                 if groups is None:
                     return
                 u, records = self.version, [rec for g in groups for rec in g["records"]]

@@ -30,8 +30,7 @@ def _start(experiment: str, cfg: dict) -> SimpleNamespace:
     from course_utils.policy import load_policy
 
     device = local_device(cfg["backend"])
-    t_ref = transport.shared_time_ref(device)
-    stages = transport._Stages(t_ref, device)
+    stages = transport.shared_stages(device)
     torch.manual_seed(cfg["seed"])
     with stages.stage("load_model"):
         net, tokenizer, info = load_policy(cfg["model"], device=device)
@@ -204,7 +203,7 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
         with stages.stage("send_rollouts", step) as snd:
             rollout_bytes = transport.send_object(payload, TRAINER_RANK, r.device)
         # Блокируемся, пока тренер не пришлёт веса: это и есть ожидание синхронного цикла.
-        wall0 = time.time()
+        wall0 = stages.clock()
         meta, staging, rs = transport.recv_tensors(TRAINER_RANK, r.device, staging)
         stages.add("wait_weights", step, wall0, rs.wait_s)
         stages.add("recv_weights", step, wall0 + rs.wait_s, rs.transfer_s)
@@ -258,7 +257,7 @@ def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
             raise RuntimeError("тренер: начальные веса генератора и тренера (версия 0) различаются")
     version, rows = 0, []
     for step in range(cfg["steps"]):
-        step_t0, wall0 = time.perf_counter(), time.time()
+        step_t0, wall0 = time.perf_counter(), stages.clock()
         payload, rs = transport.recv_object(GENERATOR_RANK, r.device)
         stages.add("wait_rollouts", step, wall0, rs.wait_s)
         stages.add("recv_rollouts", step, wall0 + rs.wait_s, rs.transfer_s)

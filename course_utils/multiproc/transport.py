@@ -17,8 +17,9 @@ TRAINER_RANK = 1
 ROLE_GENERATOR = "генератор"
 ROLE_TRAINER = "тренер"
 CLOCK_NOTE = (
-    "start_s/end_s событий — секунды настенных часов time.time() от общей точки отсчёта "
-    "(её рассылает ранг 0); события разных процессов сравнимы только на одной машине"
+    "start_s/end_s событий — секунды от общей точки отсчёта (time.time() ранга 0) по одним часам "
+    "perf_counter, привязанным к ней один раз для всех процессов; события разных процессов "
+    "сравнимы только на одной машине"
 )
 
 
@@ -227,15 +228,24 @@ class _Span:
 
 
 class _Stages:
-    """События этапов одного процесса: длительность — perf_counter, начало — time.time()."""
+    """События этапов процесса: начало и конец — по одним часам clock() = perf_counter() + anchor
+    (anchor = time.time() − perf_counter() ранга 0, ``shared_stages``): подстройка системного
+    времени не сдвигает события, процессы одной машины читают одну шкалу."""
 
-    def __init__(self, t_ref: float, device) -> None:
-        self.t_ref = t_ref
-        self.device = device
+    def __init__(self, t_ref: float, device, anchor: float) -> None:
+        self.t_ref, self.device, self._anchor = t_ref, device, anchor  # с
         self.events: list[dict] = []
 
+    def clock(self) -> float:
+        """Настенное время по perf_counter, с (для ``add``: wall_start = clock())."""
+        return time.perf_counter() + self._anchor
+
+    def now(self) -> float:
+        """Секунды от общей точки отсчёта: clock() − t_ref."""
+        return self.clock() - self.t_ref
+
     def add(self, stage: str, step, wall_start: float, duration_s: float, worker=None) -> None:
-        """Событие этапа: start_s = wall_start − t_ref, end_s = start_s + duration_s, с."""
+        """Событие: start_s = wall_start − t_ref, end_s = start_s + duration_s, с; wall_start — clock()."""
         start = wall_start - self.t_ref
         event = {"stage": stage, "step": step, "start_s": start, "end_s": start + duration_s}
         if worker is not None:  # своя строка диаграммы Ганта (например, поток очереди)
@@ -247,12 +257,12 @@ class _Stages:
         """Замер этапа блоком with: ждёт устройство до и после, пишет событие в ``add``."""
         span = _Span()
         device_sync(self.device)
-        wall0, t0 = time.time(), time.perf_counter()
+        wall0 = self.clock()
         try:
             yield span
         finally:
             device_sync(self.device)
-            span.duration_s = time.perf_counter() - t0
+            span.duration_s = self.clock() - wall0
             self.add(stage, step, wall0, span.duration_s, worker)
 
 
@@ -264,6 +274,18 @@ def shared_time_ref(device) -> float:
     ref = torch.tensor([time.time()], dtype=torch.float64, device=device)
     dist.broadcast(ref, src=0)
     return float(ref.item())
+
+
+def shared_stages(device) -> _Stages:
+    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()) — t_ref и
+    привязку часов ``_Stages.clock`` для всех процессов, с."""
+    import torch
+    import torch.distributed as dist
+
+    ref = torch.tensor([time.time(), time.perf_counter()], dtype=torch.float64, device=device)
+    dist.broadcast(ref, src=0)
+    wall, perf = ref.tolist()
+    return _Stages(wall, device, wall - perf)
 
 
 def rank_results(launch_result: Any, experiment: str | None = None) -> list[dict]:
