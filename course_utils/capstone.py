@@ -21,6 +21,7 @@ import pandas as pd
 from course_utils import atomic
 from course_utils.args import choice, flag, integer, optional_integer, path, positive, real, text
 from course_utils.checkpoint import EVENTS_FILE, MANIFEST
+from course_utils.fmt import count, num
 from course_utils.guarantees import GUARANTEES
 from course_utils.memory import MIB
 from course_utils.multiproc.capstone_loop import CHECKPOINTS, FULL_COMPONENTS, SYNC_LOG
@@ -147,14 +148,7 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
         res = launch(
             ENTRY, 1 + spec.n_generators, args, timeout_s, "gloo", run_dir=out / "processes"
         )
-        launches.append(
-            {
-                "status": res.status,
-                "pids": res.pids,
-                "exitcodes": res.exitcodes,
-                "wall_s": res.wall_s,
-            }
-        )
+        launches.append({k: getattr(res, k) for k in ("status", "pids", "exitcodes", "wall_s")})
         if not (res.ok or (len(launches) == 1 and spec.kill_trainer_at and res.exitcodes[0] == -9)):
             raise RuntimeError(f"прогон {spec.description!r} не удался:\n{res.summary()}")
     lines = _step_lines(out)
@@ -164,9 +158,14 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     for line in lines:
         ev = line["event"]
         toks = [len(d["prompt_tokens"]) + len(d["response_tokens"]) for d in line["records"]]
-        for rid, n in zip(ev["rollout_ids"], toks):
-            rows.append({"rollout_id": rid, "training_batch_id": ev["training_batch_id"]})
-            rows[-1].update(optimizer_step=ev["step"], replica=line["replica"], tokens=n)
+        rows += [
+            {
+                "rollout_id": rid,
+                "training_batch_id": ev["training_batch_id"],
+                "optimizer_step": ev["step"],
+            }
+            for rid in ev["rollout_ids"]
+        ]
         steps.append(
             {
                 "optimizer_step": ev["step"],
@@ -207,12 +206,26 @@ def _hist(values) -> dict[str, int]:
     return {str(k): int(n) for k, n in sorted(pd.Series(values).value_counts().items())}
 
 
+def _violations(*checks) -> list[str]:
+    """«что: x > граница» (или <) для проверок (что, x, граница, верхняя ли), где x за границей."""
+    return [
+        f"{what}: {x:g} {'>' if upper else '<'} {bound:g}"
+        for what, x, bound, upper in checks
+        if (x > bound if upper else x < bound)
+    ]
+
+
 class _Audit:
     """Гарантии по файлам каталога прогона; каждая — (выполнена, число, граница, доказательство)."""
 
     def __init__(self, run_dir: Path) -> None:
         from course_utils.contract import read_parquet
 
+        files = (SPEC_FILE, METRICS, EVENTS_FILE, SYNC_LOG, TRACE_ROLLOUTS, TRACE_STEPS, ROLLOUTS)
+        if missing := [f for f in files if not (run_dir / f).is_file()]:
+            raise ValueError(
+                f"run_dir: в {run_dir} нет {', '.join(missing)} — это не каталог прогона"
+            )
         self.dir = run_dir
         self.spec = Spec.from_json(run_dir / SPEC_FILE)
         self.metrics = json.loads((run_dir / METRICS).read_text(encoding="utf-8"))
@@ -266,25 +279,16 @@ class _Audit:
             for r in self.records
             if r.sample_id in batch
         ]
-        s, rss = self.spec, self.metrics["peak_rss_bytes"] / MIB
+        s, rss = self.spec, round(self.metrics["peak_rss_bytes"] / MIB, 1)
         fig = {"max_lag_versions": max(lags, default=0), "lag_histogram": _hist(lags)}
-        fig |= {
-            "peak_queue_tokens": int(self.steps["reserved_tokens"].max()),
-            "peak_rss_mib": round(rss, 1),
-        }
+        fig |= {"peak_queue_tokens": int(self.steps["reserved_tokens"].max()), "peak_rss_mib": rss}
         bound = {"max_policy_lag_versions": s.max_policy_lag, "queue_tokens": s.queue_tokens}
         bound["memory_budget_mib"] = s.memory_budget_mib
-        bad = []
-        if fig["max_lag_versions"] > s.max_policy_lag:
-            bad.append(
-                f"задержка до {fig['max_lag_versions']} версий при границе {s.max_policy_lag}"
-            )
-        if fig["peak_queue_tokens"] > s.queue_tokens:
-            bad.append(f"очередь {fig['peak_queue_tokens']} токенов при пороге {s.queue_tokens}")
-        if rss > s.memory_budget_mib:
-            bad.append(
-                f"пик памяти {rss:.1f} МиБ ({MEMORY_KIND}) > бюджета {s.memory_budget_mib:g} МиБ"
-            )
+        bad = _violations(
+            ("задержка политики, версий", fig["max_lag_versions"], s.max_policy_lag, True),
+            ("пик очереди, токенов", fig["peak_queue_tokens"], s.queue_tokens, True),
+            (f"пик памяти, МиБ ({MEMORY_KIND})", rss, s.memory_budget_mib, True),
+        )
         return not bad, fig, bound, bad
 
     def declared_update(self):
@@ -292,10 +296,16 @@ class _Audit:
         s, st = self.spec, self.steps
         fig = {"min_ess_norm": round(float(st["ess_norm"].min()), 4)}
         fig["max_clip_fraction"] = round(float(st["clip_fraction"].max()), 4)
-        low = st[(st["ess_norm"] < s.min_ess_norm) | (st["clip_fraction"] > s.max_clip_fraction)]
-        bad = [
-            f"шаг {k}: ESS/n вне границы или доля клиппирования выше" for k in low["optimizer_step"]
-        ]
+        bad = _violations(
+            *[
+                (f"шаг {k}: ESS/n", x, s.min_ess_norm, False)
+                for k, x in zip(st.optimizer_step, st.ess_norm)
+            ],
+            *[
+                (f"шаг {k}: доля клиппирования", x, s.max_clip_fraction, True)
+                for k, x in zip(st.optimizer_step, st.clip_fraction)
+            ],
+        )
         return (
             not bad,
             fig,
@@ -324,7 +334,9 @@ class _Audit:
         return not bad, fig, {"violations": 0}, bad
 
     def full_checkpoint(self):
-        """Точки полные; после kill -9 шаги, посчитанные дважды, совпали побитно (сравнимое событие)."""
+        """Точки полные и журнал шагов без пропусков; после kill -9 шаги, посчитанные обоими
+        процессами тренера, совпали (событие шага: пакет, роллауты, версии, SHA-256 весов).
+        Без аварии (trainer_killed_at_step = null) проверяется только полнота точек."""
         from course_utils.multiproc.checkpointed_trainer import events_from_run_dir
 
         manifests = sorted((self.dir / CHECKPOINTS).glob(f"*/{MANIFEST}"))
@@ -342,6 +354,7 @@ class _Audit:
             "checkpoints": len(manifests),
             "missing_components": missing,
             "trainer_processes": a["processes"],
+            "trainer_killed_at_step": self.spec.kill_trainer_at,
         }
         fig |= {
             "recomputed_steps": a["recomputed_steps"],
@@ -407,17 +420,9 @@ def audit(run_dir: str | Path) -> list[dict]:
     out = []
     for key, label in GUARANTEES:
         holds, figure, bound, bad = getattr(a, key)()
-        evidence = bad[:5] if bad else [getattr(a, key).__doc__.strip()]
-        out.append(
-            {
-                "name": key,
-                "label": label,
-                "holds": bool(holds),
-                "figure": figure,
-                "bound": bound,
-                "evidence": evidence,
-            }
-        )
+        evidence = bad[:5] if bad else [" ".join(getattr(a, key).__doc__.split())]
+        out.append(dict(name=key, label=label, holds=bool(holds), figure=figure, bound=bound))
+        out[-1]["evidence"] = evidence
     return out
 
 
@@ -436,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "run":
         spec = Spec.from_json(ns.spec, kill_trainer_at=ns.kill_trainer_at)
         metrics = run(spec, ns.out)
+        steps = count(metrics["steps"], "шаг", "шага", "шагов")
         print(
-            f"Прогон «{spec.description}»: {metrics['steps']} шагов за {metrics['duration_s']:.1f} с, файлы в {ns.out}"
+            f"Прогон «{spec.description}»: {steps} за {num(metrics['duration_s'], 1)} с, файлы в {ns.out}"
         )
         return 0
     rows = audit(ns.run_dir)
@@ -447,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             mark = "выполнена" if row["holds"] else "НАРУШЕНА"
             print(f"{row['label']}: {mark}; {json.dumps(row['figure'], ensure_ascii=False)}")
+            print("    " + row["evidence"][0])
     return 0 if all(row["holds"] for row in rows) else 1
 
 

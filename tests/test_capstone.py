@@ -108,6 +108,8 @@ def test_spec_is_validated_in_russian(tmp_path):
         capstone.Spec(queue_tokens=10)
     with pytest.raises(ValueError, match="кратно checkpoint_every"):
         capstone.Spec(kill_trainer_at=4)
+    with pytest.raises(ValueError, match="не каталог прогона"):
+        capstone.audit(tmp_path)
     with pytest.raises(ValueError, match="не пуст"):
         (tmp_path / "x").mkdir()
         (tmp_path / "x" / "f").write_text("")

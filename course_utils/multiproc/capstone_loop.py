@@ -147,8 +147,10 @@ class _Trainer:
                 f.write(json.dumps({**e, "writer_pid": os.getpid()}, ensure_ascii=False) + "\n")
             f.flush()
 
-    def _ask(self, g: int, msg: dict) -> dict:
-        transport.send_object(msg, g)
+    def _ask(self, g: int, msg: dict | None) -> dict:
+        """Запрос генератору g (None — только ответ): его события — в журнал, RSS — в замер."""
+        if msg is not None:
+            transport.send_object(msg, g)
         out, _ = transport.recv_object(g)
         self._sync(out.pop("events"))
         self.gen_rss[g] = out.pop("peak_rss_bytes")
@@ -162,9 +164,7 @@ class _Trainer:
         for g in gens:
             transport.send_object({"type": "weights", "version": v}, g)
             transport.send_tensors(snap, g, self.r.device, meta, self.wire)
-            out, _ = transport.recv_object(g)
-            self._sync(out.pop("events"))
-            if not out["ok"]:
+            if not self._ask(g, None)["ok"]:
                 raise RuntimeError(f"генератор {g}: сумма весов версии {v} не совпала")
             if not self.s.readiness_barrier:  # сломанный протокол: переключаем сразу
                 self._ask(g, {"type": "commit", "version": v})
@@ -188,16 +188,8 @@ class _Trainer:
                 return
             if self.gen_version != self.version:
                 self._publish()
-            g = 1 + b % self.n_gen
-            transport.send_object(
-                {
-                    "type": "generate",
-                    "batch": b,
-                    "version": self.version,
-                    "prompts": s.prompts_per_step,
-                },
-                g,
-            )
+            msg = {"type": "generate", "batch": b, "version": self.version}
+            transport.send_object(msg | {"prompts": s.prompts_per_step}, 1 + b % self.n_gen)
             self.queue[b] = {"version": self.version, "records": None}
             self.next_batch += 1
 
