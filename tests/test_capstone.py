@@ -1,0 +1,116 @@
+"""Итоговый прогон: настоящие процессы, SIGKILL тренера, аудит семи гарантий по файлам прогона."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from course_utils import capstone
+from course_utils.contract import read_parquet, write_parquet
+from course_utils.guarantees import GUARANTEES
+from course_utils.multiproc.capstone_loop import SYNC_LOG
+
+SPECS = capstone.SPECS_DIR
+
+
+def _failed(run_dir) -> list[str]:
+    return [g["name"] for g in capstone.audit(run_dir) if not g["holds"]]
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """Эталон с kill -9 тренера после шага 3 (точки на шагах 2, 4, 6)."""
+    out = tmp_path_factory.mktemp("capstone") / "killed"
+    spec = capstone.Spec.from_json(SPECS / "reference.json", kill_trainer_at=3)
+    return out, capstone.run(spec, out)
+
+
+def test_reference_without_kill_passes_via_cli(tmp_path, capsys):
+    out = tmp_path / "ref"
+    assert capstone.main(["run", "--spec", str(SPECS / "reference.json"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert capstone.main(["audit", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["guarantees"]
+    assert [(r["name"], r["label"]) for r in rows] == list(GUARANTEES)
+    assert all(r["holds"] and r["evidence"] for r in rows)
+    lag = rows[2]["figure"]
+    assert lag["max_lag_versions"] == 1 and set(lag["lag_histogram"]) == {"0", "1"}
+    assert rows[2]["figure"]["peak_queue_tokens"] <= 192
+    metrics = json.loads((out / capstone.METRICS).read_text())
+    assert metrics["steps"] == 6 and metrics["launches"][0]["exitcodes"] == [0, 0, 0]
+    assert len(read_parquet(out / capstone.ROLLOUTS)) == 6 * 2 * 4  # шаги × задачи × группа
+
+
+def test_reference_with_real_sigkill_resumes_the_same_sequence(killed_run):
+    out, metrics = killed_run
+    first, second = metrics["launches"]
+    assert first["exitcodes"][0] == -9 and second["exitcodes"] == [0, 0, 0]  # SIGKILL тренера
+    assert first["pids"][0] != second["pids"][0]
+    rows = {r["name"]: r for r in capstone.audit(out)}
+    assert all(r["holds"] for r in rows.values()), rows
+    fig = rows["full_checkpoint"]["figure"]
+    assert fig["trainer_processes"] == 2 and fig["recomputed_steps"] == [3]
+    assert fig["recomputed_identical"] and fig["missing_components"] == []
+
+
+@pytest.mark.parametrize(
+    "spec, broken",
+    [
+        ("broken_no_lag_bound.json", "bounded_queue"),
+        ("broken_weights_only.json", "full_checkpoint"),
+        ("broken_no_barrier.json", "atomic_sync"),
+    ],
+)
+def test_broken_spec_fails_exactly_its_guarantee(tmp_path, spec, broken):
+    capstone.run(capstone.Spec.from_json(SPECS / spec), tmp_path / "run")
+    assert _failed(tmp_path / "run") == [broken]
+
+
+def _copy(killed_run, tmp_path):
+    return shutil.copytree(killed_run[0], tmp_path / "tampered")
+
+
+def test_relabelled_record_fails_behavior_policy(killed_run, tmp_path):
+    out = _copy(killed_run, tmp_path)
+    records = read_parquet(out / capstone.ROLLOUTS)
+    victim = next(r for r in records if r.policy_version == 1 and r.sample_id.startswith("b0003"))
+    victim.policy_version = 2  # другая версия, задержка всё ещё ≥ 0 и в границе
+    write_parquet(records, out / capstone.ROLLOUTS)  # сумма SHA-256 пересчитана: файл «честный»
+    assert _failed(out) == ["behavior_policy"]
+
+
+def test_removed_trace_join_fails_trace_chain(killed_run, tmp_path):
+    out = _copy(killed_run, tmp_path)
+    trace = pd.read_csv(out / capstone.TRACE_ROLLOUTS)
+    trace.iloc[1:].to_csv(out / capstone.TRACE_ROLLOUTS, index=False)
+    assert _failed(out) == ["trace_chain"]
+
+
+def test_sync_entry_without_barrier_fails_atomic_sync(killed_run, tmp_path):
+    out = _copy(killed_run, tmp_path)
+    lines = (out / SYNC_LOG).read_text().splitlines()
+    first = next(i for i, x in enumerate(lines) if json.loads(x)["event"] == "barrier")
+    (out / SYNC_LOG).write_text("\n".join(lines[:first] + lines[first + 1 :]) + "\n")
+    rows = {r["name"]: r for r in capstone.audit(out)}
+    assert [k for k, r in rows.items() if not r["holds"]] == ["atomic_sync"]
+    assert "commit_without_barrier" in rows["atomic_sync"]["evidence"][0]
+
+
+def test_spec_is_validated_in_russian(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"gpu": "H100"}))
+    with pytest.raises(ValueError, match="неизвестные ключи"):
+        capstone.Spec.from_json(bad)
+    with pytest.raises(ValueError, match="stale_strategy"):
+        capstone.Spec(stale_strategy="drop")
+    with pytest.raises(ValueError, match="queue_tokens"):
+        capstone.Spec(queue_tokens=10)
+    with pytest.raises(ValueError, match="кратно checkpoint_every"):
+        capstone.Spec(kill_trainer_at=4)
+    with pytest.raises(ValueError, match="не каталог прогона"):
+        capstone.audit(tmp_path)
+    with pytest.raises(ValueError, match="не пуст"):
+        (tmp_path / "x").mkdir()
+        (tmp_path / "x" / "f").write_text("")
+        capstone.run(capstone.Spec(), tmp_path / "x")
