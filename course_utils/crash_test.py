@@ -1,5 +1,7 @@
 """Урок 12.5: проверка аварией — три ветви одного запуска ToyRLRun (непрерывная, полное
 восстановление, «только веса») и три вида отказов шага 12.5.3 (сборщик, тренер, верификатор).
+Лаборатория инцидентов verl: трекер последней точки при асинхронной записи (#7952) и шаг,
+увеличенный дважды при возобновлении (#7933) — их ловят проверки шага и версии.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils import checkpoint as ck
+from course_utils import atomic, checkpoint as ck
 from course_utils.args import choice, integer, is_real, path, text
 from course_utils.fmt import count
 from course_utils.toy_run import ToyRLRun
@@ -31,6 +34,15 @@ _FRAME_FIELDS = (
     "verifier_version",
     "curriculum_level",
 )
+TRACKER = "latest_checkpointed_iteration.txt"  # как в verl: шаг последней полной точки, текстом
+# Как аварийный запуск пишет точки (prepare_crash_run): синхронно или в фоне, с трекером или без.
+SAVES = ("sync", "async", "async_no_tracker")
+RESUME_VERDICTS = {  # проверки шага и версии после восстановления (CrashTestResult.resume_problems)
+    "from_zero": "возобновление с шага 0 при целых контрольных точках",
+    "step_twice": "шаг после возобновления увеличен дважды",
+    "wrong_step": "шаг после возобновления — не следующий за контрольной точкой",
+    "wrong_version": "версия политики после возобновления не та",
+}
 
 
 @dataclass
@@ -68,6 +80,20 @@ class CrashTestResult:
 
     def _branch(self, name: str) -> list[dict]:
         return self.branches[choice("branch", name, self.branches)]
+
+    def resume_problems(self, branch: str = "full") -> dict[str, str]:
+        """Проверки шага и версии: первое событие ветви после восстановления — шаг s₀ + 1 с версией
+        политики непрерывной ветви. Ключ ``RESUME_VERDICTS`` → подробность; пусто — всё верно."""
+        s0 = self.restored_step
+        got, ref = self._branch(branch)[s0], self.branches["continuous"][s0]
+        out = {}
+        if got["step"] != ref["step"]:  # ref["step"] = s₀ + 1
+            key = {1: "from_zero", ref["step"] + 1: "step_twice"}.get(got["step"], "wrong_step")
+            where = f"{ck.checkpoint_name(s0)} (шаг {s0}) цела"
+            out[key] = f"первый шаг после перезапуска — {got['step']}, а не {ref['step']}; {where}"
+        if got["policy_version"] != ref["policy_version"]:
+            out["wrong_version"] = f"{got['policy_version']} вместо {ref['policy_version']}"
+        return {k: f"{RESUME_VERDICTS[k]}: {v}" for k, v in out.items()}
 
     @property
     def passed(self) -> bool:
@@ -117,6 +143,7 @@ class CrashTestResult:
                     f"(различаются: {fields})"
                 )
             lines.append(f"  {label}: {verdict}.")
+            lines += [f"    ✗ {p}." for p in self.resume_problems(name).values()]
         same = "да" if self.recomputed_identical else "НЕТ"
         lines.append(
             "  Шагов после контрольной точки, потерянных при аварии и пересчитанных: "
@@ -143,20 +170,24 @@ class CrashRun:
     checkpoint_every: int
     seed: int
 
-    def branches(self, resume: Callable | None = None) -> CrashTestResult:
-        """Ветви full (resume или resume_full) и weights_only из копии точки s₀; CrashTestResult."""
-        if resume is not None and not callable(resume):
-            raise ValueError(
-                "resume должно быть функцией resume(run_factory, checkpoint_path) или None"
-            )
+    def branches(
+        self, resume: Callable | None = None, find: Callable | None = None
+    ) -> CrashTestResult:
+        """Ветви full (resume или resume_full) и weights_only из копии каталога точек; find(root) →
+        точка или None — как её находит перезапуск (по умолчанию s₀; ``tracked_checkpoint`` — по
+        трекеру, как resume_mode=auto в verl); None — запуск с нуля, как в verl. CrashTestResult."""
+        for name, fn in (("resume", resume), ("find", find)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} должно быть функцией или None (см. run_crash_test)")
         s0 = int(self.manifest["step"])
         after = {}
         with tempfile.TemporaryDirectory(prefix="crash_resume_") as tmp:
-            ckpt = Path(tmp) / self.checkpoint.name  # копия: resume не испортит точку другим
-            shutil.copytree(self.checkpoint, ckpt)
+            root = Path(tmp) / "root"  # копия: resume не испортит точки другим
+            shutil.copytree(self.checkpoint.parent, root)
+            ckpt = root / self.checkpoint.name if find is None else find(root)
             resumes = {"full": resume or ck.resume_full, "weights_only": ck.resume_weights_only}
             for name, fn in resumes.items():
-                run = fn(self.factory, ckpt)
+                run = self.factory() if ckpt is None else fn(self.factory, ckpt)
                 if not isinstance(run, ToyRLRun):
                     raise ValueError(
                         f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}"
@@ -184,15 +215,19 @@ def prepare_crash_run(
     checkpoint_every: int = 4,
     *,
     workdir: str | os.PathLike,
+    save: str = "sync",
     **run_kwargs: Any,
 ) -> CrashRun:
     """Непрерывный запуск ToyRLRun(seed, **run_kwargs) на total_steps шагов и аварийный: точка
     после каждого шага, кратного checkpoint_every, в workdir (прежние точки там удаляются),
-    «авария» после шага crash_at; s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every."""
+    «авария» после шага crash_at; s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every.
+    save (из SAVES): "sync" — запись, затем трекер TRACKER; "async" — то же в фоновом потоке,
+    пока запуск идёт дальше; "async_no_tracker" — в фоне без трекера (ошибка verl #7952)."""
     total_steps = integer("total_steps", total_steps, 2)
     crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
     checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
     seed = integer("seed", seed, 0)
+    save = choice("save", save, SAVES)
     if crash_at < checkpoint_every:
         raise ValueError(
             f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
@@ -203,18 +238,51 @@ def prepare_crash_run(
     continuous = [ref.step() for _ in range(total_steps)]
     root = path("workdir", workdir)
     root.mkdir(parents=True, exist_ok=True)
-    ck.remove_checkpoints(root)  # прежние сбили бы latest_checkpoint
+    ck.remove_checkpoints(root)  # прежние сбили бы latest_checkpoint, а трекер — tracked_checkpoint
+    (root / TRACKER).unlink(missing_ok=True)
     crashing = factory()
     before: list[dict] = []
-    for t in range(1, crash_at + 1):
-        before.append(crashing.step())
-        if t % checkpoint_every == 0:
-            state = crashing.state_dict()
-            ck.save_checkpoint(state, root / ck.checkpoint_name(t), crashing.config, overwrite=True)
+    with ThreadPoolExecutor(max_workers=1) as writer:  # фоновые записи по одной, по порядку
+        jobs = []
+        for t in range(1, crash_at + 1):
+            before.append(crashing.step())
+            if t % checkpoint_every == 0:  # снимок состояния — сейчас, запись — сейчас или в фоне
+                args = (crashing.state_dict(), root, t, crashing.config, save != "async_no_tracker")
+                if save == "sync":
+                    _write_checkpoint(*args)  # шаг t + 1 ждёт конца записи
+                else:
+                    jobs.append(writer.submit(_write_checkpoint, *args))
+    for job in jobs:
+        job.result()  # ошибка фоновой записи не теряется; авария — после записей, точки целы
     del crashing  # авария: всё, что было только в памяти процесса, потеряно
     last = ck.latest_checkpoint(root, components=ck.COMPONENTS)  # есть: crash_at ≥ checkpoint_every
     sizes = (total_steps, crash_at, checkpoint_every, seed)
     return CrashRun(factory, continuous, before, last, ck.read_manifest(last), *sizes)
+
+
+def _write_checkpoint(state: dict, root: Path, step: int, config: dict, track: bool) -> None:
+    """Точка шага step; track — затем трекер, атомарно и только после полной записи точки."""
+    ck.save_checkpoint(state, root / ck.checkpoint_name(step), config, overwrite=True)
+    if track:
+        atomic.write_text(root / TRACKER, f"{step}\n")
+
+
+def tracked_checkpoint(root: str | os.PathLike) -> Path | None:
+    """Точка, которую называет трекер root/TRACKER (как find_latest_ckpt_path в verl при
+    resume_mode=auto); None, если трекера или каталога его шага нет — тогда запуск с нуля."""
+    tracker = path("root", root) / TRACKER
+    if not tracker.is_file():
+        return None
+    found = tracker.parent / ck.checkpoint_name(int(tracker.read_text()))
+    return found if found.is_dir() else None
+
+
+def resume_step_twice(run_factory: Callable[[], ToyRLRun], checkpoint_path: Path) -> ToyRLRun:
+    """Ошибка verl #7933 на учебном запуске: всё состояние восстановлено, но глобальный шаг
+    выставлен «следующим» (s₀ + 1), а step() прибавляет свою 1 — первый шаг после точки s₀ + 2."""
+    run = ck.resume_full(run_factory, checkpoint_path)
+    run.global_step += 1  # лишняя единица: её прибавит и сам step()
+    return run
 
 
 def run_crash_test(
@@ -224,6 +292,9 @@ def run_crash_test(
     checkpoint_every: int = 4,
     resume: Callable[[Callable[[], ToyRLRun], Path], ToyRLRun] | None = None,
     workdir: str | os.PathLike | None = None,
+    *,
+    save: str = "sync",
+    find: Callable[[Path], Path | None] | None = None,
     **run_kwargs: Any,
 ) -> CrashTestResult:
     """Три ветви одного запуска ToyRLRun(seed, **run_kwargs), по событию на шаг 1..total_steps.
@@ -233,14 +304,15 @@ def run_crash_test(
     s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every ветвь full восстанавливает всё
     (resume(run_factory, checkpoint_path) -> ToyRLRun, чей следующий step() — шаг s₀ + 1),
     weights_only — только веса. Ожидается: full == continuous побитово, weights_only расходится
-    на s₀ + 1. workdir — каталог точек (по умолчанию временный). = prepare_crash_run + branches.
+    на s₀ + 1. workdir — каталог точек (по умолчанию временный); save — как пишутся точки,
+    find — как перезапуск их находит (см. prepare_crash_run, CrashRun.branches).
     """
     with tempfile.TemporaryDirectory(prefix="crash_test_") as tmp:
         workdir = tmp if workdir is None else workdir
         crash = prepare_crash_run(
-            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, **run_kwargs
+            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, save=save, **run_kwargs
         )
-        return crash.branches(resume)
+        return crash.branches(resume, find)
 
 
 _BRANCH_STYLE = {
