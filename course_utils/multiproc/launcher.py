@@ -172,27 +172,18 @@ def _signal_name(signum: int) -> str:
 
 def _resolve_entry(entry: Any):
     """Импортирует "пакет.модуль:функция": (модуль, функция); ValueError с понятным текстом."""
-    if not isinstance(entry, str) or entry.count(":") != 1:
+    module_name, _, func_name = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+    if not all(p.isidentifier() for p in [*module_name.split("."), func_name]) or ":" in func_name:
         raise ValueError(
-            f"entry должно иметь вид 'пакет.модуль:функция' (ровно одно двоеточие), "
-            f"получено {entry!r}"
-        )
-    module_name, func_name = entry.split(":")
-    if not all(p.isidentifier() for p in [*module_name.split("."), func_name]):
-        raise ValueError(
-            f"entry: '{module_name}' должно быть именем модуля, '{func_name}' — именем функции "
-            f"(пример: 'course_utils.multiproc:smoke_allreduce')"
+            f"entry должно иметь вид 'пакет.модуль:функция' (одно двоеточие): {entry!r}"
         )
     if module_name == "__main__":
-        raise ValueError(
-            "entry: функцию из ячейки ноутбука (__main__) дочерний процесс импортировать не "
-            "может; положите её в файл .py и укажите 'модуль:функция'"
-        )
+        raise ValueError("entry: функцию из ячейки ноутбука (__main__) дочерний процесс не найдёт")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ValueError(
-            f"entry: не удалось импортировать модуль '{module_name}': {type(exc).__name__}: {exc}"
+            f"entry: не удалось импортировать модуль '{module_name}': {exc!r}"
         ) from exc
     fn = getattr(module, func_name, None)
     if fn is None:
@@ -205,33 +196,23 @@ def _resolve_entry(entry: Any):
 def _check_args(args: Any) -> dict:
     if args is None:
         return {}
-    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-        raise ValueError(f"args должно быть словарём со строковыми ключами или None: {args!r}")
-    reserved = sorted(set(args) & set(_RESERVED_ARGS))
-    if reserved:
-        raise ValueError(f"args не должен содержать {reserved}: их задаёт запускатель")
+    if not isinstance(args, dict) or set(args) & {*_RESERVED_ARGS}:
+        raise ValueError(f"args — словарь без ключей {_RESERVED_ARGS} (их задаёт запускатель)")
     try:
         json.dumps(args, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"args должно быть JSON-сериализуемым (числа, строки, списки, словари): {exc}"
-        ) from exc
+        raise ValueError(f"args должно быть JSON-сериализуемым: {exc}") from exc
     return dict(args)
 
 
 def _check_env(env: Any) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, dict):
+    if env is not None and not isinstance(env, dict):
         raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
-    for key, value in env.items():
-        if text("env: имя переменной", key) in _RESERVED_ENV:
-            raise ValueError(f"env: переменную {key} задаёт запускатель, её нельзя переопределить")
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ValueError(
-                f"env: значение {key} должно быть строкой или числом, получено {value!r}"
-            )
-    return {key: str(value) for key, value in env.items()}
+    for key, value in (env or {}).items():
+        bad = isinstance(value, bool) or not isinstance(value, str | int | float)
+        if text("env: имя переменной", key) in _RESERVED_ENV or bad:
+            raise ValueError(f"env: {key} задаёт запускатель, или значение не строка: {value!r}")
+    return {key: str(value) for key, value in (env or {}).items()}
 
 
 def default_backend(nprocs: int) -> str:
@@ -506,15 +487,6 @@ def _reap_group_when_launcher_dies(alive_fd: int) -> None:
     os.close(alive_fd)
 
 
-def _env_int(name: str) -> int:
-    value = os.environ.get(name, "")
-    if not value.lstrip("-").isdigit():
-        raise RuntimeError(
-            f"переменная окружения {name} должна быть целым числом, получено {value!r}"
-        )
-    return int(value)
-
-
 def _child_main(ns: argparse.Namespace) -> int:
     import datetime
 
@@ -524,7 +496,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if ns.parent_fd >= 0:
         _reap_group_when_launcher_dies(ns.parent_fd)
-    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if ns.result_dir:
         os.environ.setdefault("COURSE_RUN_DIR", str(Path(ns.result_dir).resolve()))
     args = json.loads(ns.args) if ns.args else {}
@@ -542,10 +514,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         result = fn(rank=rank, world_size=world_size, backend=backend, **args)
     except SystemExit as exc:
         print(
-            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула "
-            f"результат",
-            file=sys.stderr,
-            flush=True,
+            f"Ранг {rank}: {ns.entry} вызвала sys.exit({exc.code!r})", file=sys.stderr, flush=True
         )
         raise
     except Exception as exc:
