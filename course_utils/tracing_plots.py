@@ -8,6 +8,7 @@ BASE_COLUMNS и проверяет её; ``gantt`` рисует её: строк
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -21,11 +22,17 @@ _REQUIRED = ("worker", "stage", "start_s", "end_s")
 _TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}  # подпись → множитель от с
 
 
+def _event_row(i: int, ev: Any) -> dict[str, Any]:
+    if not isinstance(ev, Mapping):
+        raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
+    missing = [c for c in _REQUIRED if c not in ev]
+    if missing:
+        raise ValueError(f"в событии №{i} нет полей {missing}")
+    return {"trace_id": None, **ev, "duration_s": float(ev["end_s"]) - float(ev["start_s"])}
+
+
 def _events_to_frame(events: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    rows = [
-        {"trace_id": None, **e, "duration_s": float(e["end_s"]) - float(e["start_s"])}
-        for e in events
-    ]
+    rows = [_event_row(i, ev) for i, ev in enumerate(events)]
     extra = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in BASE_COLUMNS]
     return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *extra])
 
@@ -38,13 +45,23 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
         frame = data.to_frame()
     elif isinstance(data, pd.DataFrame):
         frame = data
-    else:
+    elif isinstance(data, Iterable) and not isinstance(data, str | bytes | Mapping):
         frame = _events_to_frame(list(data))
-    if missing := [c for c in _REQUIRED if c not in frame.columns]:
+    else:
+        raise ValueError(
+            f"{name} должно быть DataFrame, StageTimer или списком событий-словарей, "
+            f"получено {type(data)}"
+        )
+    missing = [c for c in _REQUIRED if c not in frame.columns]
+    if missing:
         raise ValueError(f"{name}: нет столбцов {missing}")
     if len(frame) == 0:
         raise ValueError(f"{name}: нет ни одного события")
-    if (frame["end_s"].astype(float) < frame["start_s"].astype(float)).any():
+    times = {c: pd.to_numeric(frame[c], errors="coerce") for c in ("start_s", "end_s")}
+    for col, vals in times.items():
+        if vals.isna().any() or not vals.map(math.isfinite).all():
+            raise ValueError(f"{name}: столбец {col} должен содержать конечные числа секунд")
+    if (times["end_s"] < times["start_s"]).any():
         raise ValueError(f"{name}: есть события с end_s < start_s")
     return frame
 

@@ -226,6 +226,8 @@ def test_event_frame_checks():
         tracing._to_frame(pd.DataFrame({"stage": ["a"]}), "frame")
     with pytest.raises(ValueError, match="end_s < start_s"):
         tracing._to_frame([{"worker": "w", "stage": "a", "start_s": 2.0, "end_s": 1.0}], "frame")
+    with pytest.raises(ValueError, match="frame"):
+        tracing._to_frame(42, "frame")
 
 
 @pytest.mark.parametrize("n_workers, per_worker", [(2, 3), (8, 40)])
