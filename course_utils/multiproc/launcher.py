@@ -65,21 +65,17 @@ class RankFailure:
         Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
         """
         who = f"Ранг {self.rank}{note}"
+        code = self.exitcode
         if self.killed:
-            head, lines = (
-                f"{who}: остановлен запускателем (SIGKILL)",
-                _hang_frames(self.stderr_tail),
-            )
-            if lines:
-                head += ", где он ждал (самый глубокий вызов первым):"
-            lines = lines[:max_lines]
+            frames = _hang_frames(self.stderr_tail)
+            where = ", где он ждал (самый глубокий вызов первым):" if frames else ""
+            head, lines = f"{who}: остановлен запускателем (SIGKILL){where}", frames[:max_lines]
         else:
-            if self.exitcode is not None and self.exitcode < 0:
-                head = f"{who}: убит сигналом {_signal_name(-self.exitcode)}"
-            elif self.exitcode == 0:
+            head = f"{who}: код выхода {code}"
+            if code is not None and code < 0:
+                head = f"{who}: убит сигналом {_signal_name(-code)}"
+            elif code == 0:
                 head = f"{who}: вышел с кодом 0, но не записал результат"
-            else:
-                head = f"{who}: код выхода {self.exitcode}"
             lines = [ln for ln in self.stderr_tail.splitlines() if ln.strip()]
             if max_lines is not None:
                 lines = lines[-max_lines:] if max_lines > 0 else []
@@ -110,10 +106,8 @@ class LaunchResult:
         if self.status == "ok":
             return f"{head} — успешно за {self.wall_s:.2f} с."
         if self.status == "timeout":
-            lines = [
-                f"{head} — ТАЙМАУТ: не уложились в {self.timeout_s:g} с, "
-                f"все процессы остановлены (SIGKILL)."
-            ]
+            stop = "все процессы остановлены (SIGKILL)"
+            lines = [f"{head} — ТАЙМАУТ: не уложились в {self.timeout_s:g} с, {stop}."]
             lines += [f.describe(max_lines=3) for f in self.failures]
         else:
             lines = [f"{head} — ОШИБКА за {self.wall_s:.2f} с."]
@@ -323,27 +317,20 @@ def _run_once(
     cmd += ["--timeout-s", repr(float(timeout_s))]
     try:
         for rank in range(nprocs):
-            ranks = {
-                "RANK": rank,
-                "LOCAL_RANK": rank,
-                "WORLD_SIZE": nprocs,
-                "LOCAL_WORLD_SIZE": nprocs,
-            }
-            child_env = {**base_env, **{k: str(v) for k, v in ranks.items()}}
+            ranks = dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
+            ranks |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
+            child_env = {**base_env, **ranks}
             with (
                 open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
             ):
-                proc = subprocess.Popen(
-                    cmd,
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
-                    pass_fds=(alive_r,),
+                # start_new_session: своя группа процессов, killpg убьёт всё дерево ранга
+                io = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=child_env, start_new_session=True, pass_fds=(alive_r,), **io
+                    )
                 )
-                procs.append(proc)
         os.close(alive_r)
         alive_r = -1
         for rank in range(nprocs):
@@ -388,20 +375,9 @@ def _run_once(
         key=lambda f: (f.killed, 0.0 if f.killed else exit_at[f.rank] or math.inf, f.rank)
     )
     status = "failed" if status == "ok" and failures else status
-    return LaunchResult(
-        ok=status == "ok",
-        status=status,
-        nprocs=nprocs,
-        backend=backend,
-        wall_s=wall_s,
-        results=results,
-        failures=failures,
-        entry=entry,
-        run_dir=str(run_dir),
-        pids=[p.pid for p in procs],
-        exitcodes=[p.returncode for p in procs],
-        timeout_s=float(timeout_s),
-    )
+    pids, codes = [p.pid for p in procs], [p.returncode for p in procs]
+    head = (status == "ok", status, nprocs, backend, wall_s, results, failures, entry)
+    return LaunchResult(*head, str(run_dir), pids, codes, float(timeout_s))
 
 
 def launch(
