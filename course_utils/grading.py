@@ -594,10 +594,17 @@ def _blank() -> dict:
     return {name: default for name, (default, _) in _FIELDS.items()}
 
 
-def _validated(raw: Any) -> tuple[dict, list[str]]:
-    """Проверенный прогресс и список сброшенных записей; ValueError — файл негоден целиком.
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:39] + "…"
 
-    Запись с неверным полем сбрасывается к значениям по умолчанию, остальные сохраняются.
+
+def _validated(raw: Any) -> tuple[dict, list[str]]:
+    """Проверенный прогресс и список исправлений; ValueError — файл негоден целиком.
+
+    Неверное поле записи сбрасывается к значению по умолчанию, остальное сохраняется; сброшенное
+    attempts становится 1, если запись говорит о попытке (solved или last_status), — иначе
+    решённому шагу снова закрылся бы разбор.
     """
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         raise ValueError(f"ожидается словарь с format = {_FORMAT}")
@@ -605,15 +612,24 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
         raise ValueError("поле exercises должно быть словарём")
     out, problems = {}, []
     for key, entry in raw["exercises"].items():
-        ok = isinstance(entry, dict) and all(
-            check(entry[name]) for name, (_, check) in _FIELDS.items() if name in entry
-        )
-        out[key] = {n: entry.get(n, d) for n, (d, _) in _FIELDS.items()} if ok else _blank()
-        if ok and "variant_attempts" not in entry:  # файл прежней версии: попытки без варианта
-            out[key]["variant_attempts"] = out[key]["attempts"]
-        if not ok:
-            shown = json.dumps(entry, ensure_ascii=False)
-            problems.append(f"запись {key} = {shown if len(shown) <= 60 else shown[:59] + '…'}")
+        if not isinstance(entry, dict):
+            problems.append(f"запись упражнения {key} — не словарь: {_shown(entry)}")
+            entry = {}
+        fixed, bad = _blank(), []
+        for name, (_, ok) in _FIELDS.items():
+            if name in entry and ok(entry[name]):
+                fixed[name] = entry[name]
+            elif name in entry:
+                bad.append(name)
+        if "attempts" in bad and (fixed["solved"] or fixed["last_status"]):
+            fixed["attempts"] = 1
+        if "variant_attempts" not in entry:  # файл прежней версии: попытки считались без варианта
+            fixed["variant_attempts"] = fixed["attempts"]
+        if bad:
+            what = "неверное поле" if len(bad) == 1 else "неверные поля"
+            values = ", ".join(f"{name} = {_shown(entry[name])}" for name in bad)
+            problems.append(f"в записи упражнения {key} {what} {values}")
+        out[key] = fixed
     return {"format": _FORMAT, "exercises": out}, problems
 
 
@@ -638,9 +654,13 @@ def _locked(path: Path) -> Iterator[None]:
             _lock_depth -= 1
 
 
+def _aside(path: Path) -> Path:
+    return path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+
+
 def _read(path: Path, repair: bool) -> dict | None:
-    """Прогресс из файла. Не JSON — прогресс начинается заново, неверные записи сбрасываются;
-    исходный файл откладывается рядом. Без repair — None, если нужна починка."""
+    """Прогресс из файла. Не JSON — файл откладывается целиком; неверные записи сбрасываются
+    по одной (рядом остаётся копия исходного файла). Без repair — None, если нужна починка."""
     fresh = {"format": _FORMAT, "exercises": {}}
     try:
         raw = path.read_bytes()
@@ -653,18 +673,34 @@ def _read(path: Path, repair: bool) -> dict | None:
     try:
         data, problems = _validated(json.loads(raw))
     except Exception as exc:
-        data, problems = fresh, [f"файл повреждён ({exc}), прогресс начат заново"]
+        if not repair:
+            return None
+        aside = _aside(path)
+        try:
+            os.replace(path, aside)
+            where = f"он сохранён как {aside.name}"
+        except OSError:
+            _memory[str(path)] = fresh
+            where = "отложить его не удалось, прогресс хранится только в памяти"
+        _warn(f"Файл прогресса {path} повреждён ({exc}); {where}. Прогресс начат заново.")
+        return fresh
     if not problems or not repair:
         return None if problems else data
-    aside = path.with_name(f"{path.name}.corrupt-{dt.datetime.now():%Y%m%d-%H%M%S-%f}")
+    aside = _aside(path)
     try:
-        os.replace(path, aside)
-        where = f"исходный файл сохранён как {aside.name}"
+        with open(aside, "xb") as fh:  # копия исходного файла, один раз: дальше файл исправен
+            fh.write(raw)
+        where = f"копия исходного файла — {aside.name}"
     except OSError:
         _memory[str(path)] = data
-        where = "отложить его не удалось, прогресс хранится только в памяти"
-    shown = "; ".join(problems[:5]) + (f" и ещё {len(problems) - 5}" if len(problems) > 5 else "")
-    _warn(f"Файл прогресса {path}: {shown}. Неверное сброшено, остальное сохранено; {where}.")
+        where = "копию сохранить не удалось, исправленный прогресс хранится только в памяти"
+    shown = "; ".join(problems[:5])
+    if len(problems) > 5:
+        shown += f"; и ещё записей с ошибками: {len(problems) - 5}"
+    _warn(
+        f"В файле прогресса {path}: {shown}. Неверные значения сброшены, остальной прогресс "
+        f"сохранён; {where}."
+    )
     if str(path) not in _memory:
         _save(data)
     return data

@@ -246,10 +246,10 @@ def test_bad_entry_is_reset_alone(registry, progress_path, capsys):
     with pytest.warns(grading.ProgressWarning) as caught:
         rows = grading.progress().set_index("id")
     (message,) = [str(w.message) for w in caught]
-    assert '12.2.7 = {"attempts": -1}' in message and "12.2.6" not in message
+    assert "12.2.7" in message and "attempts = -1" in message and "12.2.6" not in message
     assert rows.loc["12.2.6", "статус"] == "в работе" and rows.loc["12.2.6", "попыток"] == 2
     assert rows.loc["12.2.6", "вариант"] == 1 and rows.loc["12.2.7", "статус"] == "не начато"
-    (aside,) = progress_path.parent.glob("progress.json.corrupt-*")  # исходный файл — отложен
+    (aside,) = progress_path.parent.glob("progress.json.corrupt-*")  # копия — одна, исходная
     assert aside.read_text(encoding="utf-8") == original and aside.name in message
     # у записи прежней версии нет variant_attempts: попытки засчитываются текущему варианту
     assert _stored(progress_path) == {"12.2.6": {**good, "variant_attempts": 2},
@@ -264,31 +264,35 @@ def test_bad_entry_is_reset_alone(registry, progress_path, capsys):
     assert len(list(progress_path.parent.glob("progress.json.corrupt-*"))) == 1
 
 
-BAD_ENTRIES = [  # запись t.num в файле: любое неверное поле сбрасывает всю запись
-    {"attempts": -1, "variant": 2},
-    {"attempts": 1.5},
-    {"attempts": True},
-    {"attempts": "3", "solved": True, "last_status": "correct"},
-    {"attempts": 4, "solved": "yes"},
-    {"attempts": 1, "variant": -2},
-    {"attempts": 1, "variant": None},
-    {"attempts": 1, "last_attempt": "вчера"},
-    {"attempts": 1, "last_attempt": 5},
-    {"attempts": 1, "last_status": "great"},
-    5,
-]
+BLANK = {"attempts": 0, "solved": False, "variant": 0, "last_attempt": None, "last_status": None}
+BAD_ENTRIES = [  # (запись t.num в файле, что названо в предупреждении, запись после починки)
+    ({"attempts": -1, "variant": 2}, "attempts = -1", {**BLANK, "variant": 2}),
+    ({"attempts": 1.5}, "attempts = 1.5", BLANK),
+    ({"attempts": True}, "attempts = true", BLANK),
+    ({"attempts": "3", "solved": True, "last_status": "correct"}, 'attempts = "3"',
+     {**BLANK, "attempts": 1, "solved": True, "last_status": "correct"}),
+    ({"attempts": 4, "solved": "yes"}, 'solved = "yes"', {**BLANK, "attempts": 4}),
+    ({"attempts": 1, "variant": -2}, "variant = -2", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "variant": None}, "variant = null", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_attempt": "вчера"}, 'last_attempt = "вчера"', {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_attempt": 5}, "last_attempt = 5", {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "last_status": "great"}, 'last_status = "great"', {**BLANK, "attempts": 1}),
+    ({"attempts": 1, "solved": 1, "variant": -1}, "поля solved = 1, variant = -1",
+     {**BLANK, "attempts": 1}),
+    (5, "не словарь: 5", BLANK),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("bad", BAD_ENTRIES, ids=range(len(BAD_ENTRIES)))
-def test_each_field_is_checked_per_entry(registry, progress_path, bad):
+@pytest.mark.parametrize("bad, named, repaired", BAD_ENTRIES, ids=range(len(BAD_ENTRIES)))
+def test_each_field_is_checked_per_entry(registry, progress_path, bad, named, repaired):
     kept = {"attempts": 3, "solved": True, "variant": 0, "last_attempt": None,
-            "last_status": "correct", "extra": 1}  # fmt: skip
+            "last_status": "correct"}  # fmt: skip
     _write_progress(progress_path, {"t.num": bad, "t.kv": kept})
     with pytest.warns(grading.ProgressWarning, match="t.num") as caught:
         assert grading.task("t.kv") == grading.task("t.kv", 0)
-    assert "t.kv" not in str(caught[0].message)
-    del kept["extra"]  # незнакомые поля не сохраняются
-    assert _stored(progress_path) == {"t.num": grading._blank(),
+    assert named in str(caught[0].message) and "t.kv" not in str(caught[0].message)
+    derived = {"variant_attempts": repaired["attempts"]}  # поля нет в файле прежней версии
+    assert _stored(progress_path) == {"t.num": {**repaired, **derived},
                                       "t.kv": {**kept, "variant_attempts": 3}}  # fmt: skip
 
 
