@@ -31,11 +31,7 @@ def is_real(x: Any) -> bool:
 
 def is_count(x: Any) -> bool:
     """Целое число или float с целым значением (7.5e9), но не bool."""
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, numbers.Integral):
-        return True
-    return isinstance(x, numbers.Real) and math.isfinite(x) and float(x).is_integer()
+    return is_int(x) or (is_real(x) and float(x).is_integer())
 
 
 def _range_text(low: Any, high: Any) -> str:

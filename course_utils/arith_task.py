@@ -12,6 +12,8 @@ import random
 import re
 from dataclasses import asdict, dataclass
 
+from course_utils.args import choice, integer
+
 VERIFIER_VERSION = "arith-v1"
 DIFFICULTIES = (1, 2, 3)
 DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
@@ -40,9 +42,7 @@ class ArithTask:
 
 def make_task(rng: random.Random, difficulty: int, task_id: str) -> ArithTask:
     """Случайная задача уровня ``difficulty`` из генератора ``rng``."""
-    if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty должен быть одним из {DIFFICULTIES}, получено {difficulty!r}")
-    (a_lo, a_hi), (b_lo, b_hi) = _OPERANDS[difficulty]
+    (a_lo, a_hi), (b_lo, b_hi) = _OPERANDS[choice("difficulty", difficulty, DIFFICULTIES)]
     a, b = rng.randint(a_lo, a_hi), rng.randint(b_lo, b_hi)
     op = rng.choice("+-") if difficulty == 2 else "+" if difficulty == 1 else "*"
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
@@ -57,13 +57,11 @@ def make_tasks(n: int, seed: int = 0, mix: dict[int, float] | None = None) -> li
 
     По умолчанию ``mix = DEFAULT_MIX`` (30 % / 40 % / 30 % для уровней 1 / 2 / 3).
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n должно быть целым ≥ 1, получено {n!r}")
+    n = integer("n", n, 1, strict=True)
     mix = dict(DEFAULT_MIX if mix is None else mix)
-    if not mix or any(k not in DIFFICULTIES for k in mix) or any(w < 0 for w in mix.values()):
-        raise ValueError(f"mix: ключи из {DIFFICULTIES}, веса ≥ 0; получено {mix!r}")
-    if sum(mix.values()) <= 0:
-        raise ValueError(f"mix: сумма весов должна быть > 0, получено {mix!r}")
+    bad = any(k not in DIFFICULTIES for k in mix) or any(w < 0 for w in mix.values())
+    if bad or sum(mix.values()) <= 0:
+        raise ValueError(f"mix: ключи из {DIFFICULTIES}, веса ≥ 0, сумма > 0; получено {mix!r}")
     rng = random.Random(seed)
     levels, weights = zip(*sorted(mix.items()))
     return [make_task(rng, rng.choices(levels, weights)[0], f"s{seed}-t{i:04d}") for i in range(n)]

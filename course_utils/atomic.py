@@ -51,10 +51,10 @@ def temp_file(directory: str | os.PathLike, name: str, write: Callable[[IO[bytes
     return tmp
 
 
-def write_file(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
-    """Атомарно заменяет path тем, что write(f) пишет в бинарный файл; Path цели."""
-    path = Path(path)
-    tmp = temp_file(path.parent, path.name, write)
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Атомарно заменяет path текстом text в UTF-8 (временный файл, os.replace); Path цели."""
+    path, data = Path(path), text.encode("utf-8")
+    tmp = temp_file(path.parent, path.name, lambda f: f.write(data))
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -63,9 +63,3 @@ def write_file(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) ->
         raise
     fsync_dir(path.parent)
     return path
-
-
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Атомарно заменяет path текстом text в UTF-8; Path цели."""
-    data = text.encode("utf-8")
-    return write_file(path, lambda f: f.write(data))

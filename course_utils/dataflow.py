@@ -46,14 +46,6 @@ STAGES = (
 )
 
 
-def role_label(role: str) -> str:
-    """Русское название роли по её ключу."""
-    names = dict(ROLES)
-    if role not in names:
-        raise ValueError(f"role: неизвестная роль {role!r}; допустимы {list(names)}")
-    return names[role]
-
-
 def plot_dataflow(ax=None, stages=STAGES):
     """Схема: роли — горизонтальные дорожки, этапы 1–8 — блоки слева направо, стрелки — данные.
 
@@ -62,8 +54,6 @@ def plot_dataflow(ax=None, stages=STAGES):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    if not stages:
-        raise ValueError("stages: нужен хотя бы один этап")
     if ax is None:
         _, ax = plt.subplots(figsize=(14, 6.2))
     lane = {key: i for i, (key, _) in enumerate(ROLES)}
@@ -77,20 +67,13 @@ def plot_dataflow(ax=None, stages=STAGES):
     centers = [(k, lane[st.role]) for k, st in enumerate(stages)]
     for st, (x, y) in zip(stages, centers):
         color = colors(lane[st.role])
-        box = "round,pad=0.02,rounding_size=0.08"
-        ax.add_patch(
-            FancyBboxPatch(
-                (x - w / 2, y - h / 2),
-                w,
-                h,
-                boxstyle=box,
-                fc=color,
-                alpha=0.25,
-                ec=color,
-                lw=1.5,
-                zorder=2,
-            )
-        )
+        box = {
+            "boxstyle": "round,pad=0.02,rounding_size=0.08",
+            "alpha": 0.25,
+            "lw": 1.5,
+            "zorder": 2,
+        }
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, fc=color, ec=color, **box))
         ax.text(x, y - 0.1, f"{st.number}. {st.action}", fontsize=8, fontweight="bold", **mid)
         ax.text(x, y + 0.24, st.output, fontsize=7.5, color="0.3", **mid)
     for (x0, y0), (x1, y1) in zip(centers, centers[1:]):
@@ -101,15 +84,8 @@ def plot_dataflow(ax=None, stages=STAGES):
     ax.plot([xe + w / 2, right, right, xg], [ye, ye, top, top], color="tab:red", lw=1.3, zorder=1)
     ax.add_patch(FancyArrowPatch((xg, top), (xg, yg - h / 2), color="tab:red", **arrow))
     loop_text = "веса v+1 → следующий шаг движка (цикл замыкается)"
-    ax.text(
-        (xg + right) / 2,
-        top - 0.12,
-        loop_text,
-        ha="center",
-        va="bottom",
-        fontsize=8,
-        color="tab:red",
-    )
+    red = {"ha": "center", "va": "bottom", "fontsize": 8, "color": "tab:red"}
+    ax.text((xg + right) / 2, top - 0.12, loop_text, **red)
     ys = lane["storage"]
     for x, y in (centers[k] for k in (1, 2, 6)):
         copy = {**arrow, "mutation_scale": 9, "lw": 1.0}

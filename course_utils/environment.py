@@ -9,8 +9,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def environment_summary() -> dict:
-    """Версии и устройство: course_utils, Python, torch, transformers, GPU и модель уровня B."""
+def setup_notebook() -> dict:
+    """Печатает одну строку окружения и возвращает её поля словарём: версии course_utils, Python,
+    torch, transformers, устройство (GPU) и модель уровня B."""
     import torch
     import transformers
 
@@ -30,7 +31,7 @@ def environment_summary() -> dict:
         model_text = f"{model} (если хаб недоступен — крошечная модель курса)"
     else:
         model_text = f"{model} (из COURSE_MODEL)"
-    return {
+    s = {
         "course_utils": course_utils.__version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -39,11 +40,6 @@ def environment_summary() -> dict:
         "colab": "google.colab" in sys.modules,
         "level_b_model": model_text,
     }
-
-
-def setup_notebook() -> dict:
-    """Печатает одну строку окружения и возвращает её поля словарём."""
-    s = environment_summary()
     where = "Colab" if s["colab"] else "локально"
     print(
         f"course_utils {s['course_utils']} | Python {s['python']} | torch {s['torch']} | "

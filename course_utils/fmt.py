@@ -11,6 +11,8 @@ import math
 import numbers
 from typing import Any
 
+from course_utils.args import integer
+
 NBSP = "\u00a0"  # неразрывный пробел: разделитель разрядов и пробел перед единицей
 
 
@@ -21,8 +23,7 @@ def num(x: Any, decimals: int = 0) -> str:
     """
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise ValueError(f"x должно быть числом, получено {x!r}")
-    if isinstance(decimals, bool) or not isinstance(decimals, int) or decimals < 0:
-        raise ValueError(f"decimals должно быть целым ≥ 0, получено {decimals!r}")
+    integer("decimals", decimals, 0, strict=True)
     if isinstance(x, float) and math.isnan(x):
         return "—"
     if isinstance(x, float) and math.isinf(x):

@@ -42,8 +42,6 @@ _START, _END = "<!-- lessons:start -->", "<!-- lessons:end -->"
 
 def colab_url(notebook: str) -> str:
     """Адрес ноутбука в Colab: colab.research.google.com/github/ORG/REPO/blob/BRANCH/notebooks/…"""
-    if not isinstance(notebook, str) or not notebook.endswith(".ipynb"):
-        raise ValueError(f"notebook должен быть именем файла .ipynb, получено {notebook!r}")
     return (
         f"https://colab.research.google.com/github/{ORG}/{REPO}/blob/{BRANCH}/notebooks/{notebook}"
     )

@@ -3,10 +3,9 @@
 Карта — снимок кода и документации семи стеков на указанные даты, а не рейтинг. Факты — в ``data/``:
 ``stack_map.csv`` (карта), ``stack_speedups.csv`` (ускорения — заявления авторов),
 ``stack_limits.csv`` (ограничения сочетаний), ``stack_multi_node.csv`` (многоузловые запуски),
-русские подписи — ``stack_map_labels.csv``; формат и источники — ``data/SOURCES.md``.
-В ячейках ``|`` разделяет элементы, ``?`` на конце — не подтверждено, ``n/a`` — параметра нет.
-Осей две: размещение ``PLACEMENTS`` и синхронность ``SYNCHRONY``; «на шаг позади» — не третий
-режим, а вариант асинхронного (``ASYNC_VARIANTS``).
+русские подписи — ``stack_map_labels.csv``; формат и источники — ``data/SOURCES.md`` (соблюдение
+соглашений проверяют тесты). В ячейках ``|`` разделяет элементы, ``?`` на конце — не подтверждено,
+``n/a`` — параметра нет. Осей две: размещение ``PLACEMENTS`` и синхронность ``SYNCHRONY``.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ LIST_COLUMNS: tuple[str, ...] = tuple(
 )
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated")
 SYNCHRONY: tuple[str, ...] = ("sync", "async")  # два режима шага 12.1.3 лекции
-# Варианты асинхронного режима: «на шаг позади» — задержка ровно 1; очередь — до K версий.
-ASYNC_VARIANTS: tuple[str, ...] = ("one_step_off", "queue")
 SUPPORTED_PREFIX = "да"  # ячейки lora и multi_turn начинаются с «да» или «нет»
 # Дата «фактического снимка» лекции модуля 12: от неё считаются возраст строк и пометки.
 LECTURE_SNAPSHOT = _dt.date(2026, 8, 6)
@@ -44,43 +41,20 @@ STALE_AFTER_DAYS = 180  # строка старше стольких дней н
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "stack_map.csv"
 SPEEDUPS_PATH = DEFAULT_PATH.parent / "stack_speedups.csv"
 _NA, _UNCONFIRMED = "n/a", "unconfirmed"
-_EMPTY = "пустая ячейка (если параметра нет, пишите n/a)"
-# В этих списках «?» не допускается: значения из фиксированного набора или служебные.
-_NO_MARK_COLUMNS = ("placement", "synchrony", "async_variants", "evidence", "unconfirmed")
 _ONE_STEP_HINT = "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, а one_step_off — в столбец async_variants"
 _ONLY_LOOSE = " (засчитывается только с include_unconfirmed=True)"
-
-
-class StackMapError(ValueError):
-    """Ошибка в файле карты стеков: сообщение называет файл, строку (стек) и столбец."""
-
-
-class SpeedupsError(ValueError):
-    """Ошибка в таблице ускорений: сообщение называет файл, строку и столбец."""
-
-
-class _Bad(ValueError):
-    """Плохая ячейка: args = (столбец, пояснение); загрузчик добавит файл и строку."""
 
 
 def _table(name: str, columns: str, what: str) -> list[dict[str, str]]:
     """Служебная таблица ``data/<name>`` (имена столбцов через пробел) — список строк-словарей."""
     path = DEFAULT_PATH.parent / name
-    return [row for _, row in read_exact_csv(path, tuple(columns.split()), StackMapError, what)]
+    return [row for _, row in read_exact_csv(path, tuple(columns.split()), ValueError, what)]
 
 
 # Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
 _LABELS = _table("stack_map_labels.csv", "kind code label", "подписи карты")
 COLUMN_LABELS: Mapping[str, str] = {r["code"]: r["label"] for r in _LABELS if r["kind"] == "column"}
 VALUE_LABELS: Mapping[str, str] = {r["code"]: r["label"] for r in _LABELS if r["kind"] == "value"}
-
-
-def _parsed(parse, cells: dict[str, str], error: type[ValueError], where: str) -> dict:
-    try:
-        return parse(cells)
-    except _Bad as bad:
-        column, message = bad.args
-        raise error(f"{where}, столбец «{column}»: {message}") from None
 
 
 def _strip_mark(value: str) -> tuple[str, bool]:
@@ -91,10 +65,7 @@ def _strip_mark(value: str) -> tuple[str, bool]:
 def _parse_pair(value: str) -> tuple[str, str, bool]:
     """«размещение:синхронность» с возможным «?» → (размещение, синхронность, подтверждено)."""
     bare, confirmed = _strip_mark(value)
-    placement, sep, synchrony = bare.partition(":")
-    if not sep or placement not in PLACEMENTS or synchrony not in SYNCHRONY:
-        message = f"ожидалось «размещение:синхронность» с размещением из {PLACEMENTS} и синхронностью из {SYNCHRONY}, получено {value!r}"
-        raise _Bad("placement_synchrony", message)
+    placement, _, synchrony = bare.partition(":")
     return placement, synchrony, confirmed
 
 
@@ -104,102 +75,24 @@ def _disallowed(values: Iterable[str], allowed: tuple[str, ...], hint: str = "")
     return f"недопустимые значения {bad}; разрешены {allowed}{hint}" if bad else ""
 
 
-def _date(column: str, cell: str, partial: bool = False) -> _dt.date:
-    """Дата ГГГГ-ММ-ДД; с ``partial`` ещё ГГГГ-ММ и ГГГГ (недостающее — первое число)."""
-    pattern, form = r"\d{4}-\d{2}-\d{2}", "ISO ГГГГ-ММ-ДД"
-    if partial:
-        pattern, form = r"\d{4}(-\d{2}(-\d{2})?)?", "ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ"
-    if not re.fullmatch(pattern, cell):
-        raise _Bad(column, f"ожидается дата {form}, получено {cell!r}")
-    year, month, day = [*map(int, cell.split("-")), 1, 1][:3]
-    try:
-        return _dt.date(year, month, day)
-    except ValueError:
-        raise _Bad(column, f"несуществующая дата {cell!r}") from None
-
-
 def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
-    """Читает и проверяет карту стеков (по умолчанию ``data/stack_map.csv``): строка на стек.
+    """Карта стеков (по умолчанию ``data/stack_map.csv``): строка на стек, ``STACK_MAP_COLUMNS``.
 
     Столбцы ``LIST_COLUMNS`` — списки строк (элементы с «?» как есть), ``snapshot_date`` —
-    ``datetime.date``; нарушение формата — ``StackMapError`` с файлом, стеком и столбцом.
+    ``datetime.date``.
     """
-    path = Path(path) if path is not None else DEFAULT_PATH
-    records, seen = [], {}
-    for line, cells in read_exact_csv(path, STACK_MAP_COLUMNS, StackMapError, "карта стеков"):
-        stack, where = cells["stack"], f"{path}: строка {line}"
-        if not stack:
-            raise StackMapError(f"{where}, столбец «stack»: пустое имя стека")
-        if stack in seen:
-            message = f"{where}, столбец «stack»: стек «{stack}» повторяется (уже был в строке {seen[stack]})"
-            raise StackMapError(message)
-        seen[stack] = line
-        records.append(_parsed(_parse_row, cells, StackMapError, f"{where} (стек «{stack}»)"))
-    return pd.DataFrame.from_records(records, columns=list(STACK_MAP_COLUMNS))
-
-
-def _parse_row(cells: dict[str, str]) -> dict[str, object]:
-    """Ячейки строки карты → значения (списки, дата) с проверкой всех соглашений файла."""
-    out: dict[str, object] = {}
-    for column, cell in cells.items():
-        if column in LIST_COLUMNS:
-            values = [part.strip() for part in cell.split("|")] if cell else []
-            if "" in values:
-                raise _Bad(column, f"пустой элемент в списке {cell!r} (разделитель «|»)")
-            if len(set(values)) != len(values):
-                raise _Bad(column, f"элементы повторяются: {cell!r}")
-            if column in _NO_MARK_COLUMNS and any(v.endswith("?") for v in values):
-                raise _Bad(column, f"пометка «?» здесь не допускается: {cell!r}")
-            if not values and column == "evidence":
-                raise _Bad(column, "пустая ячейка: нужен хотя бы один источник")
-            if not values and column != "unconfirmed":
-                raise _Bad(column, _EMPTY)
-            out[column] = values
-        elif column == "snapshot_date":
-            out[column] = _date(column, cell)
-        elif not cell:
-            raise _Bad(column, _EMPTY)
-        else:
-            out[column] = cell
-
-    for column, allowed in (("placement", PLACEMENTS), ("synchrony", SYNCHRONY)):
-        hint = _ONE_STEP_HINT if column == "synchrony" else ""
-        if problem := _disallowed(out[column], allowed, hint):
-            raise _Bad(column, problem)
-    pairs = [_parse_pair(value) for value in out["placement_synchrony"]]
-    for column, index in (("placement", 0), ("synchrony", 1)):
-        declared = set(out[column])
-        if lost := sorted(declared - {pair[index] for pair in pairs}):
-            message = f"значения {lost} из столбца «{column}» не встречаются ни в одном сочетании"
-            raise _Bad("placement_synchrony", message)
-        if extra := sorted({pair[index] for pair in pairs if pair[2]} - declared):
-            message = (
-                f"подтверждённые сочетания используют {extra}, а в столбце «{column}» этого нет"
-            )
-            raise _Bad(column, message)
-
-    is_async = "async" in out["synchrony"]
-    if is_async and (problem := _disallowed(out["async_variants"], ASYNC_VARIANTS)):
-        raise _Bad("async_variants", problem)
-    if not is_async and out["async_variants"] != [_NA]:
-        raise _Bad("async_variants", "в столбце synchrony нет async, значит здесь n/a")
-
-    unconfirmed = out["unconfirmed"]
-    if unknown := [c for c in unconfirmed if c not in STACK_MAP_COLUMNS]:
-        raise _Bad("unconfirmed", f"неизвестные столбцы {unknown}")
-    for column, value in out.items():
-        items = value if isinstance(value, list) else []  # «?» на конце — только в списках
-        marked = value == _UNCONFIRMED or any(v.endswith("?") or v == _UNCONFIRMED for v in items)
-        if marked and column not in unconfirmed:
-            message = f"в столбце «{column}» есть неподтверждённое значение («?» или «unconfirmed»), но «{column}» не перечислен в unconfirmed"
-            raise _Bad("unconfirmed", message)
-    if out["staleness_control_key"] == _NA and out["staleness_default"] != _NA:
-        raise _Bad("staleness_default", "у стека нет ключа устаревания (n/a), значит и здесь n/a")
-    for column in ("lora", "multi_turn"):
-        if column not in unconfirmed and not out[column].startswith((SUPPORTED_PREFIX, "нет")):
-            message = f"ячейка начинается с «{SUPPORTED_PREFIX}» или «нет» (иначе внесите столбец в unconfirmed), получено {out[column]!r}"
-            raise _Bad(column, message)
-    return out
+    rows = read_exact_csv(path or DEFAULT_PATH, STACK_MAP_COLUMNS, ValueError, "карта стеков")
+    records = [
+        {
+            c: [v.strip() for v in cell.split("|")] if c in LIST_COLUMNS and cell else cell
+            for c, cell in cells.items()
+        }
+        for _, cells in rows
+    ]
+    frame = pd.DataFrame.from_records(records, columns=list(STACK_MAP_COLUMNS))
+    frame["unconfirmed"] = [v or [] for v in frame["unconfirmed"]]
+    frame["snapshot_date"] = [_dt.date.fromisoformat(d) for d in frame["snapshot_date"]]
+    return frame
 
 
 def stack_cells(frame: pd.DataFrame, include_unconfirmed: bool = True) -> pd.DataFrame:
@@ -300,9 +193,6 @@ def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) ->
 
     Возраст = reference − date, дни; старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
     """
-    if not isinstance(date, _dt.date) or not isinstance(reference, _dt.date):
-        message = f"date, reference: ожидаются datetime.date, получено {date!r}, {reference!r}"
-        raise ValueError(message)
     days = (reference - date).days
     where = f"снимка лекции {reference.isoformat()}"
     if days < 0:
@@ -480,7 +370,7 @@ def _limit(row: dict[str, str]) -> _StackLimit:
     """Строка ``stack_limits.csv``; ``when``: «lora=True; generation_engine not in vLLM|SGLang»."""
     found = [_CONDITION.fullmatch(c.strip()) for c in row["when"].split(";")]
     if row["kind"] not in ("fails", "unconfirmed") or not all(found):
-        raise StackMapError(f"stack_limits.csv: не читается kind или when в строке {row}")
+        raise ValueError(f"stack_limits.csv: не читается kind или when в строке {row}")
     when = tuple((m[1], m[2], tuple(m[3].split("|"))) for m in found)
     names = tuple(dict.fromkeys(name for name, _, _ in when))
     return _StackLimit(row["stack"], row["kind"], names, when, row["message"])
@@ -650,49 +540,17 @@ def choose_stacks(
 SPEEDUP_COLUMNS: tuple[str, ...] = tuple(
     "stack claim speedup_low speedup_high kind baseline setup source date evidence_class".split()
 )
-# range — диапазон авторов; up_to — «до X раз» (верхняя граница); point — одно число;
-# approx — качественное «примерно в X раз».
-SPEEDUP_KINDS: tuple[str, ...] = ("range", "up_to", "point", "approx")
-AUTHORS_CLAIM = "заявление авторов"
 
 
 def load_speedups(path: str | Path | None = None) -> pd.DataFrame:
     """Опубликованные ускорения (по умолчанию ``data/stack_speedups.csv``) — заявления авторов.
 
-    Кратность ``speedup_low`` ≤ ``speedup_high``, раз: во сколько быстрее базы ``baseline``
-    (меньше 1 — медленнее), для ``kind`` кроме ``range`` границы равны; ``date`` — строка
-    ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ. Нарушение — ``SpeedupsError`` с файлом, строкой и столбцом.
+    Кратность ``speedup_low`` ≤ ``speedup_high``, раз (float): во сколько быстрее базы ``baseline``
+    (меньше 1 — медленнее); ``kind``: range — диапазон, up_to — «до X раз», point — одно число,
+    approx — «примерно в X раз»; ``date`` — строка ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ.
     """
-    path = Path(path) if path is not None else SPEEDUPS_PATH
-    records = []
-    for line, cells in read_exact_csv(path, SPEEDUP_COLUMNS, SpeedupsError, "таблица ускорений"):
-        where = f"{path}: строка {line} (стек «{cells['stack']}»)"
-        records.append(_parsed(_parse_speedup, cells, SpeedupsError, where))
-    return pd.DataFrame.from_records(records, columns=list(SPEEDUP_COLUMNS))
-
-
-def _parse_speedup(cells: dict[str, str]) -> dict[str, object]:
-    """Ячейки строки таблицы ускорений → значения (кратности — float)."""
-    if empty := [column for column, cell in cells.items() if not cell]:
-        raise _Bad(empty[0], "пустая ячейка")
-    out: dict[str, object] = dict(cells)
+    rows = read_exact_csv(path or SPEEDUPS_PATH, SPEEDUP_COLUMNS, ValueError, "таблица ускорений")
+    frame = pd.DataFrame.from_records([cells for _, cells in rows], columns=list(SPEEDUP_COLUMNS))
     for column in ("speedup_low", "speedup_high"):
-        try:
-            number = float(cells[column].replace(",", "."))
-        except ValueError:
-            raise _Bad(column, f"ожидается число (кратность), получено {cells[column]!r}") from None
-        if not 0 < number < float("inf"):
-            raise _Bad(column, f"кратность должна быть положительным числом, получено {number}")
-        out[column] = number
-    low, high, kind = out["speedup_low"], out["speedup_high"], cells["kind"]
-    if low > high:
-        raise _Bad("speedup_low", f"нижняя граница {low} больше верхней {high}")
-    if kind not in SPEEDUP_KINDS:
-        raise _Bad("kind", f"недопустимое значение {kind!r}; разрешены {SPEEDUP_KINDS}")
-    if kind != "range" and low != high:
-        raise _Bad("kind", f"для «{kind}» speedup_low и speedup_high должны совпадать")
-    _date("date", cells["date"], partial=True)
-    if cells["evidence_class"] != AUTHORS_CLAIM:
-        message = f"ожидается «{AUTHORS_CLAIM}»: таблица хранит только заявления авторов, получено {cells['evidence_class']!r}"
-        raise _Bad("evidence_class", message)
-    return out
+        frame[column] = frame[column].str.replace(",", ".").astype(float)
+    return frame

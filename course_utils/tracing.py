@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -47,10 +48,6 @@ class StageTimer:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.worker = text("worker", worker)
-        if sync is not None and not callable(sync):
-            raise ValueError(f"sync должен быть функцией или None, получено {sync!r}")
-        if not callable(clock):
-            raise ValueError(f"clock должен быть функцией (секунды), получено {clock!r}")
         self.sync, self.clock = sync, clock
         self._events: list[dict[str, Any]] = []  # в порядке начала; открытые — без end_s
         self.t0 = float(clock())
@@ -100,12 +97,7 @@ def cuda_sync_or_none(device: Any) -> Callable[[], None] | None:
         return None
     import torch
 
-    if not isinstance(device, str | torch.device):
-        raise ValueError(f"device должно быть строкой ('cuda:0') или torch.device: {device!r}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: неизвестное устройство {device!r}") from exc
+    dev = torch.device(device)
     return functools.partial(torch.cuda.synchronize, dev) if dev.type == "cuda" else None
 
 
@@ -174,44 +166,24 @@ ORPHAN_REASONS = {
 }
 
 # Панель наблюдения: группа → {метрика: единицы} (KL, энтропии в таблицах трассы нет).
+_METRICS = """
+данные: роллаутов = шт.; запросов = шт.; средняя награда = у. е.; доля информативных групп = доля;
+  доля вырожденных групп = доля; токенов на роллаут, среднее = токенов;
+  токенов на роллаут, p95 = токенов
+политика: шагов оптимизатора = шт.; итоговая версия политики = версия;
+  задержка политики, средняя = версий; задержка политики, максимальная = версий;
+  доля несвежих роллаутов = доля; ESS/n, среднее по шагам = доля
+система: длительность роллаута, p50 = с; длительность роллаута, p95 = с;
+  длительность роллаута, p99 = с; время в очереди, среднее = с; время в очереди, p95 = с;
+  пропускная способность обучения = токенов/с; скорость генерации = токенов/с;
+  синхронизация весов, среднее = с; доля простоя тренера = доля; пиковая память = ГиБ (2³⁰ Б)
+надёжность: осиротевших роллаутов = шт.; доля осиротевших роллаутов = доля;
+  отброшено как несвежие = шт.; доля отброшенных = доля; несовпадений версии верификатора = шт.;
+  нарушений цепочки = шт.
+"""
 METRIC_GROUPS = {
-    "данные": {
-        "роллаутов": "шт.",
-        "запросов": "шт.",
-        "средняя награда": "у. е.",
-        "доля информативных групп": "доля",
-        "доля вырожденных групп": "доля",
-        "токенов на роллаут, среднее": "токенов",
-        "токенов на роллаут, p95": "токенов",
-    },
-    "политика": {
-        "шагов оптимизатора": "шт.",
-        "итоговая версия политики": "версия",
-        "задержка политики, средняя": "версий",
-        "задержка политики, максимальная": "версий",
-        "доля несвежих роллаутов": "доля",
-        "ESS/n, среднее по шагам": "доля",
-    },
-    "система": {
-        "длительность роллаута, p50": "с",
-        "длительность роллаута, p95": "с",
-        "длительность роллаута, p99": "с",
-        "время в очереди, среднее": "с",
-        "время в очереди, p95": "с",
-        "пропускная способность обучения": "токенов/с",
-        "скорость генерации": "токенов/с",
-        "синхронизация весов, среднее": "с",
-        "доля простоя тренера": "доля",
-        "пиковая память": "ГиБ (2³⁰ Б)",
-    },
-    "надёжность": {
-        "осиротевших роллаутов": "шт.",
-        "доля осиротевших роллаутов": "доля",
-        "отброшено как несвежие": "шт.",
-        "доля отброшенных": "доля",
-        "несовпадений версии верификатора": "шт.",
-        "нарушений цепочки": "шт.",
-    },
+    group: dict(item.strip().split(" = ") for item in items.split(";"))
+    for group, items in (b.split(":", 1) for b in re.split(r"\n(?=\S)", _METRICS.strip()))
 }
 METRIC_UNITS = {name: unit for group in METRIC_GROUPS.values() for name, unit in group.items()}
 
@@ -236,11 +208,8 @@ def _check_tables(tables: Any, name: str = "tables") -> TraceTables:
         raise ValueError(f"{name} должно быть TraceTables, получено {type(tables).__name__}")
     for table, cols in _TRACE_COLUMNS.items():
         frame = getattr(tables, table)
-        if not isinstance(frame, pd.DataFrame):
-            raise ValueError(f"{name}.{table} должно быть DataFrame, получено {type(frame)}")
-        missing = [c for c in cols if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{name}.{table}: нет столбцов {missing}")
+        if not isinstance(frame, pd.DataFrame) or not set(cols) <= set(frame.columns):
+            raise ValueError(f"{name}.{table}: нужна таблица со столбцами {list(cols)}")
     return tables
 
 
@@ -275,12 +244,6 @@ def _batches_frame(rollouts, trainer_version: Mapping[int, int], steps_done: set
 def _prompts_frame(rollouts) -> pd.DataFrame:
     counts = rollouts.groupby("prompt_id", sort=False).size()
     return pd.DataFrame({"prompt_id": counts.index.astype(object), "n_rollouts": counts.values})
-
-
-def _require(obj: Any, name: str, expected: str, attrs: Iterable[str]) -> None:
-    for attr in attrs:
-        if not hasattr(obj, attr):
-            raise ValueError(f"{name}: нет поля {attr}, ожидается {expected}, получено {obj!r:.60}")
 
 
 # Отметки роллаута в синхронном цикле — границы стадий его шага: (стадия, столбец, агрегат).
@@ -321,17 +284,10 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
     токены ответа, отметки времени роллаута — стадии его шага, с. expected_verifier_version по
     умолчанию ``arith_task.VERIFIER_VERSION``.
     """
-    _require(loop_result, "loop_result", "LoopResult", ("steps", "events", "records"))
     steps, events, records = loop_result.steps, loop_result.events, list(loop_result.records)
-    if not isinstance(steps, pd.DataFrame) or not {"step", "behavior_version"} <= set(steps):
-        raise ValueError("loop_result.steps: нужны столбцы step и behavior_version")
-    if len(steps) == 0 or not records:
-        raise ValueError("loop_result: нет ни одного шага или ни одной записи роллаута")
     if expected_verifier_version is None:
         from course_utils.arith_task import VERIFIER_VERSION as expected_verifier_version
     expected = text("expected_verifier_version", expected_verifier_version)
-    if steps["behavior_version"].duplicated().any():
-        raise ValueError("loop_result.steps: версии поведения шагов повторяются")
     step_of_version = {int(v): int(s) for s, v in zip(steps["step"], steps["behavior_version"])}
     times = _loop_step_times(events)
     stamps = times.reindex(sorted(step_of_version.values()))[list(_LOOP_STAMPS)]
@@ -341,8 +297,6 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
 
     rows, prompt_tokens = [], {}
     for i, r in enumerate(records):
-        fields = ("sample_id", "policy_version", "reward", "response_tokens")
-        _require(r, f"loop_result.records[{i}]", "RolloutRecord", fields)
         version = r.policy_version
         if version is None or int(version) not in step_of_version:
             raise ValueError(
@@ -404,16 +358,8 @@ def trace_from_simulation(
     пакет не попал; пакет незавершённого шага записан с complete = False. horizon_s =
     config.duration_s, с.
     """
-    _require(sim_result, "sim_result", "SimResult", ("rollouts", "steps", "config"))
     verifier_version = text("verifier_version", verifier_version)
     src, st = sim_result.rollouts, sim_result.steps
-    need_r = {"rollout_id", "gen_start", "gen_end", "enqueue_time", "dequeue_time", "tokens"}
-    need_r |= {"behavior_version", "consumed_version", "dropped"}
-    if not isinstance(src, pd.DataFrame) or not need_r <= set(src.columns):
-        raise ValueError(f"sim_result.rollouts: нужны столбцы {sorted(need_r)}")
-    if not isinstance(st, pd.DataFrame) or not {"step", "version_published"} <= set(st.columns):
-        raise ValueError("sim_result.steps: нужны столбцы step и version_published")
-
     step = src["consumed_version"].astype("Int64")
     ids = src["rollout_id"].astype("int64")
     prompt_ids = ("sim-p" + ids.astype(str)).to_numpy()
@@ -516,10 +462,7 @@ def rollouts_for_step(tables: TraceTables, optimizer_step: Any) -> pd.DataFrame:
     known = set(tables.steps["optimizer_step"].dropna().astype(int))
     known |= set(tables.batches["optimizer_step"].dropna().astype(int))
     if step not in known:
-        raise ValueError(
-            f"optimizer_step {optimizer_step} нет ни в steps, ни в batches "
-            f"(известны шаги {sorted(known)[:5]}{'…' if len(known) > 5 else ''})"
-        )
+        raise ValueError(f"optimizer_step {step} нет ни в steps, ни в batches")
     chain = full_chain(tables)
     return chain[chain["optimizer_step"] == step].reset_index(drop=True)
 
@@ -591,20 +534,12 @@ def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd
     return out[first + [c for c in out.columns if c not in first]].reset_index(drop=True)
 
 
-def _dups(frame, col: str) -> list:
-    s = frame[col]
-    return s[s.duplicated() & s.notna()].unique().tolist()
-
-
-def _head(items: list, k: int = 5) -> str:
-    shown = ", ".join(repr(x) for x in items[:k])
-    return shown + (f" … (всего {len(items)})" if len(items) > k else "")
-
-
 def _report(msgs: list[str], items: list, template: str) -> None:
     """Если items не пуст, добавляет template, где «{}» — первые пять items."""
     if items:
-        msgs.append(template.replace("{}", _head(items)))
+        shown = ", ".join(repr(x) for x in items[:5])
+        shown += f" … (всего {len(items)})" if len(items) > 5 else ""
+        msgs.append(template.replace("{}", shown))
 
 
 def check_chain(tables: TraceTables) -> list[str]:
@@ -618,71 +553,69 @@ def check_chain(tables: TraceTables) -> list[str]:
     tables = _check_tables(tables)
     p, r, b, s = tables.prompts, tables.rollouts, tables.batches, tables.steps
     msgs: list[str] = []
-    ids = {"prompts": "prompt_id", "rollouts": "rollout_id"}
-    ids |= {"batches": "training_batch_id", "steps": "optimizer_step"}
-    for name, col in ids.items():
-        _report(msgs, _dups(getattr(tables, name), col), f"{name}: повторяющиеся {col}: {{}}")
-    dups = _dups(b, "optimizer_step")
-    _report(msgs, dups, "batches: несколько пакетов на один шаг оптимизатора: {}")
+    ids = [("prompts", "prompt_id"), ("rollouts", "rollout_id"), ("batches", "training_batch_id")]
+    for name, col in [*ids, ("steps", "optimizer_step"), ("batches", "optimizer_step")]:
+        x = getattr(tables, name)[col]
+        dups = x[x.duplicated() & x.notna()].unique().tolist()
+        what = f"{name}: повторяющиеся {col}"
+        if (name, col) == ("batches", "optimizer_step"):
+            what = "batches: несколько пакетов на один шаг оптимизатора"
+        _report(msgs, dups, what + ": {}")
 
-    prompt_ids, batch_ids = set(p["prompt_id"].dropna()), set(b["training_batch_id"])
-    unknown = sorted({x for x in r["prompt_id"] if x not in prompt_ids}, key=str)
+    unknown = sorted({x for x in r["prompt_id"] if x not in set(p["prompt_id"].dropna())}, key=str)
     _report(msgs, unknown, "rollouts: ссылки на неизвестные запросы prompt_id: {}")
     linked = r[~r["training_batch_id"].map(_is_missing).astype(bool)]
-    unknown = sorted(set(linked["training_batch_id"]) - batch_ids, key=str)
+    unknown = sorted(set(linked["training_batch_id"]) - set(b["training_batch_id"]), key=str)
     _report(msgs, unknown, "rollouts: ссылки на неизвестные пакеты training_batch_id: {}")
 
-    rollout_ids = set(r["rollout_id"])
     batch_of: dict[Any, Any] = {}
     claims: dict[Any, list] = {}  # пакет → роллауты, которые на него указывают
     for rid, bid in zip(linked["rollout_id"], linked["training_batch_id"]):
         batch_of.setdefault(rid, bid)
         claims.setdefault(bid, []).append(rid)
     tokens_of = dict(zip(r["rollout_id"], r["tokens"]))
-    for row in b.itertuples(index=False):
-        bid, members = row.training_batch_id, row.rollout_ids
-        if isinstance(members, str) or not isinstance(members, Iterable):
-            msgs.append(f"пакет {bid!r}: rollout_ids должно быть списком идентификаторов")
-            continue
-        members = list(members)
-        ghost = [x for x in members if x not in rollout_ids]
-        _report(msgs, ghost, f"пакет {bid!r} ссылается на неизвестные роллауты: {{}}")
-        other = [x for x in members if x in rollout_ids and batch_of.get(x) != bid]
-        _report(
-            msgs, other, f"пакет {bid!r}: роллауты {{}} по таблице rollouts в этот пакет не входят"
-        )
-        claimed = [x for x in claims.get(bid, []) if x not in members]
-        _report(
-            msgs, claimed, f"пакет {bid!r}: роллауты {{}} указывают на пакет, но нет в его составе"
-        )
-        if row.n_rollouts != len(members):
-            msgs.append(f"пакет {bid!r}: n_rollouts = {row.n_rollouts}, а в составе {len(members)}")
-        total = None if ghost else sum(int(tokens_of[x]) for x in members)
-        if total is not None and row.tokens != total:  # tokens пакета = Σ tokens роллаутов
-            msgs.append(f"пакет {bid!r}: tokens = {row.tokens}, а сумма по составу {total}")
-
     step_ids = set(s["optimizer_step"].dropna().astype(int))
     trainer_of = {}  # пакет → версия тренера при его сборке
     for row in b.itertuples(index=False):
-        bid, step = row.training_batch_id, row.optimizer_step
+        bid, members, step = row.training_batch_id, row.rollout_ids, row.optimizer_step
+        where = f"пакет {bid!r}"
+        if isinstance(members, str) or not isinstance(members, Iterable):
+            msgs.append(f"{where}: rollout_ids должно быть списком идентификаторов")
+        else:
+            members = list(members)
+            ghost = [x for x in members if x not in tokens_of]
+            _report(msgs, ghost, f"{where} ссылается на неизвестные роллауты: {{}}")
+            other = [x for x in members if x in tokens_of and batch_of.get(x) != bid]
+            _report(
+                msgs, other, f"{where}: роллауты {{}} по таблице rollouts в этот пакет не входят"
+            )
+            claimed = [x for x in claims.get(bid, []) if x not in members]
+            _report(
+                msgs, claimed, f"{where}: роллауты {{}} указывают на пакет, но нет в его составе"
+            )
+            if row.n_rollouts != len(members):
+                msgs.append(f"{where}: n_rollouts = {row.n_rollouts}, а в составе {len(members)}")
+            total = sum(int(tokens_of[x]) for x in members) if not ghost else row.tokens
+            if row.tokens != total:  # tokens пакета = Σ tokens роллаутов
+                msgs.append(f"{where}: tokens = {row.tokens}, а сумма по составу {total}")
         if _is_missing(step):
-            msgs.append(f"пакет {bid!r}: не указан optimizer_step")
+            msgs.append(f"{where}: не указан optimizer_step")
             continue
         trainer_of[bid] = row.trainer_policy_version
         if bool(row.complete) and int(step) not in step_ids:
-            msgs.append(f"пакет {bid!r} завершён, но шага {int(step)} нет в steps")
+            msgs.append(f"{where} завершён, но шага {int(step)} нет в steps")
         elif not bool(row.complete) and int(step) in step_ids:
-            msgs.append(f"пакет {bid!r} помечен незавершённым, но шаг {int(step)} есть в steps")
+            msgs.append(f"{where} помечен незавершённым, но шаг {int(step)} есть в steps")
     lonely = sorted(step_ids - {int(x) for x in b["optimizer_step"].dropna()})
     _report(msgs, lonely, "steps: шаги без пакета: {}")
 
     ordered = s.dropna(subset=["optimizer_step"]).sort_values("optimizer_step")
-    steps_list = ordered["optimizer_step"].astype(int).tolist()
-    versions = ordered["resulting_policy_version"].tolist()
-    for (s0, v0), (s1, v1) in itertools.pairwise(zip(steps_list, versions)):
+    result_of = dict(
+        zip(ordered["optimizer_step"].astype(int), ordered["resulting_policy_version"])
+    )
+    for (s0, v0), (s1, v1) in itertools.pairwise(result_of.items()):
         if not v1 > v0:
             msgs.append(f"версии идут назад: после шага {s0} версия {v0}, после шага {s1} — {v1}")
-    result_of = dict(zip(steps_list, versions))
     for row in b.itertuples(index=False):
         res = None if _is_missing(row.optimizer_step) else result_of.get(int(row.optimizer_step))
         if res is not None and res != row.trainer_policy_version + 1:
@@ -692,9 +625,9 @@ def check_chain(tables: TraceTables) -> list[str]:
             )
     future = [  # задержка = trainer_policy_version − behavior_policy_version < 0
         rid
-        for rid, bid, v in zip(
-            linked["rollout_id"], linked["training_batch_id"], linked["behavior_policy_version"]
-        )
+        for rid, bid, v in linked[
+            ["rollout_id", "training_batch_id", "behavior_policy_version"]
+        ].itertuples(index=False)
         if bid in trainer_of and v > trainer_of[bid]
     ]
     newer = "версии идут назад: роллауты сгенерированы версией новее версии тренера"
@@ -723,13 +656,7 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None) -> pd.DataFrame:
     и долю простоя тренера = Σ queue_wait тренеров / (число тренеров · horizon_s).
     """
     tables = _check_tables(tables)
-    events = None
-    if loop_or_sim is not None:
-        events = getattr(loop_or_sim, "events", None)
-        if not isinstance(events, pd.DataFrame) or not {"stage", "start_s", "end_s"} <= set(events):
-            raise ValueError(
-                f"loop_or_sim должно быть LoopResult, SimResult или None: {type(loop_or_sim)}"
-            )
+    events = getattr(loop_or_sim, "events", None)
     r, b, s = tables.rollouts, tables.batches, tables.steps
     n, nan = len(r), math.nan
     m: dict[str, float] = {"роллаутов": float(n), "запросов": float(len(tables.prompts))}

@@ -121,8 +121,6 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     from matplotlib.patches import Patch
 
     scale = _TIME_UNITS[choice("time_unit", time_unit, _TIME_UNITS)]
-    if title is not None and not isinstance(title, str):
-        raise ValueError(f"title должно быть строкой или None, получено {title!r}")
     df = _to_frame(frame_or_events, "frame_or_events").reset_index(drop=True)
     start = df["start_s"].astype(float) * scale  # время, time_unit = секунды × множитель
     end = df["end_s"].astype(float) * scale

@@ -25,15 +25,17 @@ def test_failure_keeps_old_file_and_removes_temp(tmp_path, monkeypatch, broken):
     def boom(*args, **kwargs):
         raise OSError("сбой диска (имитация)")
 
-    def write(f):
+    def interrupted(f):  # Ctrl+C посреди записи временного файла
         f.write("новое, но недописанное".encode())
-        if broken == "write":
-            raise KeyboardInterrupt
+        raise KeyboardInterrupt
 
-    if broken != "write":
+    if broken == "write":
+        with pytest.raises(KeyboardInterrupt):
+            atomic.temp_file(tmp_path, target.name, interrupted)
+    else:
         monkeypatch.setattr(os, broken, boom)
-    with pytest.raises((OSError, KeyboardInterrupt)):
-        atomic.write_file(target, write)
+        with pytest.raises(OSError):
+            atomic.write_text(target, "новое")
     monkeypatch.undo()
     assert target.read_text(encoding="utf-8") == "старое"
     assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]

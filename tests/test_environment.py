@@ -27,6 +27,4 @@ def test_setup_notebook_prints_one_line(capsys, monkeypatch):
 
 def test_course_model_env_is_reported(monkeypatch):
     monkeypatch.setenv("COURSE_MODEL", "org/custom-model")
-    assert (
-        environment.environment_summary()["level_b_model"] == "org/custom-model (из COURSE_MODEL)"
-    )
+    assert environment.setup_notebook()["level_b_model"] == "org/custom-model (из COURSE_MODEL)"

@@ -18,7 +18,6 @@ from course_utils import profile  # noqa: E402
 from course_utils.profile import (  # noqa: E402
     STAGE_LABELS_RU,
     STAGES,
-    amdahl_speedup,
     dominant_stage,
     plot_stage_bar,
     profile_table,
@@ -98,27 +97,13 @@ def test_speedup_bound_by_hand():
     assert speedup_bound({"rollout": 6.0, "train": 2.0, "sync": 2.0}, "rollout") == 2.5
 
 
-def test_speedup_by_hand():
-    # decode вдвое быстрее: 4.5 + 2.75 = 7.25 с
-    assert amdahl_speedup(HAND, "decode", 2) == pytest.approx(10 / 7.25, rel=1e-12)
-    assert amdahl_speedup(HAND, "forward_backward", 3) == pytest.approx(10 / (8.5 + 0.5), rel=1e-12)
-    # замедление этапа (factor < 1) даёт S < 1
-    assert amdahl_speedup(HAND, "reward", 0.5) == pytest.approx(10 / 11, rel=1e-12)
-
-
 def test_amdahl_limits():
     assert speedup_bound({**HAND, "reward": 0.0}, "reward") == 1.0
-    assert amdahl_speedup({**HAND, "reward": 0.0}, "reward", 10) == 1.0
     assert speedup_bound({"decode": 4.0, "reward": 0.0}, "decode") == math.inf
-    assert amdahl_speedup({"decode": 4.0, "reward": 0.0}, "decode", math.inf) == math.inf
-    assert amdahl_speedup({"decode": 4.0, "reward": 0.0}, "decode", 8) == pytest.approx(8.0)
-    for stage in HAND:
-        assert amdahl_speedup(HAND, stage, 1) == pytest.approx(1.0, rel=1e-12)
+    for stage in HAND:  # S_max = T_seq / (T_seq − T_stage) ≥ 1, больше у более долгого этапа
+        rest = sum(t for s, t in HAND.items() if s != stage)
         bound = speedup_bound(HAND, stage)
-        assert amdahl_speedup(HAND, stage, math.inf) == pytest.approx(bound, rel=1e-12)
-        assert amdahl_speedup(HAND, stage, 1e12) == pytest.approx(bound, rel=1e-9)
-        values = [amdahl_speedup(HAND, stage, f) for f in (1, 2, 4, 16, 256)]
-        assert values == sorted(values) and all(v <= bound for v in values)
+        assert bound == pytest.approx(10 / rest, rel=1e-12) and bound >= 1
 
 
 @pytest.mark.parametrize(
@@ -138,17 +123,12 @@ def test_bad_stage_and_factor():
     with pytest.raises(ValueError, match="stage"):
         speedup_bound(HAND, "generate")
     with pytest.raises(ValueError, match="stage"):
-        amdahl_speedup(HAND, None, 2)
-    for factor in (0, -2, float("nan"), "2", None):
-        with pytest.raises(ValueError, match="factor"):
-            amdahl_speedup(HAND, "decode", factor)
+        speedup_bound(HAND, None)
     zeros = dict.fromkeys(HAND, 0.0)
     for call in (lambda: dominant_stage(zeros), lambda: speedup_bound(zeros, "decode"),
                  lambda: profile_table(zeros)):  # fmt: skip
         with pytest.raises(ValueError, match="> 0"):
             call()
-    with pytest.raises(ValueError, match="повторяются"):
-        sequential_time(pd.Series([1.0, 2.0], index=["decode", "decode"]))
 
 
 # ---------------------------------------------------------------- синтетический профиль
@@ -188,8 +168,7 @@ def test_synthetic_profile_scale_changes_dominant():
     "kwargs, name",
     [({"steps": 0}, "steps"), ({"steps": 2.5}, "steps"), ({"steps": True}, "steps"),
      ({"seed": -1}, "seed"), ({"seed": "0"}, "seed"), ({"scale": {"generate": 2}}, "scale"),
-     ({"scale": {"decode": 0}}, "scale"), ({"scale": {"decode": float("nan")}}, "scale"),
-     ({"scale": [2.0]}, "scale")],
+     ({"scale": {"decode": 0}}, "scale"), ({"scale": {"decode": float("nan")}}, "scale")],
 )  # fmt: skip
 def test_synthetic_profile_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -238,8 +217,6 @@ def test_stage_medians_bad_input():
         stage_medians(frame, skip_warmup=-1)
     with pytest.raises(ValueError, match="decode_s"):
         stage_medians(frame.drop(columns="decode_s"))
-    with pytest.raises(ValueError, match="frame"):
-        stage_medians(HAND)
     with pytest.raises(ValueError, match="skip_warmup"):
         stage_medians(frame.iloc[:0])
     negative = _hand_frame([1.0, -2.0, 3.0])
@@ -269,7 +246,7 @@ def test_profile_table_shares_and_tokens():
 
 
 def test_profile_table_bad_tokens():
-    for tokens in ({"tokens": 5}, {"input_tokens": -1}, {}, [1, 2], {"output_tokens": "x"}):
+    for tokens in ({"tokens": 5}, {"input_tokens": -1}, {"output_tokens": "x"}):
         with pytest.raises(ValueError, match="tokens"):
             profile_table(HAND, tokens=tokens)
 
@@ -306,8 +283,6 @@ def test_plot_several_profiles_and_existing_axes():
 
 
 def test_plot_bad_input():
-    with pytest.raises(ValueError, match="title"):
-        plot_stage_bar(HAND, title=5)
     with pytest.raises(ValueError, match="stage_times"):
         plot_stage_bar({"decode": -1.0})
     with pytest.raises(ValueError, match="пуста"):

@@ -1,11 +1,52 @@
-"""Тесты реестра источников модуля 12 (data/module_12_sources.csv) и его загрузчика."""
+"""Тесты реестра источников модуля 12 (data/module_12_sources.csv), его соглашений и загрузчика."""
 
 import datetime as dt
+import re
 
 import pytest
 from csv_rows import read_rows, write_rows
 
 from course_utils import sources as src
+from course_utils.csv_tables import read_exact_csv
+
+EVIDENCE_CLASSES = tuple(src.EVIDENCE_LABELS)
+
+
+class SourcesError(ValueError):
+    """Нарушено соглашение реестра: сообщение называет файл, строку и столбец."""
+
+
+def check_sources(path=src.DEFAULT_PATH):
+    """Соглашения реестра: непустые ячейки, уникальный claim_id из [a-z0-9._-], шаг 12.x.y,
+    класс из EVIDENCE_CLASSES, дата ISO ГГГГ-ММ-ДД; нарушение — SourcesError."""
+    seen = {}
+    for line, cells in read_exact_csv(path, src.SOURCES_COLUMNS, SourcesError, "реестр"):
+        where = f"{path}: строка {line} (утверждение «{cells['claim_id']}»)"
+
+        def fail(column, message, where=where):
+            return SourcesError(f"{where}, столбец «{column}»: {message}")
+
+        for column in src.SOURCES_COLUMNS:
+            if not cells[column]:
+                raise fail(column, "пустая ячейка")
+        claim_id, step, date = cells["claim_id"], cells["lesson_step"], cells["date_checked"]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", claim_id):
+            raise fail(
+                "claim_id", f"ожидаются строчные латинские буквы, цифры, «-_.»: {claim_id!r}"
+            )
+        if claim_id in seen:
+            raise fail("claim_id", f"«{claim_id}» повторяется (уже был в строке {seen[claim_id]})")
+        seen[claim_id] = line
+        if not re.fullmatch(r"12\.[1-5]\.([1-9]|1[0-3])", step):
+            raise fail("lesson_step", f"ожидается шаг вида 12.<1–5>.<1–13>, получено {step!r}")
+        if cells["evidence_class"] not in EVIDENCE_CLASSES:
+            raise fail("evidence_class", f"недопустимое значение {cells['evidence_class']!r}")
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+            raise fail("date_checked", f"ожидается дата ISO ГГГГ-ММ-ДД, получено {date!r}")
+        try:
+            dt.date.fromisoformat(date)
+        except ValueError:
+            raise fail("date_checked", f"несуществующая дата {date!r}") from None
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +56,7 @@ def frame():
 
 def test_shipped_registry_loads(frame):
     assert tuple(frame.columns) == src.SOURCES_COLUMNS
+    check_sources()  # файл из data/ соблюдает соглашения реестра
     assert src.DEFAULT_PATH.name == "module_12_sources.csv"
     assert frame["claim_id"].is_unique
     assert len(frame) >= 40
@@ -31,7 +73,7 @@ def test_every_row_has_date_source_and_boundary(frame):
         assert "заметк" not in row["source"] + row["boundary"], cid
         assert len(row["boundary"]) > 20, cid
         assert len(row["claim"]) > 20, cid
-        assert row["evidence_class"] in src.EVIDENCE_CLASSES, cid
+        assert row["evidence_class"] in EVIDENCE_CLASSES, cid
 
 
 def test_every_lesson_has_sources(frame):
@@ -114,7 +156,7 @@ def test_sources_for_step_rejects_bad_frame():
         src.sources_for_step(pd.DataFrame({"claim_id": ["a"]}), "12.1")
 
 
-# --- ошибки загрузчика ----------------------------------------------------------
+# --- соглашения файла (проверка тестов) и ошибки загрузчика ----------------------------------------------------------
 
 
 def _write(path, rows, columns=src.SOURCES_COLUMNS):
@@ -150,15 +192,15 @@ def test_bad_cells(tmp_path, good_rows, column, value, pattern):
     good_rows[0][column] = value
     path = _write(tmp_path / "bad.csv", good_rows)
     with pytest.raises(ValueError, match=pattern) as err:
-        src.load_sources(path)
+        check_sources(path)
     assert str(path) in str(err.value) and "строка 2" in str(err.value)
-    assert isinstance(err.value, src.SourcesError)
+    assert isinstance(err.value, SourcesError)
 
 
 def test_duplicate_claim_id(tmp_path, good_rows):
     good_rows[5]["claim_id"] = good_rows[1]["claim_id"]
     with pytest.raises(ValueError, match=r"строка 7.*«claim_id».*повторяется.*строке 3"):
-        src.load_sources(_write(tmp_path / "d.csv", good_rows))
+        check_sources(_write(tmp_path / "d.csv", good_rows))
 
 
 def test_columns_checked(tmp_path, good_rows):
@@ -182,5 +224,5 @@ def test_missing_file(tmp_path):
 
 
 def test_evidence_labels_cover_classes():
-    assert set(src.EVIDENCE_LABELS) == set(src.EVIDENCE_CLASSES)
+    assert set(src.EVIDENCE_LABELS) == set(EVIDENCE_CLASSES)
     assert src.EVIDENCE_LABELS["authors_claim"] == "заявление авторов"

@@ -9,6 +9,7 @@ import datetime as dt
 import pandas as pd
 import pytest
 from csv_rows import read_rows, write_rows
+from stack_map_rules import AUTHORS_CLAIM, SPEEDUP_KINDS, SpeedupsError, check_speedups
 
 from course_utils import stack_map as sm
 
@@ -231,12 +232,13 @@ def speedups():
 
 def test_speedups_load_and_are_authors_claims(speedups, frame):
     assert tuple(speedups.columns) == sm.SPEEDUP_COLUMNS
+    check_speedups()  # файл из data/ соблюдает соглашения data/SOURCES.md
     assert (speedups["speedup_low"] <= speedups["speedup_high"]).all()
     assert (speedups["speedup_low"] > 0).all()
-    assert sm.AUTHORS_CLAIM == "заявление авторов"
-    assert (speedups["evidence_class"] == sm.AUTHORS_CLAIM).all()
+    assert AUTHORS_CLAIM == "заявление авторов"
+    assert (speedups["evidence_class"] == AUTHORS_CLAIM).all()
     assert set(speedups["stack"]) <= set(frame["stack"])
-    assert set(speedups["kind"]) <= set(sm.SPEEDUP_KINDS)
+    assert set(speedups["kind"]) <= set(SPEEDUP_KINDS)
     for column in ("claim", "baseline", "setup", "source", "date"):
         assert speedups[column].str.len().gt(0).all(), column
     assert speedups["source"].str.contains("https://").all()
@@ -295,16 +297,16 @@ def test_speedups_bad_cells(tmp_path, speedup_rows, column, value, pattern):
     speedup_rows[0][column] = value
     path = _write_speedups(tmp_path / "bad.csv", speedup_rows)
     with pytest.raises(ValueError, match=pattern) as err:
-        sm.load_speedups(path)
+        check_speedups(path)
     assert str(path) in str(err.value) and "строка 2" in str(err.value)
-    assert isinstance(err.value, sm.SpeedupsError)
+    assert isinstance(err.value, SpeedupsError)
 
 
 def test_speedups_kind_needs_equal_bounds(tmp_path, speedup_rows):
     row = next(r for r in speedup_rows if r["kind"] == "range")
     row["kind"] = "up_to"
     with pytest.raises(ValueError, match=r"«kind».*совпадать"):
-        sm.load_speedups(_write_speedups(tmp_path / "k.csv", speedup_rows))
+        check_speedups(_write_speedups(tmp_path / "k.csv", speedup_rows))
 
 
 def test_speedups_columns_and_file(tmp_path, speedup_rows):

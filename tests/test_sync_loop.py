@@ -172,7 +172,7 @@ def test_three_processes_fail_with_russian_error(tmp_path):
     res = multiproc.launch(ENTRY, nprocs=3, args={"steps": 1}, timeout_s=60, run_dir=tmp_path)
     assert not res.ok and res.status == "failed"
     assert "нужно ровно 2 процесса" in res.summary()
-    assert "world_size=3" in res.summary()
+    assert "получено 3" in res.summary()
 
 
 # ----------------------------------------------------------------------------- без процессов

@@ -488,10 +488,6 @@ def test_dashboard_reports_broken_chain():
 
 
 def test_bad_inputs(sim_tables):
-    with pytest.raises(ValueError, match="loop_result"):
-        trace_from_loop(object())
-    with pytest.raises(ValueError, match="sim_result"):
-        trace_from_simulation(None)
     with pytest.raises(ValueError, match="verifier_version"):
         trace_from_simulation(pipeline.simulate(pipeline.SimConfig(duration_s=5.0)), "")
     with pytest.raises(ValueError, match="tables"):
@@ -504,8 +500,6 @@ def test_bad_inputs(sim_tables):
         rollouts_for_step(sim_tables, "0")
     with pytest.raises(ValueError, match="include_unfinished"):
         find_orphans(sim_tables, include_unfinished="да")
-    with pytest.raises(ValueError, match="loop_or_sim"):
-        dashboard(sim_tables, loop_or_sim=42)
     broken = _with(sim_tables, steps=sim_tables.steps.drop(columns="resulting_policy_version"))
     with pytest.raises(ValueError, match="resulting_policy_version"):
         check_chain(broken)

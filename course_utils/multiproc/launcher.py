@@ -65,21 +65,17 @@ class RankFailure:
         Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
         """
         who = f"Ранг {self.rank}{note}"
+        code = self.exitcode
         if self.killed:
-            head, lines = (
-                f"{who}: остановлен запускателем (SIGKILL)",
-                _hang_frames(self.stderr_tail),
-            )
-            if lines:
-                head += ", где он ждал (самый глубокий вызов первым):"
-            lines = lines[:max_lines]
+            frames = _hang_frames(self.stderr_tail)
+            where = ", где он ждал (самый глубокий вызов первым):" if frames else ""
+            head, lines = f"{who}: остановлен запускателем (SIGKILL){where}", frames[:max_lines]
         else:
-            if self.exitcode is not None and self.exitcode < 0:
-                head = f"{who}: убит сигналом {_signal_name(-self.exitcode)}"
-            elif self.exitcode == 0:
+            head = f"{who}: код выхода {code}"
+            if code is not None and code < 0:
+                head = f"{who}: убит сигналом {_signal_name(-code)}"
+            elif code == 0:
                 head = f"{who}: вышел с кодом 0, но не записал результат"
-            else:
-                head = f"{who}: код выхода {self.exitcode}"
             lines = [ln for ln in self.stderr_tail.splitlines() if ln.strip()]
             if max_lines is not None:
                 lines = lines[-max_lines:] if max_lines > 0 else []
@@ -110,10 +106,8 @@ class LaunchResult:
         if self.status == "ok":
             return f"{head} — успешно за {self.wall_s:.2f} с."
         if self.status == "timeout":
-            lines = [
-                f"{head} — ТАЙМАУТ: не уложились в {self.timeout_s:g} с, "
-                f"все процессы остановлены (SIGKILL)."
-            ]
+            stop = "все процессы остановлены (SIGKILL)"
+            lines = [f"{head} — ТАЙМАУТ: не уложились в {self.timeout_s:g} с, {stop}."]
             lines += [f.describe(max_lines=3) for f in self.failures]
         else:
             lines = [f"{head} — ОШИБКА за {self.wall_s:.2f} с."]
@@ -172,27 +166,18 @@ def _signal_name(signum: int) -> str:
 
 def _resolve_entry(entry: Any):
     """Импортирует "пакет.модуль:функция": (модуль, функция); ValueError с понятным текстом."""
-    if not isinstance(entry, str) or entry.count(":") != 1:
+    module_name, _, func_name = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+    if not all(p.isidentifier() for p in [*module_name.split("."), func_name]) or ":" in func_name:
         raise ValueError(
-            f"entry должно иметь вид 'пакет.модуль:функция' (ровно одно двоеточие), "
-            f"получено {entry!r}"
-        )
-    module_name, func_name = entry.split(":")
-    if not all(p.isidentifier() for p in [*module_name.split("."), func_name]):
-        raise ValueError(
-            f"entry: '{module_name}' должно быть именем модуля, '{func_name}' — именем функции "
-            f"(пример: 'course_utils.multiproc:smoke_allreduce')"
+            f"entry должно иметь вид 'пакет.модуль:функция' (одно двоеточие): {entry!r}"
         )
     if module_name == "__main__":
-        raise ValueError(
-            "entry: функцию из ячейки ноутбука (__main__) дочерний процесс импортировать не "
-            "может; положите её в файл .py и укажите 'модуль:функция'"
-        )
+        raise ValueError("entry: функцию из ячейки ноутбука (__main__) дочерний процесс не найдёт")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ValueError(
-            f"entry: не удалось импортировать модуль '{module_name}': {type(exc).__name__}: {exc}"
+            f"entry: не удалось импортировать модуль '{module_name}': {exc!r}"
         ) from exc
     fn = getattr(module, func_name, None)
     if fn is None:
@@ -205,33 +190,23 @@ def _resolve_entry(entry: Any):
 def _check_args(args: Any) -> dict:
     if args is None:
         return {}
-    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-        raise ValueError(f"args должно быть словарём со строковыми ключами или None: {args!r}")
-    reserved = sorted(set(args) & set(_RESERVED_ARGS))
-    if reserved:
-        raise ValueError(f"args не должен содержать {reserved}: их задаёт запускатель")
+    if not isinstance(args, dict) or set(args) & {*_RESERVED_ARGS}:
+        raise ValueError(f"args — словарь без ключей {_RESERVED_ARGS} (их задаёт запускатель)")
     try:
         json.dumps(args, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"args должно быть JSON-сериализуемым (числа, строки, списки, словари): {exc}"
-        ) from exc
+        raise ValueError(f"args должно быть JSON-сериализуемым: {exc}") from exc
     return dict(args)
 
 
 def _check_env(env: Any) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, dict):
+    if env is not None and not isinstance(env, dict):
         raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
-    for key, value in env.items():
-        if text("env: имя переменной", key) in _RESERVED_ENV:
-            raise ValueError(f"env: переменную {key} задаёт запускатель, её нельзя переопределить")
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ValueError(
-                f"env: значение {key} должно быть строкой или числом, получено {value!r}"
-            )
-    return {key: str(value) for key, value in env.items()}
+    for key, value in (env or {}).items():
+        bad = isinstance(value, bool) or not isinstance(value, str | int | float)
+        if text("env: имя переменной", key) in _RESERVED_ENV or bad:
+            raise ValueError(f"env: {key} задаёт запускатель, или значение не строка: {value!r}")
+    return {key: str(value) for key, value in (env or {}).items()}
 
 
 def default_backend(nprocs: int) -> str:
@@ -342,27 +317,20 @@ def _run_once(
     cmd += ["--timeout-s", repr(float(timeout_s))]
     try:
         for rank in range(nprocs):
-            ranks = {
-                "RANK": rank,
-                "LOCAL_RANK": rank,
-                "WORLD_SIZE": nprocs,
-                "LOCAL_WORLD_SIZE": nprocs,
-            }
-            child_env = {**base_env, **{k: str(v) for k, v in ranks.items()}}
+            ranks = dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
+            ranks |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
+            child_env = {**base_env, **ranks}
             with (
                 open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
             ):
-                proc = subprocess.Popen(
-                    cmd,
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # своя группа: killpg убьёт всё дерево ранга
-                    pass_fds=(alive_r,),
+                # start_new_session: своя группа процессов, killpg убьёт всё дерево ранга
+                io = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=child_env, start_new_session=True, pass_fds=(alive_r,), **io
+                    )
                 )
-                procs.append(proc)
         os.close(alive_r)
         alive_r = -1
         for rank in range(nprocs):
@@ -407,20 +375,9 @@ def _run_once(
         key=lambda f: (f.killed, 0.0 if f.killed else exit_at[f.rank] or math.inf, f.rank)
     )
     status = "failed" if status == "ok" and failures else status
-    return LaunchResult(
-        ok=status == "ok",
-        status=status,
-        nprocs=nprocs,
-        backend=backend,
-        wall_s=wall_s,
-        results=results,
-        failures=failures,
-        entry=entry,
-        run_dir=str(run_dir),
-        pids=[p.pid for p in procs],
-        exitcodes=[p.returncode for p in procs],
-        timeout_s=float(timeout_s),
-    )
+    pids, codes = [p.pid for p in procs], [p.returncode for p in procs]
+    head = (status == "ok", status, nprocs, backend, wall_s, results, failures, entry)
+    return LaunchResult(*head, str(run_dir), pids, codes, float(timeout_s))
 
 
 def launch(
@@ -506,15 +463,6 @@ def _reap_group_when_launcher_dies(alive_fd: int) -> None:
     os.close(alive_fd)
 
 
-def _env_int(name: str) -> int:
-    value = os.environ.get(name, "")
-    if not value.lstrip("-").isdigit():
-        raise RuntimeError(
-            f"переменная окружения {name} должна быть целым числом, получено {value!r}"
-        )
-    return int(value)
-
-
 def _child_main(ns: argparse.Namespace) -> int:
     import datetime
 
@@ -524,7 +472,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if ns.parent_fd >= 0:
         _reap_group_when_launcher_dies(ns.parent_fd)
-    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if ns.result_dir:
         os.environ.setdefault("COURSE_RUN_DIR", str(Path(ns.result_dir).resolve()))
     args = json.loads(ns.args) if ns.args else {}
@@ -542,10 +490,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         result = fn(rank=rank, world_size=world_size, backend=backend, **args)
     except SystemExit as exc:
         print(
-            f"Ранг {rank}: функция {ns.entry} вызвала sys.exit({exc.code!r}) и не вернула "
-            f"результат",
-            file=sys.stderr,
-            flush=True,
+            f"Ранг {rank}: {ns.entry} вызвала sys.exit({exc.code!r})", file=sys.stderr, flush=True
         )
         raise
     except Exception as exc:

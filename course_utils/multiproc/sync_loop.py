@@ -34,17 +34,9 @@ def _start(experiment: str, cfg: dict) -> SimpleNamespace:
     torch.manual_seed(cfg["seed"])
     with stages.stage("load_model"):
         net, tokenizer, info = load_policy(cfg["model"], device=device)
-    head = {
-        "experiment": experiment,
-        "rank": cfg["rank"],
-        "world_size": cfg["world_size"],
-        "backend": cfg["backend"],
-        "pid": os.getpid(),
-        "device": str(device),
-        "model": info.describe(),
-        "num_params": info.num_params,
-        "clock_note": transport.CLOCK_NOTE,
-    }
+    head = {"experiment": experiment, **{k: cfg[k] for k in ("rank", "world_size", "backend")}}
+    head |= {"pid": os.getpid(), "device": str(device), "model": info.describe()}
+    head |= {"num_params": info.num_params, "clock_note": transport.CLOCK_NOTE}
     return SimpleNamespace(
         device=device, stages=stages, net=net, tok=tokenizer, info=info, head=head
     )
@@ -118,9 +110,7 @@ def _reward_mean(records) -> float:
 def _behavior_version(records) -> int:
     versions = {r.policy_version for r in records}
     if len(versions) != 1:
-        raise RuntimeError(
-            f"в одном пакете роллаутов несколько версий политики: {sorted(versions)}"
-        )
+        raise RuntimeError(f"в одном пакете роллаутов несколько версий политики: {versions}")
     return int(versions.pop())
 
 
@@ -150,19 +140,14 @@ def sync_generator_trainer(
     сверяется в начале и после каждой передачи. Времена — секунды (wait_s — ожидание другой
     стороны, train_s = logprob_s + update_s), объёмы — байты; events — для диаграммы Ганта.
     """
-    if world_size != 2:
-        raise ValueError(
-            f"sync_generator_trainer: нужно ровно 2 процесса (ранг {GENERATOR_RANK} — генератор, "
-            f"ранг {TRAINER_RANK} — тренер), а world_size={world_size}; запустите nprocs=2"
-        )
+    integer("world_size (нужно ровно 2 процесса: генератор и тренер)", world_size, 2, 2)
     steps, seed = integer("steps", steps, 1), integer("seed", seed, 0)
     prompts_per_step = integer("prompts_per_step", prompts_per_step, 1)
     group_size = integer("group_size", group_size, 1)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     lr, temperature = positive("lr", lr), positive("temperature", temperature)
     verify, model = flag("verify", verify), text("model", model)
-    if rank not in (GENERATOR_RANK, TRAINER_RANK):
-        raise ValueError(f"rank должно быть 0 (генератор) или 1 (тренер), получено {rank!r}")
+    integer("rank (0 — генератор, 1 — тренер)", rank, GENERATOR_RANK, TRAINER_RANK)
     cfg = dict(locals())  # проверенные аргументы
     r = _start(SYNC_EXPERIMENT, cfg)
     out = (_run_generator if rank == GENERATOR_RANK else _run_trainer)(r, cfg)
@@ -189,15 +174,8 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
         step_t0 = time.perf_counter()
         step_seed = cfg["seed"] * 1000 + step
         with stages.stage("generate", step) as gen:
-            batch = _generate(
-                engine,
-                r.tok,
-                cfg,
-                cfg["prompts_per_step"],
-                version,
-                step_seed,
-                f"sync{cfg['seed']}",
-            )
+            n, run_id = cfg["prompts_per_step"], f"sync{cfg['seed']}"
+            batch = _generate(engine, r.tok, cfg, n, version, step_seed, run_id)
         behavior = _behavior_version(batch.records)
         payload = {"step": step, "records": [x.to_dict() for x in batch.records]}
         with stages.stage("send_rollouts", step) as snd:
