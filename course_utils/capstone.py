@@ -470,12 +470,15 @@ def plot_run(run_dir: str | Path):
     a = _Audit(path("run_dir", run_dir))
     lag = a.lags().groupby("optimizer_step")["lag"].max()  # версий
     fig, (aq, al) = plt.subplots(1, 2, figsize=(12, 3.6))
-    aq.step(a.steps["optimizer_step"], a.steps["reserved_tokens"], where="mid", label="очередь")
+    x, q = a.steps["optimizer_step"], a.steps["reserved_tokens"]
+    aq.plot(x, q, "o-", drawstyle="steps-mid", label="очередь (заказано и не обучено)")
     aq.axhline(a.spec.queue_tokens, color="red", ls="--", label="порог queue_tokens")
-    aq.set(xlabel="шаг оптимизатора", ylabel="очередь перед шагом, токенов", ylim=(0, None))
+    top = 1.25 * max(a.spec.queue_tokens, q.max())
+    aq.set(xlabel="шаг оптимизатора", ylabel="очередь перед шагом, токенов", ylim=(0, top))
     al.plot(lag.index, lag.values, "o-", label="наибольшая задержка записей шага")
     al.axhline(a.spec.max_policy_lag, color="red", ls="--", label="граница max_policy_lag")
     al.set(xlabel="шаг оптимизатора", ylabel="задержка L = u − v, версий")
+    al.set_yticks(range(0, max(int(lag.max()), a.spec.max_policy_lag) + 2))
     if a.spec.kill_trainer_at:
         for ax in (aq, al):
             ax.axvline(a.spec.kill_trainer_at + 0.5, color="gray", ls=":", label="kill -9 тренера")
