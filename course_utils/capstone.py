@@ -24,7 +24,12 @@ from course_utils.checkpoint import EVENTS_FILE, MANIFEST
 from course_utils.fmt import count, num
 from course_utils.guarantees import GUARANTEES
 from course_utils.memory import MIB
-from course_utils.multiproc.capstone_loop import CHECKPOINTS, FULL_COMPONENTS, SYNC_LOG
+from course_utils.multiproc.capstone_loop import (
+    CHECKPOINT_LOG,
+    CHECKPOINTS,
+    FULL_COMPONENTS,
+    SYNC_LOG,
+)
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"
 ENTRY = "course_utils.multiproc.capstone_loop:capstone_trainer"
@@ -132,7 +137,7 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
 
     С kill_trainer_at первый запуск обязан закончиться SIGKILL тренера, второй продолжает с
     новейшей контрольной точки. Возвращает metrics.json: время, с; запуски (pid, коды выхода);
-    пиковый RSS процессов, байт.
+    пиковый RSS процессов, байт; медиана периода шага и время записи каждой точки (C), с.
     """
     from course_utils.contract import RolloutRecord, write_parquet
     from course_utils.multiproc import launch
@@ -177,12 +182,15 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
                 "rollout_ids": json.dumps(ev["rollout_ids"]),
                 **{k: line[k] for k in ("ess_norm", "clip_fraction", "loss", "reward_mean")},
                 **{k: line[k] for k in ("reserved_tokens", "train_s", "generate_s", "pid")},
+                "end_unix": line["end_unix"],
                 "weights_sha256": ev["weights_sha256"],
             }
         )
     for name, frame in ((TRACE_ROLLOUTS, rows), (TRACE_STEPS, steps)):
         atomic.write_text(out / name, pd.DataFrame(frame).to_csv(index=False))
     rss = [v for line in lines for v in line["peak_rss_bytes"].values()]
+    ends = pd.DataFrame(steps).groupby("pid")["end_unix"].diff().dropna()  # в одном процессе, с
+    ckpt = out / CHECKPOINT_LOG
     metrics = {
         "duration_s": time.perf_counter() - t0,
         "steps": len(lines),
@@ -190,6 +198,8 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
         "peak_rss_bytes": max(rss),
         "memory_kind": MEMORY_KIND,
         "processes": 1 + spec.n_generators,
+        "step_period_s": float(ends.median()) if len(ends) else None,  # медиана между шагами
+        "checkpoint_write_s": [x["write_s"] for x in _jsonl(ckpt)] if ckpt.is_file() else [],
     }
     atomic.write_text(out / METRICS, json.dumps(metrics, ensure_ascii=False, indent=1))
     return metrics
@@ -270,15 +280,24 @@ class _Audit:
         fig = {"records": len(self.records), "invalid_records": len(bad)}
         return not bad, fig, {"invalid_records": 0}, bad
 
+    def lags(self) -> pd.DataFrame:
+        """Задержка L = u − v каждой записи, версий: u — версия тренера на её шаге (optimizer_step)."""
+        u = self.steps.set_index("training_batch_id")
+        links = self.trace.set_index("rollout_id")
+        return pd.DataFrame(
+            [
+                {"optimizer_step": int(u.at[b, "optimizer_step"])}
+                | {"lag": int(u.at[b, "trainer_policy_version"]) - r.policy_version}
+                for r in self.records
+                if r.sample_id in links.index
+                for b in [links.at[r.sample_id, "training_batch_id"]]
+            ],
+            columns=["optimizer_step", "lag"],
+        )
+
     def bounded_queue(self):
         """Задержка L = u − v по записям ≤ границы, пик очереди ≤ порога, пик RSS ≤ бюджета."""
-        u = dict(zip(self.steps["training_batch_id"], self.steps["trainer_policy_version"]))
-        batch = dict(zip(self.trace["rollout_id"], self.trace["training_batch_id"]))
-        lags = [
-            int(u[batch[r.sample_id]]) - r.policy_version
-            for r in self.records
-            if r.sample_id in batch
-        ]
+        lags = self.lags()["lag"].tolist()
         s, rss = self.spec, round(self.metrics["peak_rss_bytes"] / MIB, 1)
         fig = {"max_lag_versions": max(lags, default=0), "lag_histogram": _hist(lags)}
         fig |= {"peak_queue_tokens": int(self.steps["reserved_tokens"].max()), "peak_rss_mib": rss}
@@ -426,6 +445,49 @@ def audit(run_dir: str | Path) -> list[dict]:
     return out
 
 
+def _kv(d: dict) -> str:
+    return "; ".join(f"{k} = {v}" for k, v in d.items())
+
+
+def report_card(run_dir: str | Path) -> pd.DataFrame:
+    """Табель прогона: строка на гарантию — выполнена ли, измерено, граница, первое доказательство."""
+    return pd.DataFrame(
+        [
+            {"гарантия": g["label"], "выполнена": "да" if g["holds"] else "НЕТ"}
+            | {"измерено": _kv(g["figure"]), "граница": _kv(g["bound"])}
+            | {"доказательство": g["evidence"][0]}
+            for g in audit(run_dir)
+        ]
+    )
+
+
+def plot_run(run_dir: str | Path):
+    """Очередь (Σ бюджетов заказанных и не обученных пакетов перед шагом, токенов) и наибольшая
+    задержка L = u − v записей шага, версий, по шагам оптимизатора — с порогом и границей спецификации.
+    Возвращает (fig, (ax_queue, ax_lag))."""
+    import matplotlib.pyplot as plt
+
+    a = _Audit(path("run_dir", run_dir))
+    lag = a.lags().groupby("optimizer_step")["lag"].max()  # версий
+    fig, (aq, al) = plt.subplots(1, 2, figsize=(12, 3.6))
+    x, q = a.steps["optimizer_step"], a.steps["reserved_tokens"]
+    aq.plot(x, q, "o-", drawstyle="steps-mid", label="очередь (заказано и не обучено)")
+    aq.axhline(a.spec.queue_tokens, color="red", ls="--", label="порог queue_tokens")
+    top = 1.25 * max(a.spec.queue_tokens, q.max())
+    aq.set(xlabel="шаг оптимизатора", ylabel="очередь перед шагом, токенов", ylim=(0, top))
+    al.plot(lag.index, lag.values, "o-", label="наибольшая задержка записей шага")
+    al.axhline(a.spec.max_policy_lag, color="red", ls="--", label="граница max_policy_lag")
+    al.set(xlabel="шаг оптимизатора", ylabel="задержка L = u − v, версий")
+    al.set_yticks(range(0, max(int(lag.max()), a.spec.max_policy_lag) + 2))
+    if a.spec.kill_trainer_at:
+        for ax in (aq, al):
+            ax.axvline(a.spec.kill_trainer_at + 0.5, color="gray", ls=":", label="kill -9 тренера")
+    for ax in (aq, al):
+        ax.legend(fontsize=8)
+    fig.suptitle(a.spec.description, fontsize=10)
+    return fig, (aq, al)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: run и audit (см. docstring модуля); код 0 — прогон записан или все гарантии выполнены."""
     parser = argparse.ArgumentParser(prog="python -m course_utils.capstone")
@@ -448,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = audit(ns.run_dir)
     if ns.json:
-        print(json.dumps({"guarantees": rows}, ensure_ascii=False, indent=1))
+        metrics = json.loads((Path(ns.run_dir) / METRICS).read_text(encoding="utf-8"))
+        print(json.dumps({"guarantees": rows, "metrics": metrics}, ensure_ascii=False, indent=1))
     else:
         for row in rows:
             mark = "выполнена" if row["holds"] else "НАРУШЕНА"

@@ -20,26 +20,31 @@ def _failed(run_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
-    """Эталон с kill -9 тренера после шага 3 (точки на шагах 2, 4, 6)."""
+    """Эталон через CLI с kill -9 тренера после шага 3 (точки на шагах 2, 4, 6): один прогон на
+    модуль — его читают все тесты ниже, подделки — копии. Прогон без аварии отдельно не нужен:
+    сломанные спецификации без аварии обязаны выполнить гарантию 6 (полнота точек)."""
     out = tmp_path_factory.mktemp("capstone") / "killed"
-    spec = capstone.Spec.from_json(SPECS / "reference.json", kill_trainer_at=3)
-    return out, capstone.run(spec, out)
+    argv = ["run", "--spec", str(SPECS / "reference.json"), "--out", str(out)]
+    assert capstone.main([*argv, "--kill-trainer-at", "3"]) == 0
+    return out, json.loads((out / capstone.METRICS).read_text())
 
 
-def test_reference_without_kill_passes_via_cli(tmp_path, capsys):
-    out = tmp_path / "ref"
-    assert capstone.main(["run", "--spec", str(SPECS / "reference.json"), "--out", str(out)]) == 0
+def test_reference_passes_audit_via_cli(killed_run, capsys):
+    out, metrics = killed_run
     capsys.readouterr()
     assert capstone.main(["audit", str(out), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["guarantees"]
+    report = json.loads(capsys.readouterr().out)
+    rows = report["guarantees"]
     assert [(r["name"], r["label"]) for r in rows] == list(GUARANTEES)
     assert all(r["holds"] and r["evidence"] for r in rows)
     lag = rows[2]["figure"]
     assert lag["max_lag_versions"] == 1 and set(lag["lag_histogram"]) == {"0", "1"}
     assert rows[2]["figure"]["peak_queue_tokens"] <= 192
-    metrics = json.loads((out / capstone.METRICS).read_text())
-    assert metrics["steps"] == 6 and metrics["launches"][0]["exitcodes"] == [0, 0, 0]
+    assert report["metrics"] == metrics and metrics["steps"] == 6
     assert len(read_parquet(out / capstone.ROLLOUTS)) == 6 * 2 * 4  # шаги × задачи × группа
+    # C каждой записанной точки: шаг 2 (первый процесс), 4 и 6 (второй); период шага — из журнала
+    assert len(metrics["checkpoint_write_s"]) == 3 and min(metrics["checkpoint_write_s"]) > 0
+    assert metrics["step_period_s"] > 0
 
 
 def test_reference_with_real_sigkill_resumes_the_same_sequence(killed_run):
@@ -54,16 +59,36 @@ def test_reference_with_real_sigkill_resumes_the_same_sequence(killed_run):
     assert fig["recomputed_identical"] and fig["missing_components"] == []
 
 
+def test_report_card_and_plot_show_the_audited_figures(killed_run):
+    out, _ = killed_run
+    card = capstone.report_card(out)
+    assert list(card.columns) == ["гарантия", "выполнена", "измерено", "граница", "доказательство"]
+    assert card["гарантия"].tolist() == [label for _, label in GUARANTEES]
+    assert set(card["выполнена"]) == {"да"} and "peak_queue_tokens = 192" in card["измерено"][2]
+    fig, (aq, al) = capstone.plot_run(out)
+    steps = pd.read_csv(out / capstone.TRACE_STEPS)
+    queue, threshold = aq.get_lines()[:2]
+    assert list(queue.get_ydata()) == steps["reserved_tokens"].tolist()
+    assert list(threshold.get_ydata()) == [192, 192]
+    lag, bound = al.get_lines()[:2]
+    records = read_parquet(out / capstone.ROLLOUTS)
+    by_step = {
+        t: max(t - 1 - r.policy_version for r in records if r.sample_id[1:5] == f"{t:04d}")
+        for t in range(1, 7)
+    }  # пакет t обучает версия t − 1
+    assert list(lag.get_ydata()) == list(by_step.values()) and list(bound.get_ydata()) == [1, 1]
+
+
 @pytest.mark.parametrize(
-    "spec, broken",
-    [
-        ("broken_no_lag_bound.json", "bounded_queue"),
-        ("broken_weights_only.json", "full_checkpoint"),
-        ("broken_no_barrier.json", "atomic_sync"),
+    "spec, steps, broken",
+    [  # шагов ровно столько, чтобы поломка проявилась: публикация v1 — перед пакетом 3,
+        ("broken_no_lag_bound.json", 3, "bounded_queue"),  # пакет 3 из версии 0: L = 2 > 1
+        ("broken_weights_only.json", 4, "full_checkpoint"),  # kill после 3, точка на шаге 2
+        ("broken_no_barrier.json", 3, "atomic_sync"),  # commit версии 1 без барьера
     ],
 )
-def test_broken_spec_fails_exactly_its_guarantee(tmp_path, spec, broken):
-    capstone.run(capstone.Spec.from_json(SPECS / spec), tmp_path / "run")
+def test_broken_spec_fails_exactly_its_guarantee(tmp_path, spec, steps, broken):
+    capstone.run(capstone.Spec.from_json(SPECS / spec, total_steps=steps), tmp_path / "run")
     assert _failed(tmp_path / "run") == [broken]
 
 
@@ -95,6 +120,7 @@ def test_sync_entry_without_barrier_fails_atomic_sync(killed_run, tmp_path):
     rows = {r["name"]: r for r in capstone.audit(out)}
     assert [k for k, r in rows.items() if not r["holds"]] == ["atomic_sync"]
     assert "commit_without_barrier" in rows["atomic_sync"]["evidence"][0]
+    assert capstone.report_card(out)["выполнена"].tolist() == ["да"] * 4 + ["НЕТ"] + ["да"] * 2
 
 
 def test_spec_is_validated_in_russian(tmp_path):

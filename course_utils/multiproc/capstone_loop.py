@@ -3,7 +3,8 @@
 
 Точка входа ``capstone_trainer`` (ранг 0 — тренер, ранги 1… — генераторы). Пишет только ранг 0,
 в run_dir: events.jsonl (строка на шаг: сравниваемое событие, записи пакета, замеры),
-sync_log.jsonl (события схемы ``weight_sync.EVENT_FIELDS``), checkpoints/step-NNNNNN.
+sync_log.jsonl (события схемы ``weight_sync.EVENT_FIELDS``), checkpoints/step-NNNNNN,
+checkpoint_log.jsonl (шаг и время записи точки, с).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from course_utils.multiproc.checkpointed_trainer import _append_event, _kill_sel
 
 CAPSTONE_EXPERIMENT = "capstone"
 SYNC_LOG = "sync_log.jsonl"
+CHECKPOINT_LOG = "checkpoint_log.jsonl"
 CHECKPOINTS = "checkpoints"
 # Полная контрольная точка итогового прогона; «только веса» — первые два компонента.
 FULL_COMPONENTS = ("policy", "counters", "optimizer", "rng", "data_cursor", "versions", "queue")
@@ -281,6 +283,7 @@ class _Trainer:
             "train_s": train_s,
             "generate_s": q["generate_s"],
             "peak_rss_bytes": {"0": _peak_rss(), **{str(g): v for g, v in self.gen_rss.items()}},
+            "end_unix": time.time(),  # конец шага, с (для периода шага)
         }
 
     def run(self) -> dict:
@@ -296,8 +299,10 @@ class _Trainer:
             if t % s.checkpoint_every == 0:
                 for b in sorted(self.queue):
                     self._collect(b)  # очередь в точке — полученные записи, а не запросы
-                target = self.ckpt / checkpoint_name(t)
+                target, t0 = self.ckpt / checkpoint_name(t), time.perf_counter()
                 save_checkpoint(self._state(), target, self.config, overwrite=True)
+                write_s = time.perf_counter() - t0  # C этой точки, с (с fsync)
+                _append_event(self.dir / CHECKPOINT_LOG, {"step": t, "write_s": write_s})
             if t == s.kill_trainer_at:
                 _kill_self_once(self.dir, f"step-{t}")
         for g in range(1, self.n_gen + 1):
