@@ -21,8 +21,7 @@ def _failed(run_dir) -> list[str]:
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
     """Эталон через CLI с kill -9 тренера после шага 3 (точки на шагах 2, 4, 6): один прогон на
-    модуль — его читают все тесты ниже, подделки — копии. Прогон без аварии отдельно не нужен:
-    сломанные спецификации без аварии обязаны выполнить гарантию 6 (полнота точек)."""
+    модуль — его читают все тесты ниже, подделки — копии."""
     out = tmp_path_factory.mktemp("capstone") / "killed"
     argv = ["run", "--spec", str(SPECS / "reference.json"), "--out", str(out)]
     assert capstone.main([*argv, "--kill-trainer-at", "3"]) == 0
@@ -57,6 +56,23 @@ def test_reference_with_real_sigkill_resumes_the_same_sequence(killed_run):
     fig = rows["full_checkpoint"]["figure"]
     assert fig["trainer_processes"] == 2 and fig["recomputed_steps"] == [3]
     assert fig["recomputed_identical"] and fig["missing_components"] == []
+
+
+def test_uninterrupted_reference_passes_and_matches_the_killed_run(killed_run, tmp_path):
+    """Без аварии эталон тоже проходит аудит, и убитый-возобновлённый прогон повторяет его
+    последовательность событий: пакеты, роллауты, версии и SHA-256 весов после каждого шага."""
+    capstone.run(capstone.Spec.from_json(SPECS / "reference.json"), tmp_path / "plain")
+    assert _failed(tmp_path / "plain") == []
+    keys = ["optimizer_step", "training_batch_id", "rollout_ids", "trainer_policy_version"]
+    keys += ["resulting_policy_version", "weights_sha256"]
+
+    def sequence(run_dir):  # шаг, посчитанный дважды (до и после SIGKILL), берём последним
+        steps = pd.read_csv(run_dir / capstone.TRACE_STEPS)[keys]
+        return steps.drop_duplicates("optimizer_step", keep="last").reset_index(drop=True)
+
+    killed, plain = sequence(killed_run[0]), sequence(tmp_path / "plain")
+    assert len(plain) == 6 and plain["weights_sha256"].nunique() == 6  # веса меняются каждый шаг
+    pd.testing.assert_frame_equal(killed, plain)
 
 
 def test_report_card_and_plot_show_the_audited_figures(killed_run):
