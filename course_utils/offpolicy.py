@@ -143,12 +143,6 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- отношения важности
 
 
-def log_ratios(logp_target, logp_behavior):
-    """Поэлементно log w = log π(y) − log μ(y), нат (π — целевая политика, μ — поведения)."""
-    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
-    return kind.out(_log_ratio_np(lt, lb))
-
-
 def importance_ratios(logp_target, logp_behavior):
     """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)); μ = 0 < π даёт +inf, π = 0 — 0."""
     kind, lt, lb, _ = _pair(logp_target, logp_behavior)
@@ -175,15 +169,6 @@ def sequence_log_ratio(logp_target, logp_behavior, mask=None):
     Сумма по последней оси; маска m (0/1) исключает токены запроса и среды — не политики."""
     kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
     return kind.out(_seq_sum(_log_ratio_np(lt, lb), m))
-
-
-def cumulative_log_ratio(logp_target, logp_behavior, mask=None):
-    """Лог-отношение префиксов: log w_seq(t) = Σ_{s≤t} m_s·(log π_s − log μ_s), нат; форма
-    входа, последний элемент — ``sequence_log_ratio`` (TIM и задержка копятся с длиной)."""
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    d = _log_ratio_np(lt, lb)
-    _seq_sum(d, m)  # +inf и −inf в одной последовательности — ошибка, как у sequence_log_ratio
-    return kind.out(np.cumsum(np.where(m, d, 0.0), axis=-1))
 
 
 # --------------------------------------------------------------------------- ESS
@@ -275,12 +260,6 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
             )
         hit = clipped(r, a, eps, eps_high)
     return float((hit & m).sum() / m.sum())
-
-
-def log_ratio_stats(logp_target, logp_behavior, mask=None) -> dict:
-    """Сводка log w = log π − log μ по токенам маски (``log_weight_stats`` по log w), нат."""
-    _, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    return _log_w_stats(_log_ratio_np(lt, lb)[m])
 
 
 def log_weight_stats(log_weights, mask=None) -> dict:
@@ -425,23 +404,6 @@ def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float
             )
 
     return chunks(), shape
-
-
-def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
-    """Граница шага 12.4.3: при max_i |Δz_i| ≤ ε (z = logits/T) для softmax без усечения
-    |Δ log p_i| ≤ 2ε, нат. Ключи: max_abs_logit_diff (ε), max_abs_logprob_diff, bound, holds."""
-    temperature = positive("temperature", temperature)
-    pairs, _ = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
-    eps = dlp = 0.0
-    for za, zb in pairs:
-        eps = max(eps, float(np.abs(za - zb).max()))
-        dlp = max(dlp, float(np.abs(log_softmax(za) - log_softmax(zb)).max()))
-    return {
-        "max_abs_logit_diff": eps,
-        "max_abs_logprob_diff": dlp,
-        "bound": 2 * eps,
-        "holds": dlp <= 2 * eps * (1 + 1e-9) + 1e-12,
-    }
 
 
 # --------------------------------------------------------------------------- симуляция
