@@ -30,9 +30,7 @@ from course_utils.args import (
     flag,
     integer,
     is_count,
-    is_real,
     nonnegative,
-    optional_integer,
     real,
     text,
 )
@@ -219,24 +217,6 @@ def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> 
     shape = (integer("batch", batch, 1), integer("length", length, 1))
     gen = torch.Generator().manual_seed(integer("seed", seed, 0))
     return torch.randint(0, vocab, shape, generator=gen)
-
-
-def reference_logits(model: torch.nn.Module, probe_ids: torch.Tensor) -> torch.Tensor:
-    """Эталонные логиты: forward модели (весов версии) на контрольном входе, без градиентов."""
-    if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
-        kind = type(model).__name__
-        raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {kind}")
-    vocab = _vocab_size(model)
-    probe_ids = _check_input_ids(probe_ids, vocab, "probe_ids")
-    try:
-        return _logits(model, probe_ids)
-    except IndexError as exc:  # словарь модели неизвестен заранее: номер токена вне таблицы
-        if vocab is not None:
-            raise
-        raise ValueError(
-            f"probe_ids: номер токена вне словаря модели (forward: {exc}); нужны номера в "
-            f"[0, размер словаря − 1], получено [{int(probe_ids.min())}, {int(probe_ids.max())}]"
-        ) from None
 
 
 # ----------------------------------------------------------------------------- движок
@@ -552,19 +532,12 @@ class InProcessEngine:
         """Забывает подготовленную версию (после abort): активный буфер не меняется."""
         self._staging_state = "empty"
 
-    def corrupt_staging(self, name: str | None = None, index: int = 0, delta: float = 1.0) -> str:
-        """Для опыта: x += delta в одном числе staging-буфера; возвращает имя тензора."""
+    def corrupt_staging(self) -> str:
+        """Для опыта: +1 к первому числу первого тензора staging-буфера; возвращает имя тензора."""
         if self._staging_state == "empty":
             raise RuntimeError(f"реплика {self.name}: подготовительный буфер пуст")
-        name = self.param_names[0] if name is None else name
-        if name not in self.param_names:
-            raise ValueError(f"name: нет параметра {name!r}")
-        flat = self.weights("staging")[name].view(-1)
-        index = integer("index", index, 0, flat.numel() - 1)
-        if not is_real(delta) or delta == 0:
-            raise ValueError(f"delta должно быть конечным ненулевым числом, получено {delta!r}")
-        flat[index] += delta
-        return name
+        self.weights("staging")[self.param_names[0]].view(-1)[0] += 1.0
+        return self.param_names[0]
 
     def unsafe_update_steps(self, state_dict: Any, version: int) -> Iterator[str]:
         """СЛОМАННЫЙ режим: пишет тензоры по одному на месте в АКТИВНЫЙ буфер (yield после
@@ -639,16 +612,11 @@ class Publisher:
 
     def __init__(self, engines, probe_ids=None, atol: float = DEFAULT_ATOL):
         engines = [engines] if isinstance(engines, InProcessEngine) else engines
-        if not isinstance(engines, Sequence) or not engines:
+        ok = isinstance(engines, Sequence) and engines
+        if not ok or not all(isinstance(e, InProcessEngine) for e in engines):
             raise ValueError("engines должно быть непустым списком InProcessEngine")
-        if not all(isinstance(e, InProcessEngine) for e in engines):
-            raise ValueError("engines: каждый элемент должен быть InProcessEngine")
-        if len({e.name for e in engines}) != len(engines):
-            raise ValueError("engines: имена реплик должны различаться")
         if len({id(e.log) for e in engines}) != 1:
             raise ValueError("engines должны писать в один журнал (см. make_replicas)")
-        if len({tuple(e.param_names) for e in engines}) != 1:
-            raise ValueError("engines: у реплик разные наборы параметров — это разные модели")
         self.name, self.engines, self.log = "publisher", list(engines), engines[0].log
         self.atol = nonnegative("atol", atol)
         template = engines[0]._models[engines[0]._active]
@@ -702,12 +670,11 @@ class Publisher:
         atomic=True,
         verify=True,
         requests=None,
-        steps_per_layer=None,
         corrupt=None,
     ) -> PublishReport:
         """Публикует версию, пока идут запросы requests: запрос i — на реплике i mod n, перед
-        каждым его слоем — steps_per_layer шагов публикации (по умолчанию ⌈шагов / (слоёв ·
-        ⌈запросов/2⌉)⌉). Ответ сверяется побитно с эталонами обеих версий; corrupt — опыт."""
+        каждым его слоем — ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Ответ сверяется
+        побитно с эталонами обеих версий; corrupt — опыт (порча буфера реплики)."""
         version = integer("version", version, 0)
         flag("atomic", atomic)
         flag("verify", verify)
@@ -718,7 +685,6 @@ class Publisher:
                 f"получено {type(requests).__name__}"
             )
         inputs = [_check_input_ids(x, self.engines[0].vocab_size, "requests") for x in requests]
-        steps_per_layer = optional_integer("steps_per_layer", steps_per_layer, 1)
         for e in self.engines:
             e._check_version(version)
         self._check_corrupt(corrupt, atomic)
@@ -728,10 +694,9 @@ class Publisher:
             self._reference_outputs(engines[i % n].weights(), [x])[0] for i, x in enumerate(inputs)
         ]
         new_refs = self._reference_outputs(tensors, inputs)
-        if steps_per_layer is None:
-            total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
-            busy = len(_decoder_layers(engines[0]._models[0])) * max(1, math.ceil(len(inputs) / 2))
-            steps_per_layer = max(1, math.ceil(total / busy))
+        total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
+        busy = len(_decoder_layers(engines[0]._models[0])) * max(1, math.ceil(len(inputs) / 2))
+        steps_per_layer = max(1, math.ceil(total / busy))
         outcome = {"results": [], "committed": True}
         steps = self._steps(tensors, version, atomic, verify, corrupt, outcome)
 
@@ -784,7 +749,7 @@ class Publisher:
 
 def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **options):
     """Публикует state_dict версии version на все реплики (``Publisher.publish``: atomic,
-    verify, requests, steps_per_layer, corrupt); atomic=False — запись на месте."""
+    verify, requests, corrupt); atomic=False — запись на месте."""
     publisher = Publisher(engines, probe_ids=probe_ids, atol=atol)
     return publisher.publish(state_dict, version, **options)
 
