@@ -18,7 +18,7 @@ from course_utils.multiproc.transport import (
     ROLE_TRAINER,
     device_sync,
     rank_results,
-    shared_time_ref,
+    shared_stages,
     state_checksum,
 )
 from course_utils.weight_sync import (
@@ -108,7 +108,7 @@ def broadcast_weights(
     corrupt_rank = integer("corrupt_rank", corrupt_rank, 1, world_size - 1)
 
     device = local_device(backend)
-    t_ref = shared_time_ref(device)
+    t_ref = shared_stages(device).t_ref
     log = EventLog(clock=time.time, t0=t_ref)
     torch.manual_seed(seed)
     net, _, info = load_policy(model, device=device)
