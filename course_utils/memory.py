@@ -18,7 +18,7 @@ from numbers import Rational, Real
 from pathlib import Path
 from typing import Any
 
-from course_utils.args import choice, flag, integer, nonnegative, positive, real, text
+from course_utils.args import choice, integer, nonnegative, positive, real, text
 from course_utils.fmt import NBSP, count, num
 
 MODEL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "model_configs"
@@ -90,8 +90,6 @@ class TrainingRecipe:
     def __post_init__(self):
         for f in fields(self)[:5]:
             nonnegative(f.name, getattr(self, f.name))
-        if not isinstance(self.label, str):
-            raise ValueError(f"label должно быть строкой, получено {self.label!r}")
 
     @property
     def total(self) -> Real:
@@ -136,20 +134,11 @@ RECIPES: dict[str, TrainingRecipe] = {
 
 def recipe(name: str) -> TrainingRecipe:
     """Готовый рецепт по имени из ``RECIPES`` (ключи на английском, подпись — ``.label``)."""
-    if not isinstance(name, str) or name not in RECIPES:
-        raise ValueError(f"неизвестный рецепт {name!r}; допустимые имена: {', '.join(RECIPES)}")
-    return RECIPES[name]
+    return RECIPES[choice("recipe", name, RECIPES)]
 
 
 def _as_recipe(value: Any) -> TrainingRecipe:
-    if isinstance(value, TrainingRecipe):
-        return value
-    if isinstance(value, str):
-        return recipe(value)
-    raise ValueError(
-        f"recipe должно быть TrainingRecipe или именем из RECIPES ({', '.join(RECIPES)}), "
-        f"получено {value!r}"
-    )
+    return value if isinstance(value, TrainingRecipe) else recipe(value)
 
 
 def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
@@ -394,41 +383,21 @@ def lora_trainable_params(
     return shape.num_layers * sum(r * sum(shapes[t]) for t in set(targets))  # L·Σ r(i+o)
 
 
-def lora_state_bytes(
-    n_params: int, n_trainable: int, base_param_bytes: Real, recipe: TrainingRecipe | str
-) -> int:
-    """Состояние при LoRA, байт: N_base·b_base + N_lora·Σb(recipe) — замороженная база (bf16: 2,
-    4 бита: 0.5 Б) без градиентов и состояний, у адаптеров — полный рецепт."""
-    n = integer("n_params", n_params, 1)
-    t = integer("n_trainable", n_trainable, 1)
-    nonnegative("base_param_bytes", base_param_bytes)
-    return _bytes(n, base_param_bytes) + state_bytes(t, recipe)
-
-
 # ---------------------------------------------------------------- совместное размещение
 _Phases = list[tuple[str, dict[str, Real]]]  # [(имя фазы, {статья: байты}), …]
 
 
 def _check_phases(phases: Any) -> _Phases:
-    """Непустой список пар (имя фазы, {статья: байты ≥ 0}); иначе ValueError по-русски."""
-    if not isinstance(phases, list | tuple) or not phases:
+    """Непустой список пар (имя фазы, {статья: байты ≥ 0})."""
+    items = phases if isinstance(phases, list | tuple) else []
+    pairs = [isinstance(p, tuple | list) and len(p) == 2 and isinstance(p[1], dict) for p in items]
+    if not items or not all(pairs):
         raise ValueError(
-            "phases должно быть непустым списком пар (имя фазы, {статья: байты}), "
-            f"получено {phases!r}"
+            f"phases должно быть непустым списком пар (имя, {{статья: байты}}): {phases!r}"
         )
-    for i, item in enumerate(phases):
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise ValueError(
-                f"phases[{i}] должно быть парой (имя, {{статья: байты}}), получено {item!r}"
-            )
-        name = text(f"phases[{i}]: имя фазы", item[0])
-        if not isinstance(item[1], dict):
-            raise ValueError(
-                f"phases[{i}] ({name!r}): статьи должны быть словарём, получено {item[1]!r}"
-            )
-        for key, value in item[1].items():
-            if not isinstance(key, str):
-                raise ValueError(f"phases[{i}] ({name!r}): имя статьи {key!r} должно быть строкой")
+    for i, (name, comps) in enumerate(phases):
+        text(f"phases[{i}]: имя фазы", name)
+        for key, value in comps.items():
             nonnegative(f"phases[{i}] ({name!r})[{key!r}]", value)
     return [(name, comps) for name, comps in phases]
 
@@ -709,9 +678,9 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
-    """Байт в тензорах ``optimizer.state[p]``: Σ numel·element_size. 0-мерный ``step`` AdamW (4 Б
-    на тензор, не на элемент) по умолчанию не входит: рецепт считает байты на элемент."""
+def optimizer_state_bytes(optimizer) -> int:
+    """Байт в тензорах ``optimizer.state[p]``: Σ numel·element_size, без 0-мерного ``step`` AdamW
+    (4 Б на тензор, не на элемент): рецепт считает байты на элемент."""
     import torch
 
     if not isinstance(getattr(optimizer, "state", None), dict):
@@ -719,9 +688,8 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
             "optimizer должно быть оптимизатором torch (torch.optim.Optimizer со словарём state), "
             f"получено {optimizer!r}"
         )
-    include_step = flag("include_step", include_step)
     states = [(k, v) for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)]
-    return tensor_bytes(v for k, v in states if include_step or k != "step")
+    return tensor_bytes(v for k, v in states if k != "step")
 
 
 def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
