@@ -478,10 +478,8 @@ def test_critical_path_unlimited_collectors_on_simulation():
 
 
 def _queue_result(times, depths, in_flight, duration_s, threshold):
-    queue = pd.DataFrame(
-        {"time": times, "depth_rollouts": [0] * len(times), "depth_tokens": depths,
-         "in_flight_tokens": in_flight}
-    )  # fmt: skip
+    queue = pd.DataFrame({"time": times, "depth_rollouts": [0] * len(times)})
+    queue = queue.assign(depth_tokens=depths, in_flight_tokens=in_flight)
     cfg = SimConfig(duration_s=duration_s, max_queue_tokens=threshold)
     empty = pd.DataFrame()
     return pl.SimResult(cfg, empty, queue, empty, empty, {})
