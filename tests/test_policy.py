@@ -631,8 +631,6 @@ def test_kv_cache_bytes_match_formula(tiny):
     expected = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * stored * 4
     assert batch.kv_cache_bytes == expected
     assert batch.kv_cache_tokens == stored
-    with pytest.raises(ValueError, match="cache"):
-        policy.cache_bytes(None)
 
 
 def test_share_prefill_same_distribution_fewer_prefill_tokens(tiny):
