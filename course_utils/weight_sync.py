@@ -1,12 +1,10 @@
 """Урок 12.4, шаг 12.4.5: версионированная атомарная публикация весов движкам генерации.
 
 ``transfer_weights`` — единственный перенос весов (в процессе, broadcast, send/recv).
-``InProcessEngine`` держит два буфера весов: запросы читают активный, новая версия пишется в
-подготовительный, ``commit`` атомарно меняет указатель. ``Publisher``/``publish``: запись во все
-реплики → проверка (SHA-256 и эталонные логиты) → ready → барьер → commit всех; одна неудача —
-abort везде. ``atomic=False`` — сломанный режим: запись на месте, пока идут запросы (смесь версий).
-``sleep``/``wake`` — сон уровня 2 (vLLM). Шаги — события ``EventLog`` (схема ``EVENT_FIELDS``),
-аудит журнала — ``weight_audit``; уровень C — ``multiproc.weight_broadcast``.
+``InProcessEngine`` — два буфера весов: запросы читают активный, версия пишется в подготовительный,
+``commit`` меняет указатель. ``publish``: запись → проверка (SHA-256, логиты) → ready → барьер →
+commit всех, одна неудача — abort везде; ``atomic=False`` — запись на месте (смесь версий).
+События — ``EventLog`` (схема ``EVENT_FIELDS``), аудит — ``weight_audit``.
 """
 
 from __future__ import annotations
@@ -93,11 +91,9 @@ def _short(checksum: Any) -> str:
 def transfer_weights(src: Any, dst: Any, link: Any = "copy", *, device=None, dtype=None):
     """Переносит именованные тензоры src → dst по одному; yield имени, когда тензор на месте.
 
-    link: "copy" — в процессе, ``dst[n].copy_(src[n])`` с приведением к типу dst;
-    ("broadcast", root) — ``dist.broadcast``: ранг root передаёт src, остальные принимают в
-    буферы dst; ("send", peer) — ``dist.send`` тензоров src рангу peer (на device, в типе dtype);
-    ("recv", peer) — ``dist.recv`` от peer в буферы dst. Имена и порядок задаёт dst у приёмника
-    и src у источника. Байт на тензор: numel · element_size (типа на проводе).
+    link: "copy" — ``dst[n].copy_(src[n])`` с приведением типа; ("broadcast", root) — ранг root
+    шлёт src, остальные принимают в dst; ("send", peer) — src рангу peer (на device, в dtype);
+    ("recv", peer) — в буферы dst. Байт на тензор: numel · element_size (типа на проводе).
     """
     kind, peer = (link, None) if isinstance(link, str) else link
     choice("link", kind, _LINKS)
@@ -123,8 +119,6 @@ class EventLog:
     """Журнал публикации: события-словари со схемой ``EVENT_FIELDS``; t = clock() − t0, с."""
 
     def __init__(self, clock: Callable[[], float] | None = None, t0: float | None = None) -> None:
-        if clock is not None and not callable(clock):
-            raise ValueError(f"clock должно быть функцией без аргументов, получено {clock!r}")
         self._clock = clock or time.perf_counter
         self._t0 = self._clock() if t0 is None else real("t0", t0)
         self._events: list[dict] = []
@@ -171,8 +165,7 @@ def _vocab_size(model: torch.nn.Module) -> int | None:
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Слои, между которыми можно вклиниться: самый длинный ModuleList (блоки декодера)
-    и выходной слой."""
+    """Слои для вклинивания: самый длинный ModuleList (блоки декодера) и выходной слой."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     layers = list(max(lists, key=len)) if lists else list(model.children())
     out = getattr(model, "get_output_embeddings", lambda: None)()
@@ -203,10 +196,8 @@ def _logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> torch.Tensor:
-    """Контрольный вход [batch, length]: случайные токены (зерно seed) — на нём эталонные логиты.
-
-    model — модель (словарь из config.vocab_size) или сам размер словаря.
-    """
+    """Контрольный вход [batch, length]: случайные токены (зерно seed) словаря модели (или
+    размера словаря model) — на нём эталонные логиты."""
     vocab = _vocab_size(model) if isinstance(model, torch.nn.Module) else None
     vocab = int(model) if is_count(model) else vocab
     if vocab is None or vocab < 1:
@@ -258,20 +249,15 @@ class VerifyResult:
 
 
 class InProcessEngine:
-    """Движок генерации в процессе с двойным буфером весов (активный и подготовительный).
-
-    ``forward``/``serve`` читают активный буфер и закрепляют его версию за запросом; ``stage``
-    пишет версию в подготовительный, ``verify`` проверяет, ``ready`` сообщает готовность,
-    ``commit`` меняет указатель под замком. Память под веса — вдвое (две копии модели).
-    """
+    """Движок генерации в процессе с двойным буфером весов (память — вдвое): ``forward``/``serve``
+    читают активный и закрепляют версию за запросом; ``stage`` пишет подготовительный, ``verify``
+    проверяет, ``ready`` — готовность, ``commit`` меняет указатель под замком."""
 
     def __init__(self, model, version: int = 0, name: str = "replica-0", log=None) -> None:
         if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
             raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {model!r}")
         version = integer("version", version, 0)
         self.name = text("name", name)
-        if log is not None and not isinstance(log, EventLog):
-            raise ValueError(f"log должно быть EventLog или None, получено {type(log).__name__}")
         self.log = log if log is not None else EventLog()
         self._models = [copy.deepcopy(model).eval().requires_grad_(False) for _ in range(2)]
         self.param_names = [n for n, _ in model.named_parameters()]
@@ -346,10 +332,8 @@ class InProcessEngine:
                 self._readers[idx] -= 1
 
     def serve(self, request_fn: Callable, request_id: str | None = None) -> ServeResult:
-        """Выполняет request_fn(model, version) на закреплённом активном буфере (генерация):
-        модель не сменится до конца запроса, даже если посреди него случится ``commit``."""
-        if not callable(request_fn):
-            raise ValueError(f"request_fn должно быть функцией, получено {request_fn!r}")
+        """request_fn(model, version) на закреплённом активном буфере: модель не сменится до конца
+        запроса, даже если посреди него случится ``commit``."""
         with self._pinned(request_id) as (model, version, checksum, rid):
             output = request_fn(model, version)
         return ServeResult(output, version, self.name, rid, checksum)
@@ -358,11 +342,6 @@ class InProcessEngine:
         """Логиты запроса на активном буфере, версия закреплена в начале. between_layers(i) —
         крючок перед i-м слоем; track_reads сверяет SHA-256 прочитанного с суммой версии."""
         input_ids = _check_input_ids(input_ids, self.vocab_size)
-        if between_layers is not None and not callable(between_layers):
-            raise ValueError(
-                f"between_layers должно быть функцией или None, получено {between_layers!r}"
-            )
-        track_reads = flag("track_reads", track_reads)
         with self._pinned(request_id) as (model, version, checksum, rid):
             reads: dict[str, torch.Tensor] = {}
             torn: set[str] = set()
@@ -428,10 +407,7 @@ class InProcessEngine:
         version = self._check_version(version)
         idx = 1 - self._active
         if self._readers[idx]:
-            raise RuntimeError(
-                f"реплика {self.name}: подготовительный буфер ещё читают {self._readers[idx]} "
-                "запрос(а) прошлой версии — писать в него нельзя"
-            )
+            raise RuntimeError(f"реплика {self.name}: подготовительный буфер ещё читают запросы")
         self._staging_state = "staging"
         self._versions[idx], self._checksums[idx] = version, None
         self.log.add("stage_start", self.name, version, buffer="staging")
@@ -718,15 +694,9 @@ class Publisher:
         )
 
     def _check_corrupt(self, corrupt: Any, atomic: bool) -> None:
-        names = [e.name for e in self.engines]
-        if corrupt is not None and corrupt not in names:
-            raise ValueError(
-                f"corrupt должно быть именем реплики из {names} или None, получено {corrupt!r}"
-            )
-        if corrupt is not None and not atomic:
-            raise ValueError(
-                "corrupt работает только с atomic=True (порча подготовительного буфера)"
-            )
+        if corrupt is not None:  # порча подготовительного буфера: только при atomic=True
+            names = [e.name for e in self.engines] if atomic else [None]
+            choice("corrupt" if atomic else "corrupt при atomic=False", corrupt, names)
 
     def _check_request(self, res: ServeResult, old_ref, new_ref) -> dict:
         matches_old = bool(torch.equal(res.logits, old_ref))
