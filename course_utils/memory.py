@@ -1,9 +1,8 @@
 """Урок 12.2: смета памяти — байты на параметр, DDP и ZeRO/FSDP по рангам, KV-кэш, пик по фазам.
 
-Всё в байтах, целыми числами (дробные байты на параметр — точно, через Fraction); единица при
-показе названа явно: 1 ГиБ = 2³⁰ Б, 1 ГБ = 10⁹ Б. ``ModelShape`` — точное число параметров по
-config.json; ``accelerate_*`` — сверка с ``accelerate estimate-memory``; уровень C (ZeRO-1 на
-процессах) — ``multiproc.zero_state``. torch, transformers и matplotlib загружаются лениво.
+Всё в целых байтах (дробные байты на параметр — точно, через Fraction); 1 ГиБ = 2³⁰ Б, 1 ГБ =
+10⁹ Б. ``ModelShape`` — число параметров по config.json; ``accelerate_*`` — сверка с
+``accelerate estimate-memory``. torch, transformers и matplotlib загружаются лениво.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
 
 
 def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool = True) -> str:
-    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)", explain=False → "1.50 ГиБ", unit="B" → целое
-    "1 234 567 Б"; unit — "B", "KiB" … "TiB" или "KB" … "TB"; пробелы — неразрывные."""
+    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (explain=False — без скобок), unit="B" →
+    "1 234 567 Б"; пробелы — неразрывные."""
     nonnegative("n_bytes", n_bytes)
     digits = integer("digits", digits, 0)
     if choice("unit", unit, _UNITS) == "B":
@@ -77,8 +76,7 @@ def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool =
 # ---------------------------------------------------------------- рецепты, состояние, KV-кэш
 @dataclass(frozen=True)
 class TrainingRecipe:
-    """Байты на один параметр: веса, градиенты, моменты Adam m1 и m2, fp32-мастер-копия (все ≥ 0,
-    дробные допустимы: 0.5 Б у 4-битных весов); label — подпись по-русски."""
+    """Байты на параметр (≥ 0, дробные допустимы): веса, градиенты, Adam m1 и m2, fp32-мастер."""
 
     param_bytes: Real
     grad_bytes: Real
@@ -143,7 +141,7 @@ def _as_recipe(value: Any) -> TrainingRecipe:
 
 def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
     """Модельное состояние B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master), байт, вверх
-    до целого; без активаций, KV-кэша, буферов связи и фрагментации."""
+    до целого (без активаций, KV-кэша и буферов)."""
     n = integer("n_params", n_params, 1)
     return _bytes(n, _as_recipe(recipe).total)  # N·Σb
 
@@ -151,9 +149,8 @@ def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
 def per_rank_breakdown(
     n_params: int, recipe: TrainingRecipe | str, world_size: int, zero_stage: int
 ) -> dict[str, int]:
-    """Байты на ранг по статьям {"params", "grads", "optimizer", "total"}: zero_stage 0 = DDP (всё
-    реплицировано), с 1 шардируются состояния оптимизатора (K = b_m1 + b_m2 + b_master), с 2 —
-    градиенты, с 3 — веса (= FSDP full shard). Шард = ⌈N/D⌉·b байт (в статье ZeRO — N/D)."""
+    """Байты на ранг {"params", "grads", "optimizer", "total"}: stage 0 = DDP, с 1 шардируется
+    оптимизатор (K = b_m1 + b_m2 + b_master), с 2 — градиенты, с 3 — веса; шард = ⌈N/D⌉·b Б."""
     n = integer("n_params", n_params, 1)
     r = _as_recipe(recipe)
     d = integer("world_size", world_size, 1)
@@ -178,8 +175,8 @@ def per_rank_state_bytes(
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, bytes_per_value: Real
 ) -> int:
-    """KV-кэш B_KV = 2·L·H_kv·d_h·N_tok·b байт (2 — ключи и значения; N_tok — токены всех
-    последовательностей; b — байт на число, bf16: 2). L=32, H_kv=8, d_h=128, b=2 → 128 КиБ/токен."""
+    """KV-кэш B_KV = 2·L·H_kv·d_h·N_tok·b байт (ключи и значения; N_tok — токены всех
+    последовательностей; b — байт на число, bf16: 2)."""
     layers = integer("num_layers", num_layers, 1)
     heads = integer("num_kv_heads", num_kv_heads, 1)
     dim = integer("head_dim", head_dim, 1)
@@ -195,8 +192,8 @@ def max_concurrent_sequences(
     tokens_per_sequence: int,
     reserve_fraction: Real = 0.0,
 ) -> int:
-    """Сколько последовательностей помещается: ⌊(B·(1−r) − W) / (kv_tok·T)⌋ ≥ 0. B — бюджет, W —
-    веса, kv_tok — KV на токен (байт); T — токенов на последовательность; r ∈ [0, 1) — резерв."""
+    """Последовательностей в бюджете: ⌊(B·(1−r) − W) / (kv_tok·T)⌋ ≥ 0; B, W, kv_tok — байт
+    (бюджет, веса, KV на токен), T — токенов на последовательность, r ∈ [0, 1) — резерв."""
     nonnegative("budget_bytes", budget_bytes)
     nonnegative("weights_bytes", weights_bytes)
     positive("kv_bytes_per_token", kv_bytes_per_token)
@@ -268,9 +265,8 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3.
-        Смещения: qwen2 — q/k/v; attention_bias llama и qwen3 — q, k, v, o; mlp_bias llama —
-        gate/up/down; у qwen3 ещё RMSNorm q/k по d_h. head_dim по умолчанию hidden_size // heads."""
+        """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3;
+        смещения и q/k-norm — по правилам семейства, head_dim по умолчанию hidden_size // heads."""
         d = _config_dict(config)
         missing = [k for k in _CONFIG_FIELDS if d.get(k) is None]
         if missing:
@@ -310,8 +306,7 @@ class ModelShape:
         return cls.from_config(MODEL_CONFIGS_DIR / f"{name}.json")
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) линейных слоёв блока: q (h, H·d), k и v (h, H_kv·d), o (H·d, h),
-        gate и up (h, I), down (I, h)."""
+        """(d_in, d_out) слоёв блока: q (h, H·d), k, v (h, H_kv·d), o (H·d, h), gate, up (h, I), down (I, h)."""
         h, i = self.hidden_size, self.intermediate_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
@@ -369,8 +364,8 @@ def _as_shape(value: Any, name: str = "shape_or_config") -> ModelShape:
 def lora_trainable_params(
     shape_or_config: Any, rank: int, target_modules: tuple[str, ...] | list[str] = LORA_TARGETS[:4]
 ) -> int:
-    """Обучаемые параметры LoRA: L·Σ_целей r·(d_in + d_out) (A: r×d_in, B: d_out×r) по настоящим
-    формам (k, v: d_out = H_kv·d_h); по умолчанию цели q, k, v, o; смещения — как bias="none"."""
+    """Обучаемые параметры LoRA: L·Σ_целей r·(d_in + d_out) по настоящим формам (по умолчанию
+    цели q, k, v, o; bias="none")."""
     shape = _as_shape(shape_or_config)
     r = integer("rank", rank, 1)
     targets = target_modules if isinstance(target_modules, tuple | list) else ()
@@ -404,14 +399,13 @@ def _check_phases(phases: Any) -> _Phases:
 
 def colocation_peak(phases: _Phases) -> tuple[Real, str]:
     """Пик совместного размещения B_peak = max_t Σ_статей B(t) (в единицах статей) и имя первой
-    фазы с пиком — максимум суммы, а не сумма максимумов (``sum_of_component_maxima``)."""
+    фазы с пиком."""
     totals = [(sum(comps.values()), name) for name, comps in _check_phases(phases)]
     return max(totals, key=lambda t: t[0])  # max отдаёт первый из равных
 
 
 def sum_of_component_maxima(phases: _Phases) -> Real:
-    """Завышенная оценка Σ_статей max_t B_статья(t) (в единицах статей) — ошибка «сложить пики
-    ролей»: статьи разных фаз никогда не лежат в памяти одновременно."""
+    """Завышенная оценка Σ_статей max_t B_статья(t) (в единицах статей) — «сумма пиков ролей»."""
     checked = _check_phases(phases)
     keys = dict.fromkeys(k for _, comps in checked for k in comps)  # в порядке появления
     return sum(max(comps.get(k, 0) for _, comps in checked) for k in keys)
@@ -424,8 +418,8 @@ def plot_memory_timeline(
     unit: str = "GiB",
     title: str | None = None,
 ):
-    """Столбцы с накоплением по фазам (статьи — цвета), пик max_t Σ B(t) в рамке, бюджет — пунктир;
-    ось Y — в единице unit (ГиБ = 2³⁰ Б). Возвращает matplotlib Axes."""
+    """Столбцы по фазам (статьи — цвета), пик max_t Σ B(t) в рамке, бюджет — пунктир; ось Y — в
+    unit (ГиБ = 2³⁰ Б). Возвращает Axes."""
     checked = _check_phases(phases)
     choice("unit", unit, _UNITS)
     if budget_bytes is not None:
@@ -547,8 +541,8 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
 
 
 def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE_DTYPES) -> str:
-    """Таблица настоящего ``accelerate estimate-memory`` — его же кодом, без сети: загрузка с Hub
-    подменена моделью на meta из config (имя из data/model_configs, путь или словарь)."""
+    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети (модель на meta из
+    config: имя из data/model_configs, путь или словарь)."""
     known = isinstance(config, str) and config in HUB_REPOS
     d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
     dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
@@ -600,8 +594,8 @@ _ESTIMATE_ROWS = (  # (статья, что о ней у accelerate)
 
 
 def accelerate_estimate(n_params_or_shape: Any, dtype: str = "float16"):
-    """Таблица pandas: правило accelerate и калькулятор курса по статьям, с объяснением разниц;
-    dtype "float32" или "float16" (рецепт курса — "fp32_adam" или "bf16_mixed_adam")."""
+    """Таблица pandas: правило accelerate и калькулятор курса (fp32_adam или bf16_mixed_adam) по
+    статьям, с объяснением разниц."""
     import pandas as pd
 
     dtype = choice("dtype", dtype, ("float32", "float16"))
@@ -693,8 +687,8 @@ def optimizer_state_bytes(optimizer) -> int:
 
 
 def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
-    """Детерминированная MLP-сеть «как трансформер»: layers блоков LayerNorm → Linear(h, 4h) →
-    GELU → Linear(4h, h) и выходной Linear(h, h). Параметров: L·(8h² + 7h) + h² + h."""
+    """MLP «как трансформер» (зерно seed): L блоков LayerNorm → Linear(h, 4h) → GELU →
+    Linear(4h, h) и Linear(h, h). Параметров: L·(8h² + 7h) + h² + h."""
     h = integer("hidden", hidden, 1)
     n_layers = integer("layers", layers, 1)
     s = integer("seed", seed, 0)

@@ -422,26 +422,21 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     busy = events["end_s"] - events["start_s"]
     trainer_wait = busy[(events["worker"] == "trainer-0") & (events["stage"] == "queue_wait")]
     enqueued = rollouts["enqueue_time"].notna()
-    return {
-        "duration_s": H,
-        "throughput_tokens_per_s": float(steps["tokens"].sum() / H),
-        "generated_tokens_per_s": float(rollouts.loc[enqueued, "tokens"].sum() / H),
-        "optimizer_steps": len(steps),
-        "mean_policy_lag": float(lag.mean()) if len(lag) else math.nan,
-        "max_policy_lag": int(lag.max()) if len(lag) else 0,
-        "ess_norm": float(steps["ess_norm"].mean()) if len(steps) else math.nan,
-        "trainer_idle_share": float(trainer_wait.sum() / H),
-        "collector_idle_share": float(
-            busy[events["stage"] == "backpressure"].sum() / (cfg.num_collectors * H)
-        ),
-        "peak_queue_tokens": int(queue["depth_tokens"].max()),
-        "mean_queue_time_s": float((taken["dequeue_time"] - taken["enqueue_time"]).mean()),
-        "started": len(rollouts),
-        "consumed": len(taken),
-        "dropped": int(rollouts["dropped"].sum()),
-        "queued_at_end": int((enqueued & rollouts["dequeue_time"].isna()).sum()),
-        "in_flight_at_end": int((~enqueued).sum()),
-    }
+    backpressure = busy[events["stage"] == "backpressure"].sum()
+    out = {"duration_s": H, "throughput_tokens_per_s": float(steps["tokens"].sum() / H)}
+    out["generated_tokens_per_s"] = float(rollouts.loc[enqueued, "tokens"].sum() / H)
+    out["optimizer_steps"] = len(steps)
+    out["mean_policy_lag"] = float(lag.mean()) if len(lag) else math.nan
+    out["max_policy_lag"] = int(lag.max()) if len(lag) else 0
+    out["ess_norm"] = float(steps["ess_norm"].mean()) if len(steps) else math.nan
+    out["trainer_idle_share"] = float(trainer_wait.sum() / H)
+    out["collector_idle_share"] = float(backpressure / (cfg.num_collectors * H))
+    out["peak_queue_tokens"] = int(queue["depth_tokens"].max())
+    out["mean_queue_time_s"] = float((taken["dequeue_time"] - taken["enqueue_time"]).mean())
+    out |= {"started": len(rollouts), "consumed": len(taken)}
+    out["dropped"] = int(rollouts["dropped"].sum())
+    out["queued_at_end"] = int((enqueued & rollouts["dequeue_time"].isna()).sum())
+    return out | {"in_flight_at_end": int((~enqueued).sum())}
 
 
 # Столбцы profile_over_lag: заголовок → что он значит (ноутбук печатает пояснения из словаря).
