@@ -395,8 +395,7 @@ class InProcessEngine:
         version = integer("version", version, 0)
         if version <= self.version:
             raise ValueError(
-                f"version должна расти: реплика {self.name} уже обслуживает {self.version}, "
-                f"получено {version}"
+                f"version должна расти: > {self.version} ({self.name}), получено {version}"
             )
         return version
 
@@ -467,9 +466,7 @@ class InProcessEngine:
     def ready(self) -> None:
         """Событие ready: версия записана и не провалила проверку — можно переключаться."""
         if self._staging_state not in ("staged", "verified"):
-            raise RuntimeError(
-                f"реплика {self.name} не готова: подготовительный буфер {self._staging_state}"
-            )
+            raise RuntimeError(f"реплика {self.name} не готова: буфер {self._staging_state}")
         self.log.add("ready", self.name, self.staging_version)
 
     def commit(self, require_verified: bool = True) -> int:
@@ -478,8 +475,7 @@ class InProcessEngine:
         allowed = ("verified",) if require_verified else ("staged", "verified")
         if self._staging_state not in allowed:
             raise RuntimeError(
-                f"реплика {self.name}: переключаться нельзя, подготовительный буфер "
-                f"{self._staging_state} (нужно {' или '.join(allowed)})"
+                f"реплика {self.name}: переключаться нельзя, буфер {self._staging_state}"
             )
         with self._lock:
             self._active = 1 - self._active
