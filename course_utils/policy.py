@@ -592,8 +592,8 @@ def sync_weights(trainer_model, engine_model) -> int:
 class LoopResult:
     """Итог ``sequential_loop``: таблица шагов, события таймера, записи, модель и тип памяти."""
 
-    steps: object  # pandas.DataFrame: одна строка на шаг
-    events: object  # pandas.DataFrame: события этапов (trace_id, worker, stage, start_s, end_s)
+    steps: object  # pandas.DataFrame: строка на шаг
+    events: object  # pandas.DataFrame: события этапов
     records: list[RolloutRecord] = field(default_factory=list)
     info: PolicyInfo | None = None
     memory_kind: str = ""

@@ -243,8 +243,7 @@ class _Stages:
 
 
 def shared_stages(device) -> _Stages:
-    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()) — t_ref и
-    привязку часов ``_Stages.clock`` для всех процессов, с."""
+    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()), с."""
     import torch
     import torch.distributed as dist
 
@@ -292,9 +291,8 @@ STAGE_KINDS_RU = {stage: kind for kind, names in _KIND_STAGES.items() for stage 
 
 
 def events_frame(launch_result: Any, by_kind: bool = False):
-    """События всех процессов для ``tracing.gantt``: worker (строка диаграммы), stage, start_s,
-    end_s, duration_s (с от общей точки отсчёта, ``CLOCK_NOTE``), step, rank; ``by_kind`` —
-    стадия заменена видом из ``STAGE_KINDS_RU``, исходное имя — в столбце detail."""
+    """События всех процессов для ``tracing.gantt`` (времена — с от общей точки отсчёта);
+    by_kind — стадия заменена видом из ``STAGE_KINDS_RU``, исходное имя — в столбце detail."""
     import pandas as pd
 
     rows = []
