@@ -1,11 +1,9 @@
 """Урок 12.4: два публичных инцидента синхронизации весов на движке курса ``InProcessEngine``.
 
-``sleep_wake_run`` — TRL #5312: после сна уровня 2 движок будит веса, перечитывая исходный
-чекпойнт, а метка версии говорит «новая»; ``zero_lag_probe`` ловит это по разрыву log-вероятностей
-движка и тренера на одной версии, порог — ``tim_alarm_threshold`` по здоровому запуску.
-``run_pause_mode`` — что публикация версии делает с запросами в полёте в режимах
-``pause_generation`` vLLM (abort, wait, keep); ``in_flight_check`` ловит miles #2372: публикация
-прервала работу, которую заявленный режим обещал сохранить.
+``sleep_wake_run`` — TRL #5312: после сна движок перечитывает исходный чекпойнт, а метка версии
+«новая»; ``zero_lag_probe`` ловит это по разрыву log p движка и тренера (порог —
+``tim_alarm_threshold``). ``run_pause_mode`` — запросы в полёте при публикации в режимах
+abort, wait, keep; ``in_flight_check`` ловит miles #2372 (прерваны обещанные запросы).
 """
 
 from __future__ import annotations
@@ -48,10 +46,8 @@ def tim_alarm_threshold(healthy_gaps, factor: float = 10.0) -> float:
 
 
 def zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = None) -> dict:
-    """Проба нулевой задержки: g = mean_t |log π_тренер(y_t) − log μ_движок(y_t)|, нат, по
-    токенам, которые движок выдал под версией, текущей для тренера (в TRL — метрика
-    sampling/sampling_logp_difference/mean). Ключи: gap, max_gap (нат), threshold, fired (g > τ;
-    без порога — False), message."""
+    """Проба нулевой задержки: g = mean_t |log π_тренер(y_t) − log μ_движок(y_t)|, нат, на версии,
+    текущей для тренера (TRL: sampling_logp_difference/mean); fired — g > τ (без порога False)."""
     threshold = None if threshold is None else nonnegative("threshold", threshold)
     rep = tim_report(engine_logprobs, trainer_logprobs)
     gap = rep["abs_delta_mean"]  # нат
@@ -67,14 +63,11 @@ def zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = 
 def sleep_wake_run(
     model, tokenizer, tasks, variant="fixed", steps=3, lr=3e-5, seed=0, threshold=None, **generate
 ) -> list[dict]:
-    """GRPO с движком ``InProcessEngine`` и пробой нулевой задержки на каждом шаге (``VARIANTS``);
-    generate — аргументы ``policy.generate_rollouts`` (group_size, max_new_tokens, …).
+    """GRPO с ``InProcessEngine`` и пробой нулевой задержки на каждом шаге (``VARIANTS``).
 
-    Шаг k: движок (метка версии k) генерирует → тренер (версия k) пересчитывает log π тех же
-    токенов → ``zero_lag_probe`` → сон движка (кроме healthy) → шаг GRPO → ``publish`` версии
-    k + 1 (проверка суммой и логитами проходит) → пробуждение: broken перечитывает веса model.
-    Строка на шаг: step, engine_version, trainer_version, weights_match (SHA-256 весов движка =
-    весам тренера) и ключи пробы.
+    Шаг k: генерация (версия k) → log π тренера → ``zero_lag_probe`` → сон (кроме healthy) → шаг
+    GRPO → ``publish`` версии k + 1 → пробуждение (broken перечитывает model). Строка на шаг:
+    step, engine_version, trainer_version, weights_match (SHA-256) и ключи пробы.
     """
     choice("variant", variant, VARIANTS)
     steps = integer("steps", steps, 1)
@@ -148,12 +141,9 @@ class PauseRun:
 def run_pause_mode(
     engine, new_state, mode, lengths, publish_at, abort_all_requests=False, prompt_len=6, seed=0
 ) -> PauseRun:
-    """Запросы длиной lengths (токенов, без EOS) декодируются по токену за такт на ``engine``
-    (forward без KV-кэша, семплирование при T = 1); на такте publish_at публикуется
-    new_state как версия engine.version + 1 в режиме mode (``PAUSE_MODES``).
-    abort_all_requests — публикация версии сама прерывает всё в полёте, как по умолчанию
-    SGLang в miles #2372. Награды нет (0.0): опыт о версиях и потерях.
-    """
+    """Запросы длиной lengths токенов декодируются по токену за такт (T = 1, без KV-кэша); на
+    такте publish_at new_state публикуется как версия + 1 в режиме mode (``PAUSE_MODES``);
+    abort_all_requests — публикация прерывает всё в полёте (SGLang в miles #2372)."""
     if not isinstance(engine, InProcessEngine):
         raise ValueError(f"engine должно быть InProcessEngine, получено {type(engine).__name__}")
     choice("mode", mode, PAUSE_MODES)
@@ -216,11 +206,8 @@ def _record(sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]
 
 
 def in_flight_check(run: PauseRun) -> dict:
-    """Проверка курса: fired, если публикация прервала запросы, хотя режим run.mode обещал их
-    сохранить (mode ≠ abort, а прервано > 0 — miles #2372), или записи нарушают контракт
-    (``validate_rollout``). Ключи: fired, violations (сообщения контракта), message."""
-    if not isinstance(run, PauseRun):
-        raise ValueError(f"run должно быть PauseRun (run_pause_mode), получено {type(run)}")
+    """fired, если режим ≠ abort, а публикация прервала запросы (miles #2372), или записи нарушают
+    контракт (``validate_rollout``); ключи fired, violations, message."""
     violations = [m for r in run.records for m in validate_rollout(r)]
     lost = run.mode != "abort" and run.aborted > 0
     if lost:

@@ -1,9 +1,8 @@
 """Урок 12.2: смета памяти — байты на параметр, DDP и ZeRO/FSDP по рангам, KV-кэш, пик по фазам.
 
-Всё в байтах, целыми числами (дробные байты на параметр — точно, через Fraction); единица при
-показе названа явно: 1 ГиБ = 2³⁰ Б, 1 ГБ = 10⁹ Б. ``ModelShape`` — точное число параметров по
-config.json; ``accelerate_*`` — сверка с ``accelerate estimate-memory``; уровень C (ZeRO-1 на
-процессах) — ``multiproc.zero_state``. torch, transformers и matplotlib загружаются лениво.
+Всё в целых байтах (дробные байты на параметр — точно, через Fraction); 1 ГиБ = 2³⁰ Б, 1 ГБ =
+10⁹ Б. ``ModelShape`` — число параметров по config.json; ``accelerate_*`` — сверка с
+``accelerate estimate-memory``. torch, transformers и matplotlib загружаются лениво.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from numbers import Rational, Real
 from pathlib import Path
 from typing import Any
 
-from course_utils.args import choice, flag, integer, nonnegative, positive, real, text
+from course_utils.args import choice, integer, nonnegative, positive, real, text
 from course_utils.fmt import NBSP, count, num
 
 MODEL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "model_configs"
@@ -65,8 +64,8 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
 
 
 def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool = True) -> str:
-    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)", explain=False → "1.50 ГиБ", unit="B" → целое
-    "1 234 567 Б"; unit — "B", "KiB" … "TiB" или "KB" … "TB"; пробелы — неразрывные."""
+    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (explain=False — без скобок), unit="B" →
+    "1 234 567 Б"; пробелы — неразрывные."""
     nonnegative("n_bytes", n_bytes)
     digits = integer("digits", digits, 0)
     if choice("unit", unit, _UNITS) == "B":
@@ -77,8 +76,7 @@ def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool =
 # ---------------------------------------------------------------- рецепты, состояние, KV-кэш
 @dataclass(frozen=True)
 class TrainingRecipe:
-    """Байты на один параметр: веса, градиенты, моменты Adam m1 и m2, fp32-мастер-копия (все ≥ 0,
-    дробные допустимы: 0.5 Б у 4-битных весов); label — подпись по-русски."""
+    """Байты на параметр (≥ 0, дробные допустимы): веса, градиенты, Adam m1 и m2, fp32-мастер."""
 
     param_bytes: Real
     grad_bytes: Real
@@ -90,8 +88,6 @@ class TrainingRecipe:
     def __post_init__(self):
         for f in fields(self)[:5]:
             nonnegative(f.name, getattr(self, f.name))
-        if not isinstance(self.label, str):
-            raise ValueError(f"label должно быть строкой, получено {self.label!r}")
 
     @property
     def total(self) -> Real:
@@ -136,25 +132,16 @@ RECIPES: dict[str, TrainingRecipe] = {
 
 def recipe(name: str) -> TrainingRecipe:
     """Готовый рецепт по имени из ``RECIPES`` (ключи на английском, подпись — ``.label``)."""
-    if not isinstance(name, str) or name not in RECIPES:
-        raise ValueError(f"неизвестный рецепт {name!r}; допустимые имена: {', '.join(RECIPES)}")
-    return RECIPES[name]
+    return RECIPES[choice("recipe", name, RECIPES)]
 
 
 def _as_recipe(value: Any) -> TrainingRecipe:
-    if isinstance(value, TrainingRecipe):
-        return value
-    if isinstance(value, str):
-        return recipe(value)
-    raise ValueError(
-        f"recipe должно быть TrainingRecipe или именем из RECIPES ({', '.join(RECIPES)}), "
-        f"получено {value!r}"
-    )
+    return value if isinstance(value, TrainingRecipe) else recipe(value)
 
 
 def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
     """Модельное состояние B_state = N·(b_param + b_grad + b_m1 + b_m2 + b_master), байт, вверх
-    до целого; без активаций, KV-кэша, буферов связи и фрагментации."""
+    до целого (без активаций, KV-кэша и буферов)."""
     n = integer("n_params", n_params, 1)
     return _bytes(n, _as_recipe(recipe).total)  # N·Σb
 
@@ -162,9 +149,8 @@ def state_bytes(n_params: int, recipe: TrainingRecipe | str) -> int:
 def per_rank_breakdown(
     n_params: int, recipe: TrainingRecipe | str, world_size: int, zero_stage: int
 ) -> dict[str, int]:
-    """Байты на ранг по статьям {"params", "grads", "optimizer", "total"}: zero_stage 0 = DDP (всё
-    реплицировано), с 1 шардируются состояния оптимизатора (K = b_m1 + b_m2 + b_master), с 2 —
-    градиенты, с 3 — веса (= FSDP full shard). Шард = ⌈N/D⌉·b байт (в статье ZeRO — N/D)."""
+    """Байты на ранг {"params", "grads", "optimizer", "total"}: stage 0 = DDP, с 1 шардируется
+    оптимизатор (K = b_m1 + b_m2 + b_master), с 2 — градиенты, с 3 — веса; шард = ⌈N/D⌉·b Б."""
     n = integer("n_params", n_params, 1)
     r = _as_recipe(recipe)
     d = integer("world_size", world_size, 1)
@@ -189,8 +175,8 @@ def per_rank_state_bytes(
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, bytes_per_value: Real
 ) -> int:
-    """KV-кэш B_KV = 2·L·H_kv·d_h·N_tok·b байт (2 — ключи и значения; N_tok — токены всех
-    последовательностей; b — байт на число, bf16: 2). L=32, H_kv=8, d_h=128, b=2 → 128 КиБ/токен."""
+    """KV-кэш B_KV = 2·L·H_kv·d_h·N_tok·b байт (ключи и значения; N_tok — токены всех
+    последовательностей; b — байт на число, bf16: 2)."""
     layers = integer("num_layers", num_layers, 1)
     heads = integer("num_kv_heads", num_kv_heads, 1)
     dim = integer("head_dim", head_dim, 1)
@@ -206,8 +192,8 @@ def max_concurrent_sequences(
     tokens_per_sequence: int,
     reserve_fraction: Real = 0.0,
 ) -> int:
-    """Сколько последовательностей помещается: ⌊(B·(1−r) − W) / (kv_tok·T)⌋ ≥ 0. B — бюджет, W —
-    веса, kv_tok — KV на токен (байт); T — токенов на последовательность; r ∈ [0, 1) — резерв."""
+    """Последовательностей в бюджете: ⌊(B·(1−r) − W) / (kv_tok·T)⌋ ≥ 0; B, W, kv_tok — байт
+    (бюджет, веса, KV на токен), T — токенов на последовательность, r ∈ [0, 1) — резерв."""
     nonnegative("budget_bytes", budget_bytes)
     nonnegative("weights_bytes", weights_bytes)
     positive("kv_bytes_per_token", kv_bytes_per_token)
@@ -279,9 +265,8 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
-        """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3.
-        Смещения: qwen2 — q/k/v; attention_bias llama и qwen3 — q, k, v, o; mlp_bias llama —
-        gate/up/down; у qwen3 ещё RMSNorm q/k по d_h. head_dim по умолчанию hidden_size // heads."""
+        """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3;
+        смещения и q/k-norm — по правилам семейства, head_dim по умолчанию hidden_size // heads."""
         d = _config_dict(config)
         missing = [k for k in _CONFIG_FIELDS if d.get(k) is None]
         if missing:
@@ -321,8 +306,7 @@ class ModelShape:
         return cls.from_config(MODEL_CONFIGS_DIR / f"{name}.json")
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) линейных слоёв блока: q (h, H·d), k и v (h, H_kv·d), o (H·d, h),
-        gate и up (h, I), down (I, h)."""
+        """(d_in, d_out) слоёв блока: q (h, H·d), k, v (h, H_kv·d), o (H·d, h), gate, up (h, I), down (I, h)."""
         h, i = self.hidden_size, self.intermediate_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
@@ -380,8 +364,8 @@ def _as_shape(value: Any, name: str = "shape_or_config") -> ModelShape:
 def lora_trainable_params(
     shape_or_config: Any, rank: int, target_modules: tuple[str, ...] | list[str] = LORA_TARGETS[:4]
 ) -> int:
-    """Обучаемые параметры LoRA: L·Σ_целей r·(d_in + d_out) (A: r×d_in, B: d_out×r) по настоящим
-    формам (k, v: d_out = H_kv·d_h); по умолчанию цели q, k, v, o; смещения — как bias="none"."""
+    """Обучаемые параметры LoRA: L·Σ_целей r·(d_in + d_out) по настоящим формам (по умолчанию
+    цели q, k, v, o; bias="none")."""
     shape = _as_shape(shape_or_config)
     r = integer("rank", rank, 1)
     targets = target_modules if isinstance(target_modules, tuple | list) else ()
@@ -394,55 +378,34 @@ def lora_trainable_params(
     return shape.num_layers * sum(r * sum(shapes[t]) for t in set(targets))  # L·Σ r(i+o)
 
 
-def lora_state_bytes(
-    n_params: int, n_trainable: int, base_param_bytes: Real, recipe: TrainingRecipe | str
-) -> int:
-    """Состояние при LoRA, байт: N_base·b_base + N_lora·Σb(recipe) — замороженная база (bf16: 2,
-    4 бита: 0.5 Б) без градиентов и состояний, у адаптеров — полный рецепт."""
-    n = integer("n_params", n_params, 1)
-    t = integer("n_trainable", n_trainable, 1)
-    nonnegative("base_param_bytes", base_param_bytes)
-    return _bytes(n, base_param_bytes) + state_bytes(t, recipe)
-
-
 # ---------------------------------------------------------------- совместное размещение
 _Phases = list[tuple[str, dict[str, Real]]]  # [(имя фазы, {статья: байты}), …]
 
 
 def _check_phases(phases: Any) -> _Phases:
-    """Непустой список пар (имя фазы, {статья: байты ≥ 0}); иначе ValueError по-русски."""
-    if not isinstance(phases, list | tuple) or not phases:
+    """Непустой список пар (имя фазы, {статья: байты ≥ 0})."""
+    items = phases if isinstance(phases, list | tuple) else []
+    pairs = [isinstance(p, tuple | list) and len(p) == 2 and isinstance(p[1], dict) for p in items]
+    if not items or not all(pairs):
         raise ValueError(
-            "phases должно быть непустым списком пар (имя фазы, {статья: байты}), "
-            f"получено {phases!r}"
+            f"phases должно быть непустым списком пар (имя, {{статья: байты}}): {phases!r}"
         )
-    for i, item in enumerate(phases):
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise ValueError(
-                f"phases[{i}] должно быть парой (имя, {{статья: байты}}), получено {item!r}"
-            )
-        name = text(f"phases[{i}]: имя фазы", item[0])
-        if not isinstance(item[1], dict):
-            raise ValueError(
-                f"phases[{i}] ({name!r}): статьи должны быть словарём, получено {item[1]!r}"
-            )
-        for key, value in item[1].items():
-            if not isinstance(key, str):
-                raise ValueError(f"phases[{i}] ({name!r}): имя статьи {key!r} должно быть строкой")
+    for i, (name, comps) in enumerate(phases):
+        text(f"phases[{i}]: имя фазы", name)
+        for key, value in comps.items():
             nonnegative(f"phases[{i}] ({name!r})[{key!r}]", value)
     return [(name, comps) for name, comps in phases]
 
 
 def colocation_peak(phases: _Phases) -> tuple[Real, str]:
     """Пик совместного размещения B_peak = max_t Σ_статей B(t) (в единицах статей) и имя первой
-    фазы с пиком — максимум суммы, а не сумма максимумов (``sum_of_component_maxima``)."""
+    фазы с пиком."""
     totals = [(sum(comps.values()), name) for name, comps in _check_phases(phases)]
     return max(totals, key=lambda t: t[0])  # max отдаёт первый из равных
 
 
 def sum_of_component_maxima(phases: _Phases) -> Real:
-    """Завышенная оценка Σ_статей max_t B_статья(t) (в единицах статей) — ошибка «сложить пики
-    ролей»: статьи разных фаз никогда не лежат в памяти одновременно."""
+    """Завышенная оценка Σ_статей max_t B_статья(t) (в единицах статей) — «сумма пиков ролей»."""
     checked = _check_phases(phases)
     keys = dict.fromkeys(k for _, comps in checked for k in comps)  # в порядке появления
     return sum(max(comps.get(k, 0) for _, comps in checked) for k in keys)
@@ -455,8 +418,8 @@ def plot_memory_timeline(
     unit: str = "GiB",
     title: str | None = None,
 ):
-    """Столбцы с накоплением по фазам (статьи — цвета), пик max_t Σ B(t) в рамке, бюджет — пунктир;
-    ось Y — в единице unit (ГиБ = 2³⁰ Б). Возвращает matplotlib Axes."""
+    """Столбцы по фазам (статьи — цвета), пик max_t Σ B(t) в рамке, бюджет — пунктир; ось Y — в
+    unit (ГиБ = 2³⁰ Б). Возвращает Axes."""
     checked = _check_phases(phases)
     choice("unit", unit, _UNITS)
     if budget_bytes is not None:
@@ -578,8 +541,8 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
 
 
 def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE_DTYPES) -> str:
-    """Таблица настоящего ``accelerate estimate-memory`` — его же кодом, без сети: загрузка с Hub
-    подменена моделью на meta из config (имя из data/model_configs, путь или словарь)."""
+    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети (модель на meta из
+    config: имя из data/model_configs, путь или словарь)."""
     known = isinstance(config, str) and config in HUB_REPOS
     d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
     dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
@@ -631,8 +594,8 @@ _ESTIMATE_ROWS = (  # (статья, что о ней у accelerate)
 
 
 def accelerate_estimate(n_params_or_shape: Any, dtype: str = "float16"):
-    """Таблица pandas: правило accelerate и калькулятор курса по статьям, с объяснением разниц;
-    dtype "float32" или "float16" (рецепт курса — "fp32_adam" или "bf16_mixed_adam")."""
+    """Таблица pandas: правило accelerate и калькулятор курса (fp32_adam или bf16_mixed_adam) по
+    статьям, с объяснением разниц."""
     import pandas as pd
 
     dtype = choice("dtype", dtype, ("float32", "float16"))
@@ -709,9 +672,9 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
-    """Байт в тензорах ``optimizer.state[p]``: Σ numel·element_size. 0-мерный ``step`` AdamW (4 Б
-    на тензор, не на элемент) по умолчанию не входит: рецепт считает байты на элемент."""
+def optimizer_state_bytes(optimizer) -> int:
+    """Байт в тензорах ``optimizer.state[p]``: Σ numel·element_size, без 0-мерного ``step`` AdamW
+    (4 Б на тензор, не на элемент): рецепт считает байты на элемент."""
     import torch
 
     if not isinstance(getattr(optimizer, "state", None), dict):
@@ -719,14 +682,13 @@ def optimizer_state_bytes(optimizer, include_step: bool = False) -> int:
             "optimizer должно быть оптимизатором torch (torch.optim.Optimizer со словарём state), "
             f"получено {optimizer!r}"
         )
-    include_step = flag("include_step", include_step)
     states = [(k, v) for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)]
-    return tensor_bytes(v for k, v in states if include_step or k != "step")
+    return tensor_bytes(v for k, v in states if k != "step")
 
 
 def build_probe_model(hidden: int = 256, layers: int = 4, seed: int = 0):
-    """Детерминированная MLP-сеть «как трансформер»: layers блоков LayerNorm → Linear(h, 4h) →
-    GELU → Linear(4h, h) и выходной Linear(h, h). Параметров: L·(8h² + 7h) + h² + h."""
+    """MLP «как трансформер» (зерно seed): L блоков LayerNorm → Linear(h, 4h) → GELU →
+    Linear(4h, h) и Linear(h, h). Параметров: L·(8h² + 7h) + h² + h."""
     h = integer("hidden", hidden, 1)
     n_layers = integer("layers", layers, 1)
     s = integer("seed", seed, 0)

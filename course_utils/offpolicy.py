@@ -1,11 +1,9 @@
 """Данные другой политики (урок 12.4): отношения важности, ESS, клиппирование, TIM.
 
-Политика поведения μ_v породила токены в движке, π_old — знаменатель PPO-подобной цели, π_θ
-получает градиент; задержка — это v < u, рассогласование обучения и генерации (TIM) — разные
-вероятности при одной версии весов. Входы — тензоры torch, массивы numpy или списки; результат —
-того же вида (тензор на устройстве первого тензора входа), сводные числа — float. Бесконечности
-не прячутся: μ = 0 < π даёт log w = +inf (см. ``support_violations``), π = 0 — w = 0; NaN и
-log-вероятность > ``LOGPROB_TOL`` — ошибка входа.
+μ_v — политика поведения (движок), π_old — знаменатель PPO-подобной цели, π_θ — обучаемая;
+задержка — v < u, TIM — разные вероятности при одной версии весов. Входы — torch, numpy или
+списки; результат — того же вида, сводки — float. μ = 0 < π даёт log w = +inf
+(``support_violations``), π = 0 — w = 0; NaN и log-вероятность > ``LOGPROB_TOL`` — ошибка входа.
 """
 
 from __future__ import annotations
@@ -143,12 +141,6 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- отношения важности
 
 
-def log_ratios(logp_target, logp_behavior):
-    """Поэлементно log w = log π(y) − log μ(y), нат (π — целевая политика, μ — поведения)."""
-    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
-    return kind.out(_log_ratio_np(lt, lb))
-
-
 def importance_ratios(logp_target, logp_behavior):
     """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)); μ = 0 < π даёт +inf, π = 0 — 0."""
     kind, lt, lb, _ = _pair(logp_target, logp_behavior)
@@ -175,15 +167,6 @@ def sequence_log_ratio(logp_target, logp_behavior, mask=None):
     Сумма по последней оси; маска m (0/1) исключает токены запроса и среды — не политики."""
     kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
     return kind.out(_seq_sum(_log_ratio_np(lt, lb), m))
-
-
-def cumulative_log_ratio(logp_target, logp_behavior, mask=None):
-    """Лог-отношение префиксов: log w_seq(t) = Σ_{s≤t} m_s·(log π_s − log μ_s), нат; форма
-    входа, последний элемент — ``sequence_log_ratio`` (TIM и задержка копятся с длиной)."""
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    d = _log_ratio_np(lt, lb)
-    _seq_sum(d, m)  # +inf и −inf в одной последовательности — ошибка, как у sequence_log_ratio
-    return kind.out(np.cumsum(np.where(m, d, 0.0), axis=-1))
 
 
 # --------------------------------------------------------------------------- ESS
@@ -236,9 +219,8 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
 def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
     """Клиппированная потеря PPO/GRPO по токенам (тензоры torch одной формы), нат·ед. A.
 
-    ρ_t = exp(log π_θ − log π_old), L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t).
-    N — num_tokens, если задано (накопление по микропакетам: N всего пакета), иначе Σ m_t
-    (без маски — число токенов). Одна формула для policy.grpo_step и учебного запуска ToyRLRun.
+    ρ_t = exp(log π_θ − log π_old), L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t);
+    N — num_tokens (весь пакет при микропакетах), иначе Σ m_t (без маски — число токенов).
     """
     ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
     surr = ratio * advantages
@@ -251,11 +233,8 @@ def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.
 
 
 def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high=None) -> float:
-    """Доля клиппирования PPO среди токенов маски.
-
-    Без преимуществ — доля r вне [1 − ε, 1 + ε_high] (ε_high = ε, если не задан); с A — доля
-    токенов, где ``clipped`` (как ``clip_ratio`` в TRL); A — по токену или по последовательности.
-    """
+    """Доля клиппирования PPO среди токенов маски: без A — доля r вне [1 − ε, 1 + ε_high]
+    (ε_high = ε по умолчанию); с A (по токену или последовательности) — доля ``clipped``."""
     eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     eps_high = eps if eps_high is None else positive("eps_high", eps_high)
     r = _ratios(ratios)
@@ -277,18 +256,9 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
     return float((hit & m).sum() / m.sum())
 
 
-def log_ratio_stats(logp_target, logp_behavior, mask=None) -> dict:
-    """Сводка log w = log π − log μ по токенам маски (``log_weight_stats`` по log w), нат."""
-    _, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    return _log_w_stats(_log_ratio_np(lt, lb)[m])
-
-
 def log_weight_stats(log_weights, mask=None) -> dict:
-    """Сводка готовых log w (любого знака, +inf — нарушение поддержки) по маске, нат.
-
-    Ключи: mean_abs_log_ratio, max_abs_log_ratio, mean_log_ratio, min_log_ratio, max_log_ratio,
-    n_tokens, support_violations (число +inf). Бесконечности не прячутся: среднее ±inf — NaN.
-    """
+    """Сводка log w по маске, нат: mean/max |log w|, mean/min/max log w, n_tokens,
+    support_violations (число +inf); среднее при ±inf — NaN."""
     d = _floats(log_weights, "log_weights", allow_pos_inf=True)
     return _log_w_stats(d[_mask(mask, d.shape)])
 
@@ -427,23 +397,6 @@ def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float
     return chunks(), shape
 
 
-def logit_shift_bound(logits_a, logits_b, temperature: float = 1.0) -> dict:
-    """Граница шага 12.4.3: при max_i |Δz_i| ≤ ε (z = logits/T) для softmax без усечения
-    |Δ log p_i| ≤ 2ε, нат. Ключи: max_abs_logit_diff (ε), max_abs_logprob_diff, bound, holds."""
-    temperature = positive("temperature", temperature)
-    pairs, _ = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
-    eps = dlp = 0.0
-    for za, zb in pairs:
-        eps = max(eps, float(np.abs(za - zb).max()))
-        dlp = max(dlp, float(np.abs(log_softmax(za) - log_softmax(zb)).max()))
-    return {
-        "max_abs_logit_diff": eps,
-        "max_abs_logprob_diff": dlp,
-        "bound": 2 * eps,
-        "holds": dlp <= 2 * eps * (1 + 1e-9) + 1e-12,
-    }
-
-
 # --------------------------------------------------------------------------- симуляция
 
 
@@ -462,11 +415,8 @@ def simulate_log_ratios(
     sigma_tim: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Синтетические токеновые log w формы [n, length] для графиков ESS/n, нат (массив numpy).
-
-    log w_t ~ N(−σ²/2, σ²) независимо, σ = sqrt(σ_tim² + (σ_lag·lag)²): E[w] = 1, как у настоящих
-    E_μ[π/μ]. Коэффициенты иллюстративные: реальные log w коррелированы и зависят от модели.
-    """
+    """Синтетические log w [n, length], нат: log w_t ~ N(−σ²/2, σ²) независимо,
+    σ = sqrt(σ_tim² + (σ_lag·lag)²), E[w] = 1 (коэффициенты иллюстративные)."""
     sigma = _sigma(lag, sigma_per_lag, sigma_tim)
     shape = (integer("n", n, 1), integer("length", length, 1))
     rng = np.random.default_rng(optional_integer("seed", seed, 0))
@@ -486,13 +436,9 @@ def expected_ess_fraction(
 
 
 def position_shift_report(logits_target, logits_behavior, tokens, temperature: float = 1.0) -> dict:
-    """TIM по позициям для одних и тех же токенов y_t (логиты [..., T, vocab], z = logits/T), нат.
-
-    Массивы [..., T]: ``eps`` — ε_t = max_i |Δz_{t,i}|; ``log_ratio`` — log w_t = log π(y_t) −
-    log μ(y_t) (softmax без усечения); ``cum_log_ratio`` — log w_seq(t); ``cum_bound`` —
-    Σ_{s≤t} 2ε_s ≥ |log w_seq(t)|. Сводка: ``eps_max``, ``bound`` = 2·eps_max,
-    ``max_abs_log_ratio``, ``holds`` — |log w_t| ≤ 2ε_t на всех позициях.
-    """
+    """TIM по позициям токенов y_t (логиты [..., T, vocab], z = logits/T), нат. Массивы [..., T]:
+    eps — ε_t = max_i |Δz_{t,i}|, log_ratio — log π(y_t) − log μ(y_t), cum_log_ratio,
+    cum_bound — Σ_{s≤t} 2ε_s; eps_max, bound = 2·eps_max, holds — |log w_t| ≤ 2ε_t везде."""
     temperature = positive("temperature", temperature)
     pairs, shape = _logit_pair(
         logits_target, logits_behavior, "logits_target", "logits_behavior", temperature
@@ -505,16 +451,10 @@ def position_shift_report(logits_target, logits_behavior, tokens, temperature: f
         eps.append(np.abs(za - zb).max(axis=-1))
         d.append(np.take_along_axis(log_softmax(za) - log_softmax(zb), y, -1)[:, 0])
     eps, d = np.concatenate(eps).reshape(shape[:-1]), np.concatenate(d).reshape(shape[:-1])
-    return {
-        "eps": eps,
-        "log_ratio": d,
-        "cum_log_ratio": np.cumsum(d, axis=-1),
-        "cum_bound": np.cumsum(2 * eps, axis=-1),
-        "eps_max": float(eps.max()),
-        "bound": 2 * float(eps.max()),
-        "max_abs_log_ratio": float(np.abs(d).max()),
-        "holds": bool((np.abs(d) <= 2 * eps * (1 + 1e-9) + 1e-12).all()),
-    }
+    out = {"eps": eps, "log_ratio": d, "cum_log_ratio": np.cumsum(d, axis=-1)}
+    out |= {"cum_bound": np.cumsum(2 * eps, axis=-1), "eps_max": float(eps.max())}
+    out |= {"bound": 2 * float(eps.max()), "max_abs_log_ratio": float(np.abs(d).max())}
+    return out | {"holds": bool((np.abs(d) <= 2 * eps * (1 + 1e-9) + 1e-12).all())}
 
 
 def _nucleus(z: np.ndarray, top_p: float):
@@ -528,13 +468,9 @@ def _nucleus(z: np.ndarray, top_p: float):
 
 
 def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limit: int = 5) -> dict:
-    """Позиции, где сдвиг логитов переносит токен через границу ядра top-p softmax(z/T).
-
-    Токен в ядре a, но не b получает у b вероятность 0: log μ = −inf (``support_violations``).
-    Ключи: ``count`` и ``share`` позиций с разным ядром, ``positions`` ([count, ndim − 1]) и
-    ``examples`` — до ``limit`` словарей: position, token, p_a, p_b (до усечения), mass_above_a,
-    mass_above_b (масса более вероятных токенов), in_a, in_b.
-    """
+    """Позиции, где сдвиг логитов переносит токен через границу ядра top-p softmax(z/T) (у b
+    вероятность 0, log μ = −inf): count, share, positions и до limit examples (position, token,
+    p_a, p_b, mass_above_a/b — масса более вероятных токенов, in_a, in_b)."""
     top_p = real("top_p", top_p, 0.0, 1.0, low_open=True)
     temperature = positive("temperature", temperature)
     limit = integer("limit", limit, 0)
@@ -553,12 +489,8 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
             examples.append(ex | {"in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok])})
         start += len(za)
     rows = np.concatenate(differ_rows).reshape(shape[:-1])
-    return {
-        "count": int(rows.sum()),
-        "share": float(rows.mean()),
-        "positions": np.argwhere(rows).astype(np.int64),
-        "examples": examples,
-    }
+    out = {"count": int(rows.sum()), "share": float(rows.mean())}
+    return out | {"positions": np.argwhere(rows).astype(np.int64), "examples": examples}
 
 
 # --------------------------------------------------------------------------- TIM
@@ -583,34 +515,20 @@ def _pad(seqs, name: str):
 
 
 def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 1e-3) -> dict:
-    """Сводка рассогласования обучения и генерации (TIM) на одной версии весов, нат.
-
-    Δ_t = log π_trainer(y_t) − log μ_engine(y_t) по токенам политики (= log w). Входы — [batch, T]
-    с маской (0/1) или списки одномерных последовательностей разной длины. Ключи: n_sequences,
-    n_tokens, abs_delta_mean / p99 / max, mean_delta, share_above_threshold (доля |Δ| >
-    threshold), threshold, seq_log_ratio (Σ_t Δ_t, вид входа), seq_abs_log_ratio_max,
-    token_ess_fraction и seq_ess_fraction (ESS/n; NaN при нарушении поддержки), support_violations.
-    """
+    """Сводка TIM на одной версии весов, нат: Δ_t = log π_trainer(y_t) − log μ_engine(y_t) по
+    токенам политики; входы — [batch, T] с маской или списки последовательностей. Ключи:
+    abs_delta_mean/p99/max, mean_delta, share_above_threshold (|Δ| > threshold), seq_log_ratio
+    (Σ_t Δ_t), token_/seq_ess_fraction (ESS/n; NaN при нарушении поддержки) и счётчики."""
     threshold = positive("threshold", threshold)
     inputs = (engine_logprobs, trainer_logprobs)
     kind = _Kind(*(x[0] if _is_ragged(x) else x for x in inputs))
     if any(map(_is_ragged, inputs)):
-        if not all(map(_is_ragged, inputs)):
-            raise ValueError(
-                "engine_logprobs и trainer_logprobs: оба должны быть списками последовательностей"
-            )
-        if mask is not None:
-            raise ValueError(
-                "mask: для списков последовательностей маска не нужна (задаётся длиной)"
-            )
+        if not all(map(_is_ragged, inputs)) or mask is not None:
+            raise ValueError("engine_logprobs и trainer_logprobs: оба — списки, mask — None")
         lb, m, len_e = _pad(engine_logprobs, "engine_logprobs")
         lt, _, len_t = _pad(trainer_logprobs, "trainer_logprobs")
         if len_e != len_t:
-            diff = [i for i, (a, b) in enumerate(zip(len_e, len_t)) if a != b][:5]
-            raise ValueError(
-                f"engine_logprobs и trainer_logprobs: разное число последовательностей "
-                f"({len(len_e)} и {len(len_t)}) или разные длины (последовательности {diff})"
-            )
+            raise ValueError(f"engine_logprobs и trainer_logprobs: длины {len_e} и {len_t}")
     else:
         names = ("trainer_logprobs", "engine_logprobs")
         _, lt, lb, m = _pair(trainer_logprobs, engine_logprobs, mask, names)
@@ -624,21 +542,15 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
     violations = int(support_violations(lt, lb, m)["count"])
     with np.errstate(invalid="ignore"):
         mean_delta = float(d.mean())
-    nan = float("nan")
-    return {
-        "n_sequences": int(lb.shape[0]),
-        "n_tokens": int(m.sum()),
+    nan, method = float("nan"), "linear" if np.isfinite(ad).all() else "higher"
+    out = {"n_sequences": int(lb.shape[0]), "n_tokens": int(m.sum())}
+    out |= {
         "abs_delta_mean": float(ad.mean()),
-        "abs_delta_p99": float(
-            np.percentile(ad, 99, method="linear" if np.isfinite(ad).all() else "higher")
-        ),
-        "abs_delta_max": float(ad.max()),
-        "mean_delta": mean_delta,
-        "share_above_threshold": float((ad > threshold).mean()),
-        "threshold": threshold,
-        "seq_log_ratio": kind.out(seq),
-        "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max()),
-        "token_ess_fraction": nan if violations else normalized_ess(d, log=True),
-        "seq_ess_fraction": nan if violations else normalized_ess(seq[rows], log=True),
-        "support_violations": violations,
+        "abs_delta_p99": float(np.percentile(ad, 99, method=method)),
     }
+    out |= {"abs_delta_max": float(ad.max()), "mean_delta": mean_delta}
+    out |= {"share_above_threshold": float((ad > threshold).mean()), "threshold": threshold}
+    out |= {"seq_log_ratio": kind.out(seq), "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
+    out["token_ess_fraction"] = nan if violations else normalized_ess(d, log=True)
+    out["seq_ess_fraction"] = nan if violations else normalized_ess(seq[rows], log=True)
+    return out | {"support_violations": violations}

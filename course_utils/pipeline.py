@@ -1,11 +1,9 @@
 """Конвейер RL-цикла (урок 12.3): формулы двух этапов, модель асинхронного цикла, временная шкала.
 
-Замкнутые формулы последовательного и конвейерного цикла (G — сбор роллаутов, T — обучение, с);
-``simulate`` — модель на SimPy: сборщики кладут роллауты в очередь, тренер набирает пакет,
-обучается и публикует версию весов; результат — таблицы pandas. ``critical_path``, ``sum_of_work``
-и ``pool_utilization`` читают интервалы стадий. Коэффициенты модели иллюстративны, а не измерены.
-Замер скорости: ``python -m course_utils.pipeline benchmark``; проверка на настоящем цикле —
-``python -m course_utils.pipeline validate --json`` (``pipeline_validate``).
+Формулы последовательного и конвейерного цикла (G — сбор роллаутов, T — обучение, с); ``simulate``
+— модель на SimPy (коэффициенты иллюстративны); ``critical_path``, ``sum_of_work``,
+``pool_utilization`` читают интервалы стадий. ``python -m course_utils.pipeline benchmark`` —
+замер скорости, ``… validate --json`` — проверка на настоящем цикле (``pipeline_validate``).
 """
 
 from __future__ import annotations
@@ -58,10 +56,7 @@ def pipeline_total_time(G: float, T: float, n: int) -> float:
 
 
 def speedup(G: float, T: float, n: int | None = None) -> float:
-    """Ускорение конвейера: n·(G + T) / T_n, при n = None (n → ∞) — (G + T) / max(G, T), раз.
-
-    Предел не больше 2 и достигается только при G ≈ T; пример лекции G = 90 с, T = 10 с даёт 1,11×.
-    """
+    """Ускорение конвейера: n·(G + T) / T_n, при n = None (n → ∞) — (G + T) / max(G, T) ≤ 2, раз."""
     if pipelined_period(G, T) == 0:
         raise ValueError(f"G и T не могут быть оба нулевыми: {G=}, {T=}")
     if n is None:
@@ -70,10 +65,7 @@ def speedup(G: float, T: float, n: int | None = None) -> float:
 
 
 def group_utilization(durations: Iterable[float]) -> float:
-    """Утилизация группы: U = Σ d_i / (n · max d_i), доля; d_i — времена роллаутов группы, с.
-
-    Группа ждёт самого медленного: [4, 4, 5, 5, 5, 6, 6, 20] с → 55 / 160 ≈ 0,344.
-    """
+    """Утилизация группы: U = Σ d_i / (n · max d_i), доля; d_i — времена роллаутов группы, с."""
     d = _reals("durations", durations)
     if d.max() <= 0:
         raise ValueError("durations: хотя бы одно время должно быть > 0")
@@ -81,10 +73,7 @@ def group_utilization(durations: Iterable[float]) -> float:
 
 
 def truncate_durations(durations: Iterable[float], timeout: float) -> tuple[np.ndarray, np.ndarray]:
-    """Обрезка хвоста по тайм-ауту: d_i' = min(d_i, timeout), с; плюс маска «обрезан» d_i > timeout.
-
-    Долю обрезанных стоит указывать: если сложные задачи дольше, обрезка смещает данные к простым.
-    """
+    """Обрезка хвоста по тайм-ауту: d_i' = min(d_i, timeout), с; плюс маска «обрезан» d_i > timeout."""
     d = _reals("durations", durations)
     timeout = positive("timeout", timeout)
     return np.minimum(d, timeout), d > timeout
@@ -95,9 +84,8 @@ def best_device_split(
 ) -> tuple[int, int, float]:
     """Разбиение K ≥ 2 устройств: max min(k_gen·r_g, k_train·r_t) при k_gen + k_train = K.
 
-    r_g, r_t — токенов/с на устройство; возвращает (k_gen, k_train, токенов/с), при ничьей
-    (отн. 1e−12) — меньший k_gen. Линейное масштабирование — приближение: узким местом могут
-    стать сеть, проверяющая система или память.
+    r_g, r_t — токенов/с на устройство; возвращает (k_gen, k_train, токенов/с), при ничьей —
+    меньший k_gen. Линейное масштабирование — приближение (узким местом бывают сеть и память).
     """
     K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
@@ -122,19 +110,14 @@ _NONNEG = "length_sigma prefill_s reward_s train_fixed_s weight_sync_s is_sigma_
 class SimConfig:
     """Параметры модели асинхронного RL-цикла (время — виртуальные секунды, объём — токены).
 
-    Роллаут сборщика стоит prefill_s + tokens / decode_tokens_per_s (+ reward_s); длина — из
-    length_dist: "lognormal" (среднее mean_tokens, σ логарифма length_sigma), "deterministic"
-    или "uniform" (целые 1…2·mean_tokens − 1), обрезка по max_tokens. Шаг тренера: tokens /
-    (train_tokens_per_s·num_trainers) + train_fixed_s + weight_sync_s, затем версия v + 1.
-    Обратное давление (None — без порога) запрещает ЗАПУСК роллаута, пока в очереди ≥
-    max_queue_tokens токенов / max_queue_rollouts роллаутов, старейший ждёт ≥ max_age_s или
-    роллаут попал бы в шаг с задержкой > max_policy_lag = η (незавершённые считаются по
-    mean_tokens). Гарантия η — у тренера: при drop_stale=False шаг s ждёт все роллауты версий
-    ≤ s − η, при drop_stale=True роллауты с lag > η выбрасываются; η = 0 — синхронный режим.
-    Пакет — FIFO до batch_tokens; log w ~ N(0, (is_sigma_per_lag·lag)²) — синтетические веса.
-    batch_when_ready=True: тренер ждёт ≥ batch_tokens в очереди и снимает пакет разом (как
-    уровень C), иначе забирает роллауты по мере прихода. measured_rollouts — измеренные пары
-    (токены, с от допуска до очереди): роллаут берёт случайную пару вместо length_dist и decode.
+    Роллаут: prefill_s + tokens / decode_tokens_per_s (+ reward_s); длина — length_dist
+    ("lognormal": среднее mean_tokens, σ логарифма length_sigma; "deterministic"; "uniform":
+    1…2·mean_tokens − 1), не больше max_tokens; measured_rollouts — пары (токены, с) вместо них.
+    Шаг: tokens / (train_tokens_per_s·num_trainers) + train_fixed_s + weight_sync_s, версия + 1.
+    Обратное давление (None — нет) запрещает ЗАПУСК роллаута при очереди ≥ max_queue_tokens /
+    max_queue_rollouts, возрасте старейшего ≥ max_age_s или задержке > max_policy_lag = η; шаг s
+    ждёт все версии ≤ s − η (drop_stale=True — выбрасывает lag > η). Пакет — FIFO до
+    batch_tokens (batch_when_ready — разом, как уровень C); log w ~ N(0, (is_sigma_per_lag·lag)²).
     """
 
     duration_s: float = 120.0
@@ -174,12 +157,13 @@ class SimConfig:
         flag("drop_stale", self.drop_stale)
         flag("batch_when_ready", self.batch_when_ready)
         pairs = self.measured_rollouts
-        if pairs is not None:  # непустой кортеж пар (токены ≥ 1, секунды ≥ 0)
-            if not isinstance(pairs, tuple) or not pairs or any(len(p) != 2 for p in pairs):
-                raise ValueError(f"measured_rollouts: нужны пары (токены, с), получено {pairs!r}")
-            for i, (tokens, seconds) in enumerate(pairs):
-                integer(f"measured_rollouts[{i}][0]", tokens, 1, strict=True)
-                nonnegative(f"measured_rollouts[{i}][1]", seconds)
+        if pairs is not None and not (
+            isinstance(pairs, tuple) and pairs and {*map(len, pairs)} == {2}
+        ):
+            raise ValueError(f"measured_rollouts: нужны пары (токены, с), получено {pairs!r}")
+        for i, (tokens, seconds) in enumerate(pairs or ()):
+            integer(f"measured_rollouts[{i}][0]", tokens, 1, strict=True)
+            nonnegative(f"measured_rollouts[{i}][1]", seconds)
         choice("length_dist", self.length_dist, ("lognormal", "deterministic", "uniform"))
         real("mean_tokens", self.mean_tokens, 1.0)
         if self.mean_tokens > self.max_tokens:
@@ -193,13 +177,8 @@ class SimConfig:
 
 @dataclasses.dataclass
 class SimResult:
-    """Итог ``simulate``: таблицы rollouts, queue, steps, events и словарь summary.
-
-    rollouts — строка на начатый роллаут (NaN: стадия не пройдена к концу прогона); queue —
-    глубина очереди после каждого изменения и токены незавершённых роллаутов (in_flight_tokens);
-    steps — строка на шаг оптимизатора; events — интервалы стадий (worker, stage, start_s, end_s,
-    trace_id) для ``tracing.gantt``.
-    """
+    """Итог ``simulate``: rollouts (строка на роллаут, NaN — стадия не пройдена), queue (глубина и
+    in_flight_tokens после изменений), steps (шаги), events (интервалы стадий), summary."""
 
     config: SimConfig
     rollouts: pd.DataFrame
@@ -209,11 +188,8 @@ class SimResult:
     summary: dict
 
     def dependencies(self) -> dict[int, list[int]]:
-        """Зависимости для ``critical_path(result.events, deps)``: номер строки → предшественники.
-
-        forward_backward шага s ждёт последней стадии каждого своего роллаута; prefill роллаута
-        версии v ≥ 1 — weight_sync, опубликовавшего v.
-        """
+        """Зависимости для ``critical_path``: строка → предшественники (forward_backward шага ждёт
+        своих роллаутов, prefill роллаута версии v ≥ 1 — weight_sync, опубликовавшего v)."""
         ev = self.events
         work = ev[ev["worker"].str.startswith("collector") & ~ev["stage"].isin(WAIT_STAGES)]
         rows = work.index.to_series().groupby(work["trace_id"])
@@ -400,12 +376,11 @@ class _Loop:
 
 
 def simulate(config: SimConfig | None = None) -> SimResult:
-    """Прогон модели асинхронного цикла на config.duration_s виртуальных секунд (SimPy).
+    """Прогон модели на config.duration_s виртуальных секунд (SimPy; тот же seed — те же таблицы).
 
-    summary: throughput_tokens_per_s = токены завершённых шагов / duration_s; задержки политики
-    lag = consumed_version − behavior_version, версий; ess_norm — среднее по шагам ESS/n =
-    (Σw)² / (n·Σw²) синтетических весов; доли простоя — стадии queue_wait (тренер) и backpressure
-    (сборщики) от полного времени; peak_queue_tokens — пик очереди. Одинаковый seed — те же таблицы.
+    summary: throughput = токены завершённых шагов / duration_s; lag = consumed_version −
+    behavior_version, версий; ess_norm — среднее ESS/n = (Σw)² / (n·Σw²); доли простоя —
+    queue_wait тренера и backpressure сборщиков от полного времени.
     """
     cfg = SimConfig() if config is None else config
     if not isinstance(cfg, SimConfig):
@@ -447,26 +422,21 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     busy = events["end_s"] - events["start_s"]
     trainer_wait = busy[(events["worker"] == "trainer-0") & (events["stage"] == "queue_wait")]
     enqueued = rollouts["enqueue_time"].notna()
-    return {
-        "duration_s": H,
-        "throughput_tokens_per_s": float(steps["tokens"].sum() / H),
-        "generated_tokens_per_s": float(rollouts.loc[enqueued, "tokens"].sum() / H),
-        "optimizer_steps": len(steps),
-        "mean_policy_lag": float(lag.mean()) if len(lag) else math.nan,
-        "max_policy_lag": int(lag.max()) if len(lag) else 0,
-        "ess_norm": float(steps["ess_norm"].mean()) if len(steps) else math.nan,
-        "trainer_idle_share": float(trainer_wait.sum() / H),
-        "collector_idle_share": float(
-            busy[events["stage"] == "backpressure"].sum() / (cfg.num_collectors * H)
-        ),
-        "peak_queue_tokens": int(queue["depth_tokens"].max()),
-        "mean_queue_time_s": float((taken["dequeue_time"] - taken["enqueue_time"]).mean()),
-        "started": len(rollouts),
-        "consumed": len(taken),
-        "dropped": int(rollouts["dropped"].sum()),
-        "queued_at_end": int((enqueued & rollouts["dequeue_time"].isna()).sum()),
-        "in_flight_at_end": int((~enqueued).sum()),
-    }
+    backpressure = busy[events["stage"] == "backpressure"].sum()
+    out = {"duration_s": H, "throughput_tokens_per_s": float(steps["tokens"].sum() / H)}
+    out["generated_tokens_per_s"] = float(rollouts.loc[enqueued, "tokens"].sum() / H)
+    out["optimizer_steps"] = len(steps)
+    out["mean_policy_lag"] = float(lag.mean()) if len(lag) else math.nan
+    out["max_policy_lag"] = int(lag.max()) if len(lag) else 0
+    out["ess_norm"] = float(steps["ess_norm"].mean()) if len(steps) else math.nan
+    out["trainer_idle_share"] = float(trainer_wait.sum() / H)
+    out["collector_idle_share"] = float(backpressure / (cfg.num_collectors * H))
+    out["peak_queue_tokens"] = int(queue["depth_tokens"].max())
+    out["mean_queue_time_s"] = float((taken["dequeue_time"] - taken["enqueue_time"]).mean())
+    out |= {"started": len(rollouts), "consumed": len(taken)}
+    out["dropped"] = int(rollouts["dropped"].sum())
+    out["queued_at_end"] = int((enqueued & rollouts["dequeue_time"].isna()).sum())
+    return out | {"in_flight_at_end": int((~enqueued).sum())}
 
 
 # Столбцы profile_over_lag: заголовок → что он значит (ноутбук печатает пояснения из словаря).
@@ -498,16 +468,9 @@ PROFILE_BASE = SimConfig(decode_tokens_per_s=160.0)
 def profile_over_lag(
     base: SimConfig | None = None, lags: Iterable[int | None] = (0, 1, 2, 4, None)
 ) -> pd.DataFrame:
-    """Профиль по глубине перекрытия: строка на max_policy_lag = η (None — без предела, «∞»).
-
-    Остальные параметры — из base (по умолчанию ``PROFILE_BASE``); столбцы и их смысл —
-    ``PROFILE_COLUMNS``, индекс ``PROFILE_INDEX``. Таблица показывает механизм, а не «лучший» η.
-    """
+    """Профиль по глубине перекрытия: строка на max_policy_lag = η (None — «∞»), остальное — из
+    base (``PROFILE_BASE``); столбцы — ``PROFILE_COLUMNS``, индекс — ``PROFILE_INDEX``."""
     base = PROFILE_BASE if base is None else base
-    if not isinstance(base, SimConfig):
-        raise ValueError(f"base должно быть SimConfig или None, получено {type(base)}")
-    if isinstance(lags, str | bytes) or not isinstance(lags, Iterable):
-        raise ValueError(f"lags должно быть последовательностью целых ≥ 0 или None: {lags!r}")
     rows, index = [], []
     for eta in list(lags):
         index.append("∞" if eta is None else str(integer("lags[...]", eta, 0, strict=True)))
@@ -532,8 +495,6 @@ def profile_over_lag(
 def _queue_steps(result: Any, threshold_tokens: float | None):
     """Порог θ (threshold_tokens или max_queue_tokens прогона, None — нет) и ступени очереди:
     моменты t (с концом прогона, на один длиннее) и глубины d, токенов."""
-    if not isinstance(result, SimResult):
-        raise ValueError(f"result должно быть SimResult, получено {type(result)}")
     thr = result.config.max_queue_tokens if threshold_tokens is None else threshold_tokens
     q = result.queue.drop_duplicates("time", keep="last")
     t = np.append(q["time"].to_numpy(dtype=float), result.config.duration_s)
@@ -542,12 +503,9 @@ def _queue_steps(result: Any, threshold_tokens: float | None):
 
 
 def queue_above_threshold(result: SimResult, threshold_tokens: float | None = None) -> dict:
-    """Сколько очередь провела выше порога θ и насколько его превысила (токены, доли).
-
-    share_above = Σ dt·[d > θ] / H (H — длина прогона, с); share_after_first — та же доля от
-    первого достижения θ; overshoot_tokens = max(0, пик − θ), overshoot_share = overshoot / θ;
-    max_in_flight_tokens — наибольший объём начатых роллаутов (порог их не останавливает).
-    """
+    """Время выше порога θ и превышение: share_above = Σ dt·[d > θ] / H (H — прогон, с),
+    share_after_first — от первого достижения θ; overshoot_tokens = max(0, пик − θ),
+    overshoot_share = overshoot / θ; max_in_flight_tokens — пик начатых роллаутов, токенов."""
     thr, t, d = _queue_steps(result, threshold_tokens)
     if thr is None:
         raise ValueError("threshold_tokens: у прогона нет max_queue_tokens — укажите порог")
@@ -593,13 +551,10 @@ def sum_of_work(intervals: Any, exclude_stages: Iterable[str] = WAIT_STAGES) -> 
 def critical_path(
     intervals: Any, deps: Mapping | None = None, exclude_stages=WAIT_STAGES, unlimited_workers=()
 ) -> tuple[float, pd.DataFrame]:
-    """Критический путь: L = max по цепочкам зависимых интервалов Σ (end_s − start_s), с.
-
-    Интервал зависит от предыдущего интервала своего исполнителя (последнего, кончившегося не
-    позже его начала; у unlimited_workers — нет: пул без ограничения размера) и от строк
-    deps[номер строки]. L — нижняя граница времени той же работы; возвращает (L, цепочка).
-    """
-    if isinstance(unlimited_workers, str) or not isinstance(unlimited_workers, Iterable):
+    """Критический путь: L = max по цепочкам зависимых интервалов Σ (end_s − start_s), с →
+    (L, цепочка). Интервал зависит от прошлого интервала своего исполнителя (кроме
+    unlimited_workers — пул без предела размера) и от строк deps[номер строки]."""
+    if isinstance(unlimited_workers, str):
         raise ValueError(f"unlimited_workers должно быть списком имён: {unlimited_workers!r}")
     unlimited = {str(w) for w in unlimited_workers}
     df = _intervals(intervals, exclude_stages)
@@ -646,11 +601,8 @@ def pool_utilization(
     horizon: float | None = None,
     exclude_stages=WAIT_STAGES,
 ) -> pd.Series:
-    """Загрузка пулов: U_пула = Σ_исполнителей занятое время / (число исполнителей · H), доля.
-
-    pools — «исполнитель → пул»; занятое время — объединение интервалов работы исполнителя
-    на [0, H] (вложенные не считаются дважды); H = horizon, по умолчанию max end_s, с.
-    """
+    """Загрузка пулов: U = Σ занятое время / (исполнителей пула · H), доля; pools — «исполнитель
+    → пул», занятое время — объединение интервалов на [0, H], H = horizon или max end_s, с."""
     if not isinstance(pools, Mapping) or not pools:
         raise ValueError(f"pools должно быть непустым словарём «исполнитель → пул»: {pools!r}")
     df = _intervals(intervals, exclude_stages)
@@ -681,11 +633,8 @@ def pool_utilization(
 
 
 def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None):
-    """График: токены в очереди во времени (ось x — с), порог θ и превышение порога (закрашено).
-
-    θ по умолчанию — result.config.max_queue_tokens (None — линии нет). Превышение — нормальный
-    переходный процесс: порог останавливает запуск, а начатые роллауты всё равно приходят.
-    """
+    """График: токены в очереди во времени (с), порог θ (по умолчанию max_queue_tokens) и
+    превышение (закрашено: начатые до порога роллауты всё равно приходят)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 

@@ -1,9 +1,8 @@
 """Симулятор против настоящего асинхронного цикла (урок 12.3): предсказание и замер.
 
-``validate`` запускает цикл уровня C, подгоняет по трассе времена стадий ``SimConfig``,
-предсказывает величины ``METRICS`` и сравнивает; для порога × 0,5 и × 2 — сначала предсказание,
-потом прогон. Роллаут симулятора = группа ответов одного запроса; величины замера и симуляции
-считает одна ``trace_metrics``. Запуск: ``python -m course_utils.pipeline validate --json``.
+``validate`` запускает цикл уровня C, подгоняет ``SimConfig`` по трассе, предсказывает
+``METRICS`` и сравнивает (для порога × 0,5 и × 2 — предсказание до прогона); роллаут симулятора =
+группа одного запроса. Запуск: ``python -m course_utils.pipeline validate --json``.
 """
 
 from __future__ import annotations
@@ -55,13 +54,9 @@ def _depth_steps(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def trace_metrics(trace: Trace) -> dict[str, float]:
-    """Величины ``METRICS`` одного прогона (одни и те же формулы для замера и симуляции).
-
-    throughput — установившийся поток: групп, снятых в пакеты после первого снятия, / (t последнего
-    − t первого снятия на [0, H]), групп/с; busy = Σ|[start, end] ∩ [0, H]| / H; queue_tokens_mean
-    и _p95 — среднее и 95-й процентиль глубины, взвешенные по времени на [0, H], токенов;
-    policy_lag_mean — среднее по группам, снятым до H (версия тренера − версия генерации), версий.
-    """
+    """Величины ``METRICS`` прогона (одни формулы для замера и симуляции): throughput = групп после
+    первого снятия / (t последнего − t первого снятия), групп/с; busy = Σ|[start, end] ∩ [0, H]| /
+    H; среднее и p95 глубины по времени, токенов; policy_lag_mean — по группам до H, версий."""
     H = trace.horizon_s
     t, d = _depth_steps(trace)
     dt = np.diff(np.append(t, H))  # с, сколько держалась каждая глубина
@@ -116,13 +111,9 @@ def measured_trace(launch_result: Any, horizon_s: float) -> Trace:
 
 
 def fit_config(launch_result: Any, horizon_s: float) -> tuple[SimConfig, dict]:
-    """SimConfig того же прогона по его трассе и описание подгонки (секунды, токены/с).
-
-    Роллаут — измеренная пара (токены группы, с от вопроса, получившего разрешение, до прихода в
-    очередь: вопрос и ответ, веса при смене версии, генерация, отправка); шаг тренера: grpo_update —
-    токены / (Σ токенов / Σ train_s), train_fixed_s — средняя задержка, weight_sync_s — остаток
-    шага (копия весов и публикация версии).
-    """
+    """SimConfig прогона по его трассе и описание подгонки (с, токены/с): роллаут — пара (токены
+    группы, с от разрешённого вопроса до очереди); шаг — токены / (Σ токенов / Σ train_s) +
+    train_fixed_s (задержка) + weight_sync_s (остаток шага)."""
     tr = _trainer(launch_result)
     asked = {  # (генератор, запрос) → начало последнего вопроса о разрешении, с
         (g["rank"], ev["step"]): ev["start_s"]
@@ -225,13 +216,9 @@ def validate(
     seed: int = 0,
     timeout_s: float = 300.0,
 ) -> dict:
-    """Предсказание против замера: базовый прогон, подгонка ``fit_config``, затем what-if.
-
-    Возвращает {"config", "fit", "metrics", "series", "what_if": [{"change", "threshold_tokens",
-    "metrics", "series"}], "machine"}; строка metrics — name, predicted (среднее sim_seeds
-    симуляций), measured, error, error_kind, target (``METRICS``); series — глубина очереди во
-    времени (симуляция seed 0 и замер). Время — с, глубина — токены.
-    """
+    """Предсказание против замера: базовый прогон, ``fit_config``, затем what-if → {"config",
+    "fit", "metrics", "series", "what_if", "machine"}; metrics — predicted (среднее sim_seeds
+    симуляций), measured, error (``METRICS``); series — глубина очереди, токенов, по времени, с."""
     run_args = {"duration_s": positive("duration_s", duration_s), "seed": integer("seed", seed, 0)}
     run_args["train_delay_s"] = positive("train_delay_s", train_delay_s)
     run_args["batch_tokens"] = batch_tokens = integer("batch_tokens", batch_tokens, 1)

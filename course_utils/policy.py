@@ -1,8 +1,7 @@
 """Уровень B: настоящая причинная языковая модель в RL-контуре (уроки 12.1–12.5).
 
-``load_policy`` — модель и токенизатор, ``generate_rollouts`` — семплирование с log μ выбранных
-токенов, ``recompute_logprobs`` — log π тренера, ``grpo_step`` — шаг GRPO, ``sync_weights`` —
-веса тренера в движок, ``sequential_loop`` — однопроцессный эталонный цикл с таймерами этапов.
+``load_policy``, ``generate_rollouts`` (log μ токенов), ``recompute_logprobs`` (log π тренера),
+``grpo_step``, ``sync_weights``, ``sequential_loop`` — однопроцессный эталонный цикл с таймерами.
 Крошечная модель курса: ``python -m course_utils.policy build-tiny-model``.
 """
 
@@ -55,8 +54,7 @@ class PolicyInfo:
     device: str
     dtype: str
     is_tiny: bool
-    fell_back: bool = False
-    reason: str = ""
+    reason: str = ""  # почему взята крошечная модель вместо запрошенной ("" — не подменяли)
     is_random: bool = False  # случайные веса настоящей формы (COURSE_MODEL=random:<имя>)
 
     @property
@@ -140,7 +138,7 @@ def _load_pretrained(source: str, device: torch.device, dtype: torch.dtype, loca
 
 def random_shape_model(shape: str, device="cpu", dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)``: форма ``data/model_configs/<shape>.json``, случайные веса (зерно 0),
-    токенизатор курса; меряет время и память настоящей формы, а не качество ответов."""
+    токенизатор курса — для замеров времени и памяти настоящей формы."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     choice("random:<имя> (data/model_configs)", shape, available_model_configs())
@@ -175,8 +173,8 @@ def load_policy(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
 ):
-    """Модель уровня B: ``(model, tokenizer, info: PolicyInfo)``; недоступная модель с хаба (нет
-    сети, ``HF_HUB_OFFLINE=1`` без кэша) быстро заменяется крошечной моделью курса с сообщением."""
+    """Модель уровня B: ``(model, tokenizer, info: PolicyInfo)``; недоступная модель с хаба
+    заменяется крошечной моделью курса с сообщением."""
     requested = resolve_model_name(name)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
@@ -204,8 +202,7 @@ def load_policy(
         model, tokenizer = _load_pretrained(str(TINY_MODEL_DIR), dev, dt, local_only=True)
     tiny = is_tiny or bool(reason)
     model_id = "tiny_arith_lm" if tiny else requested
-    info = _info(model, model_id, dev, dt, is_tiny=tiny, fell_back=bool(reason), reason=reason)
-    return model, tokenizer, info
+    return model, tokenizer, _info(model, model_id, dev, dt, is_tiny=tiny, reason=reason)
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0):
@@ -244,8 +241,6 @@ def _forward(model, input_ids, attention_mask, position_ids, cache=None):
 
 def cache_bytes(cache) -> int:
     """Байты K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size."""
-    if cache is None:
-        raise ValueError("cache: кэш не передан (None)")
     layers = getattr(cache, "layers", None)  # transformers 5.x; раньше — кортежи (k, v) по слоям
     pairs = [(la.keys, la.values) for la in layers] if layers is not None else list(cache)
     return tensor_bytes(t for k, v in pairs for t in (k, v))
@@ -278,16 +273,17 @@ def _padded(rows, fill: int, left: bool = False) -> torch.Tensor:
 
 @dataclass
 class RolloutBatch:
-    """Результат генерации: записи контракта, тексты ответов, времена этапов (с) и токены."""
+    """Результат генерации: записи, тексты, времена этапов (с), токены; KV-кэш в конце
+    декодирования — байты и токены (последовательности × длина); prefill — без паддинга."""
 
     records: list[RolloutRecord]
     texts: list[str]
     timings: dict[str, float]
     input_tokens: int
     output_tokens: int
-    kv_cache_bytes: int = 0  # байты KV-кэша в конце декодирования (все последовательности пакета)
-    kv_cache_tokens: int = 0  # сохранённых в кэше токенов: последовательности × длина кэша
-    prefill_tokens: int = 0  # токенов, прошедших prefill (без паддинга; меньше при share_prefill)
+    kv_cache_bytes: int = 0
+    kv_cache_tokens: int = 0
+    prefill_tokens: int = 0
 
 
 @torch.no_grad()
@@ -307,10 +303,9 @@ def generate_rollouts(
     swap_weights: dict | None = None,
     share_prefill: bool = False,
 ) -> RolloutBatch:
-    """Группы по ``group_size`` ответов на задачу с KV-кэшем; на токен — ``log μ(y_t | x, y_<t)``
-    из ``sampling_logprobs(logits, T, p)``, нат; этапы prepare, prefill, decode, reward — в
-    ``timer``, с. ``swap_at = k`` (12.1.4): с токена k веса ``swap_weights``; ``share_prefill``
-    (12.3.3): один prefill на группу."""
+    """Группы по ``group_size`` ответов с KV-кэшем; log μ(y_t | x, y_<t) из ``sampling_logprobs``,
+    нат; этапы — в ``timer``, с. ``swap_at = k``: с токена k веса ``swap_weights`` (12.1.4);
+    ``share_prefill``: один prefill на группу (12.3.3)."""
     ok = isinstance(tasks, list | tuple) and tasks and all(isinstance(t, ArithTask) for t in tasks)
     if not ok:
         raise ValueError("tasks должен быть непустым списком ArithTask (см. make_tasks)")
@@ -401,16 +396,9 @@ def generate_rollouts(
                     group_id=group,
                 )
             )
-    return RolloutBatch(
-        records=records,
-        texts=texts,
-        timings={ev["stage"]: ev["end_s"] - ev["start_s"] for ev in timer.events[-4:]},
-        input_tokens=sum(map(len, prompts)),
-        prefill_tokens=sum(map(len, rows)),
-        output_tokens=int(lengths.sum()),
-        kv_cache_bytes=kv_bytes,
-        kv_cache_tokens=kv_tokens,
-    )
+    timings = {ev["stage"]: ev["end_s"] - ev["start_s"] for ev in timer.events[-4:]}
+    tokens = (sum(map(len, prompts)), int(lengths.sum()), kv_bytes, kv_tokens, sum(map(len, rows)))
+    return RolloutBatch(records, texts, timings, *tokens)
 
 
 def _checked_records(records) -> list[RolloutRecord]:
@@ -579,18 +567,13 @@ def grpo_step(
     with timer.stage("optimizer_step"):  # уборка после шага тоже время шага: Σ этапов = шаг
         optimizer.zero_grad(set_to_none=True)
         model.eval()
-        return {
-            "loss": sum(losses) / epochs,
-            "clip_fraction": sum(clip_by_epoch) / epochs,
-            "clip_fraction_by_epoch": clip_by_epoch,
-            "grad_norm": sum(norms) / epochs,
-            "epochs": epochs,
-            "near_zero_pi_tokens": int(low.sum()),
-            "skipped_steps": skipped,
-            "policy_tokens": int(ratio.numel()),
-            "total_tokens": sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs),
-            "mean_reward": sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs),
-        }
+        out = {"loss": sum(losses) / epochs, "clip_fraction": sum(clip_by_epoch) / epochs}
+        out |= {"clip_fraction_by_epoch": clip_by_epoch, "grad_norm": sum(norms) / epochs}
+        out |= {"epochs": epochs, "near_zero_pi_tokens": int(low.sum()), "skipped_steps": skipped}
+        out["policy_tokens"] = int(ratio.numel())
+        out["total_tokens"] = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
+        out["mean_reward"] = sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs)
+        return out
 
 
 @torch.no_grad()
@@ -609,8 +592,8 @@ def sync_weights(trainer_model, engine_model) -> int:
 class LoopResult:
     """Итог ``sequential_loop``: таблица шагов, события таймера, записи, модель и тип памяти."""
 
-    steps: object  # pandas.DataFrame: одна строка на шаг
-    events: object  # pandas.DataFrame: события этапов (trace_id, worker, stage, start_s, end_s)
+    steps: object  # pandas.DataFrame: строка на шаг
+    events: object  # pandas.DataFrame: события этапов
     records: list[RolloutRecord] = field(default_factory=list)
     info: PolicyInfo | None = None
     memory_kind: str = ""
@@ -646,8 +629,8 @@ def sequential_loop(
     micro_batch: int = 8,
 ) -> LoopResult:
     """Однопроцессный эталонный RL-цикл по этапам ``LOOP_STAGES``: ``T_step = Σ этапов``, с.
-    Тренер — fp32-копия модели, движок — копия в её типе, веса в движок после ``epochs`` шагов;
-    ``π_old`` пересчитывает сам тренер, поэтому при ``epochs = 1`` ``clip_fraction`` = 0."""
+    Тренер — fp32-копия модели, движок — сама модель; π_old пересчитывает тренер (при epochs = 1
+    clip_fraction = 0)."""
     steps = integer("steps", steps, 1)
     prompts_per_step = integer("prompts_per_step", prompts_per_step, 1)
     positive("lr", lr)

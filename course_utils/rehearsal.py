@@ -1,8 +1,7 @@
 """Репетиция уровня B: эталонный цикл и его память — измерение рядом с калькулятором ``memory``.
 
-``python -m course_utils.policy rehearse --model random:Qwen2.5-0.5B --steps 1 --json`` строит
-архитектуру из ``data/model_configs/``, проходит ``policy.sequential_loop`` и печатает один JSON:
-время этапов, токены, скорость декодирования, пик памяти и предсказание калькулятора.
+``python -m course_utils.policy rehearse --model random:Qwen2.5-0.5B --steps 1 --json`` печатает
+JSON прогона ``policy.sequential_loop``: этапы, токены, пик памяти и предсказание калькулятора.
 ``memory_timeline`` — тот же шаг по фазам ``PHASES``: байты по статьям, измерено и предсказано.
 """
 
@@ -24,8 +23,8 @@ from course_utils import args as check
 # параметров на двух ядрах CPU укладывались в минуты, а вся память состояний уже была занята.
 DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro_batch": 8}
 # Фазы совмещённого шага и статьи памяти — одни имена у калькулятора и у измерения.
-PHASES = ("генерация", "пересчёт log π", "прямой и обратный проход", "шаг оптимизатора",
-          "синхронизация весов")  # fmt: skip
+PHASES = ("генерация", "пересчёт log π", "прямой и обратный проход", "шаг оптимизатора")
+PHASES += ("синхронизация весов",)
 ENGINE, TRAINER, GRADS, ADAM = "веса движка", "веса тренера", "градиенты", "Adam m и v"
 KV, TEMP = "KV-кэш", "активации и временные буферы"
 COLUMNS = ("фаза", "статья", "предсказано, Б", "измерено, Б", "разница, Б")
@@ -34,11 +33,9 @@ COLUMNS = ("фаза", "статья", "предсказано, Б", "измер
 def predicted_timeline(
     shape, engine_bytes_per_param: float, kv_tokens: int, logits_tokens: int, logits_bytes: int = 4
 ) -> list[tuple[str, dict[str, int]]]:
-    """Калькулятор по фазам ``PHASES``, байт: ``[(фаза, {статья: байты})]``. Всегда живут веса
-    движка N·b_engine, веса тренера 4N и Adam m, v 8N (рецепт ``fp32_adam``); генерация — KV-кэш
-    2·L·H_kv·d_h·N_kv·b_engine; пересчёт — логиты микропакета P·V·4 (P = m·T позиций); обучение —
-    три их копии (логиты, log_softmax, градиент) и градиенты 4N; шаг — градиенты. Активаций слоёв
-    и прочих временных буферов калькулятор не считает."""
+    """Калькулятор по фазам ``PHASES``, байт: ``[(фаза, {статья: байты})]``. Всегда: веса движка
+    N·b_engine, тренера 4N, Adam 8N; генерация — KV 2·L·H_kv·d_h·N_kv·b_engine; пересчёт — логиты
+    P·V·4 (P = m·T позиций); обучение — 3 копии логитов и градиенты 4N; шаг — градиенты."""
     from course_utils import memory
 
     fp32 = memory.per_rank_breakdown(shape.num_params, "fp32_adam", 1, 0)  # 4N, 4N, 8N байт
@@ -62,10 +59,8 @@ def predicted_peak_bytes(
     micro_batch: int,
     logits_bytes: int = 4,
 ) -> dict[str, int]:
-    """Верхняя оценка пика эталонного цикла по слагаемым, байт: все статьи ``predicted_timeline``
-    сразу (сумма максимумов): веса движка N·b_engine; тренер ``fp32_adam`` 16 Б · N; логиты
-    микропакета при обучении 3·m·T·V·b_logits; KV-кэш 2·L·H_kv·d_h·S·T·b_engine. Активации слоёв
-    и буферы библиотек не входят — поэтому измеренный пик чуть больше."""
+    """Верхняя оценка пика, байт: сумма максимумов статей ``predicted_timeline`` — N·b_engine +
+    16 Б · N + 3·m·T·V·b_logits + 2·L·H_kv·d_h·S·T·b_engine (без активаций слоёв)."""
     m = min(check.integer("micro_batch", micro_batch, 1), check.integer("sequences", sequences, 1))
     t = check.integer("tokens_per_sequence", tokens_per_sequence, 1)
     phases = predicted_timeline(shape, engine_bytes_per_param, sequences * t, m * t, logits_bytes)
@@ -81,9 +76,8 @@ def predicted_peak_bytes(
 
 
 class _PhasePeak:
-    """Пик байт за фазу: на GPU — ``torch.cuda.max_memory_allocated``; на CPU — байты тензоров
-    состояния в начале фазы + наибольший прирост байт у аллокатора CPU torch за фазу (события
-    памяти ``torch.profiler`` с ``profile_memory=True``)."""
+    """Пик байт за фазу: на GPU — ``max_memory_allocated``; на CPU — байты состояния в начале фазы
+    + наибольший прирост аллокатора CPU (события памяти ``torch.profiler``)."""
 
     def __init__(self, device: torch.device):
         self.device, self.cuda = device, device.type == "cuda"
@@ -125,12 +119,9 @@ def memory_timeline(
     lr: float = 1e-5,
     seed: int = 0,
 ):
-    """Шаг совмещённого цикла по фазам ``PHASES`` рядом с ``predicted_timeline`` — таблица pandas
-    ``COLUMNS`` (байт; разница = измерено − предсказано). Как в ``sequential_loop``: движок —
-    сама ``model`` (её веса после вызова — веса после шага), тренер — её fp32-копия с AdamW на том
-    же устройстве; сначала шаг прогрева (создаёт m и v). Статьи состояния и KV-кэш — Σ numel ·
-    element_size живых тензоров; «активации и временные буферы» = пик фазы − статьи (``_PhasePeak``).
-    """
+    """Шаг цикла по фазам ``PHASES`` рядом с ``predicted_timeline``: таблица ``COLUMNS``, байт
+    (разница = измерено − предсказано). Движок — сама model, тренер — fp32-копия с AdamW (после
+    шага прогрева); статьи — Σ numel · element_size, «активации» = пик фазы − статьи."""
     from course_utils import memory, policy
 
     check.positive("lr", lr)
@@ -199,12 +190,9 @@ def rehearse(
     dtype: str | None = None,
     **loop_kwargs: Any,
 ) -> dict[str, Any]:
-    """Прогон ``sequential_loop`` на модели ``model`` и сводка в одном словаре (см. модуль).
-
-    Измеренный пик: на GPU — ``torch.cuda.max_memory_allocated``; на CPU — рост RSS процесса
-    от момента перед созданием модели до пикового RSS (ru_maxrss), байт. На GPU добавляется
-    доля потолка декодирования: измеренные токены/с ÷ B·BW/(W + B·KV) (``throughput``).
-    """
+    """Прогон ``sequential_loop`` на модели model и сводка. Пик, байт: на GPU —
+    ``max_memory_allocated``, на CPU — пиковый RSS − RSS до модели; на GPU ещё доля потолка
+    декодирования: токены/с ÷ B·BW/(W + B·KV) (``throughput``)."""
     import psutil
 
     from course_utils import memory, policy, throughput
@@ -237,29 +225,19 @@ def rehearse(
     sequences = kwargs["prompts_per_step"] * kwargs["group_size"]
     longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in result.records)
     predicted = predicted_peak_bytes(shape, engine_b, sequences, longest, micro_batch)
-    report: dict[str, Any] = {
-        "model": info.model_id,
-        "weights": "случайные веса, настоящая форма" if info.is_random else "обученные веса",
-        "n_params": info.num_params,
-        "device": info.device,
-        "dtype": info.dtype,
-        "steps": steps,
-        "sequences_per_step": sequences,
-        "load_s": load_s,
-        "stage_s": stages,
-        "step_s": float(table["wall_s"].sum()),
-        "input_tokens": int(table["input_tokens"].sum()),
-        "output_tokens": out_tokens,
-        "decode_tokens_per_s": decode_tps,
-        "grad_scaler": policy.grad_scaler_for(dev, policy.trainer_autocast_dtype(dev, engine_dt))
-        is not None,
-        "skipped_steps": int(table["skipped_steps"].sum()),
-        "peak_bytes_measured": measured,
-        "peak_kind": kind,
-        "peak_bytes_predicted": predicted["total"],
-        "predicted_terms": predicted,
-        "predicted_over_measured": predicted["total"] / measured if measured > 0 else None,
-    }
+    weights = "случайные веса, настоящая форма" if info.is_random else "обученные веса"
+    report: dict[str, Any] = {"model": info.model_id, "weights": weights}
+    report |= {"n_params": info.num_params, "device": info.device, "dtype": info.dtype}
+    report |= {"steps": steps, "sequences_per_step": sequences, "load_s": load_s}
+    report |= {"stage_s": stages, "step_s": float(table["wall_s"].sum())}
+    report |= {"input_tokens": int(table["input_tokens"].sum()), "output_tokens": out_tokens}
+    report["decode_tokens_per_s"] = decode_tps
+    scaler = policy.grad_scaler_for(dev, policy.trainer_autocast_dtype(dev, engine_dt))
+    report |= {"grad_scaler": scaler is not None}
+    report |= {"skipped_steps": int(table["skipped_steps"].sum())}
+    report |= {"peak_bytes_measured": measured, "peak_kind": kind}
+    report |= {"peak_bytes_predicted": predicted["total"], "predicted_terms": predicted}
+    report["predicted_over_measured"] = predicted["total"] / measured if measured > 0 else None
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
         bandwidth = throughput.gpu_bandwidth(name)
@@ -275,7 +253,7 @@ def rehearse(
 
 
 def main(argv: list[str]) -> int:
-    """CLI ``rehearse``: печатает JSON (``--json``) или короткую сводку по-русски."""
+    """CLI ``rehearse``: печатает сводку ``rehearse`` одним объектом JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m course_utils.policy rehearse")
@@ -284,19 +262,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
-    parser.add_argument("--json", action="store_true", help="один объект JSON на stdout")
+    parser.add_argument("--json", action="store_true", help="один объект JSON (так и без флага)")
     ns = parser.parse_args(argv)
     report = rehearse(ns.model, ns.steps, ns.device, ns.dtype, max_new_tokens=ns.max_new_tokens)
-    if ns.json:
-        print(json.dumps(report, ensure_ascii=False))
-        return 0
-    from course_utils.fmt import num
-
-    print(
-        f"{report['model']} ({report['weights']}): {num(report['n_params'])} параметров, "
-        f"{report['device']}, {report['dtype']}; шаг {report['step_s']:.1f} с, декодирование "
-        f"{report['decode_tokens_per_s']:.1f} токенов/с; пик памяти: измерено "
-        f"{report['peak_bytes_measured'] / 2**30:.2f} ГиБ ({report['peak_kind']}), "
-        f"предсказано {report['peak_bytes_predicted'] / 2**30:.2f} ГиБ (ГиБ = 2^30 Б)"
-    )
+    print(json.dumps(report, ensure_ascii=False))
     return 0

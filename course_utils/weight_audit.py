@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from course_utils.args import is_count, is_real
+from course_utils.args import choice, integer, real, text
 from course_utils.weight_sync import EVENT_TYPES, EventLog, _short
 
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
@@ -50,21 +50,12 @@ def _normalise(events: Any) -> list[dict]:
         if not isinstance(raw, Mapping):
             raise ValueError(f"events[{i}] должно быть словарём, получено {type(raw).__name__}")
         ev = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in raw.items()}
-        kind, version, t = ev.get("event"), ev.get("version"), ev.get("t")
-        if not isinstance(kind, str) or kind not in EVENT_TYPES:
-            raise ValueError(
-                f"events[{i}]: поле event должно быть одним из {sorted(EVENT_TYPES)}, "
-                f"получено {kind!r}"
-            )
-        if not isinstance(ev.get("replica"), str) or not ev["replica"]:
-            raise ValueError(f"events[{i}]: поле replica должно быть непустой строкой")
-        if not is_count(version) or version < 0:
-            raise ValueError(
-                f"events[{i}] ({kind}): поле version должно быть целым ≥ 0, получено {version!r}"
-            )
-        if t is not None and not is_real(t):
-            raise ValueError(f"events[{i}]: поле t должно быть числом секунд, получено {t!r}")
-        out.append(ev | {"version": int(version), "_pos": i})
+        kind = choice(f"events[{i}]: поле event", ev.get("event"), EVENT_TYPES)
+        text(f"events[{i}]: поле replica", ev.get("replica"))
+        version = integer(f"events[{i}] ({kind}): поле version", ev.get("version"), 0)
+        if ev.get("t") is not None:
+            real(f"events[{i}]: поле t, с", ev["t"])
+        out.append(ev | {"version": version, "_pos": i})
     if out and all(e.get("t") is not None for e in out):
         out.sort(key=lambda e: e["t"])
     return out

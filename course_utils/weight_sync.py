@@ -1,12 +1,10 @@
 """Урок 12.4, шаг 12.4.5: версионированная атомарная публикация весов движкам генерации.
 
 ``transfer_weights`` — единственный перенос весов (в процессе, broadcast, send/recv).
-``InProcessEngine`` держит два буфера весов: запросы читают активный, новая версия пишется в
-подготовительный, ``commit`` атомарно меняет указатель. ``Publisher``/``publish``: запись во все
-реплики → проверка (SHA-256 и эталонные логиты) → ready → барьер → commit всех; одна неудача —
-abort везде. ``atomic=False`` — сломанный режим: запись на месте, пока идут запросы (смесь версий).
-``sleep``/``wake`` — сон уровня 2 (vLLM). Шаги — события ``EventLog`` (схема ``EVENT_FIELDS``),
-аудит журнала — ``weight_audit``; уровень C — ``multiproc.weight_broadcast``.
+``InProcessEngine`` — два буфера весов: запросы читают активный, версия пишется в подготовительный,
+``commit`` меняет указатель. ``publish``: запись → проверка (SHA-256, логиты) → ready → барьер →
+commit всех, одна неудача — abort везде; ``atomic=False`` — запись на месте (смесь версий).
+События — ``EventLog`` (схема ``EVENT_FIELDS``), аудит — ``weight_audit``.
 """
 
 from __future__ import annotations
@@ -30,9 +28,7 @@ from course_utils.args import (
     flag,
     integer,
     is_count,
-    is_real,
     nonnegative,
-    optional_integer,
     real,
     text,
 )
@@ -95,11 +91,9 @@ def _short(checksum: Any) -> str:
 def transfer_weights(src: Any, dst: Any, link: Any = "copy", *, device=None, dtype=None):
     """Переносит именованные тензоры src → dst по одному; yield имени, когда тензор на месте.
 
-    link: "copy" — в процессе, ``dst[n].copy_(src[n])`` с приведением к типу dst;
-    ("broadcast", root) — ``dist.broadcast``: ранг root передаёт src, остальные принимают в
-    буферы dst; ("send", peer) — ``dist.send`` тензоров src рангу peer (на device, в типе dtype);
-    ("recv", peer) — ``dist.recv`` от peer в буферы dst. Имена и порядок задаёт dst у приёмника
-    и src у источника. Байт на тензор: numel · element_size (типа на проводе).
+    link: "copy" — ``dst[n].copy_(src[n])`` с приведением типа; ("broadcast", root) — ранг root
+    шлёт src, остальные принимают в dst; ("send", peer) — src рангу peer (на device, в dtype);
+    ("recv", peer) — в буферы dst. Байт на тензор: numel · element_size (типа на проводе).
     """
     kind, peer = (link, None) if isinstance(link, str) else link
     choice("link", kind, _LINKS)
@@ -125,8 +119,6 @@ class EventLog:
     """Журнал публикации: события-словари со схемой ``EVENT_FIELDS``; t = clock() − t0, с."""
 
     def __init__(self, clock: Callable[[], float] | None = None, t0: float | None = None) -> None:
-        if clock is not None and not callable(clock):
-            raise ValueError(f"clock должно быть функцией без аргументов, получено {clock!r}")
         self._clock = clock or time.perf_counter
         self._t0 = self._clock() if t0 is None else real("t0", t0)
         self._events: list[dict] = []
@@ -173,8 +165,7 @@ def _vocab_size(model: torch.nn.Module) -> int | None:
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Слои, между которыми можно вклиниться: самый длинный ModuleList (блоки декодера)
-    и выходной слой."""
+    """Слои для вклинивания: самый длинный ModuleList (блоки декодера) и выходной слой."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     layers = list(max(lists, key=len)) if lists else list(model.children())
     out = getattr(model, "get_output_embeddings", lambda: None)()
@@ -205,10 +196,8 @@ def _logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> torch.Tensor:
-    """Контрольный вход [batch, length]: случайные токены (зерно seed) — на нём эталонные логиты.
-
-    model — модель (словарь из config.vocab_size) или сам размер словаря.
-    """
+    """Контрольный вход [batch, length]: случайные токены (зерно seed) словаря модели (или
+    размера словаря model) — на нём эталонные логиты."""
     vocab = _vocab_size(model) if isinstance(model, torch.nn.Module) else None
     vocab = int(model) if is_count(model) else vocab
     if vocab is None or vocab < 1:
@@ -219,24 +208,6 @@ def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> 
     shape = (integer("batch", batch, 1), integer("length", length, 1))
     gen = torch.Generator().manual_seed(integer("seed", seed, 0))
     return torch.randint(0, vocab, shape, generator=gen)
-
-
-def reference_logits(model: torch.nn.Module, probe_ids: torch.Tensor) -> torch.Tensor:
-    """Эталонные логиты: forward модели (весов версии) на контрольном входе, без градиентов."""
-    if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
-        kind = type(model).__name__
-        raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {kind}")
-    vocab = _vocab_size(model)
-    probe_ids = _check_input_ids(probe_ids, vocab, "probe_ids")
-    try:
-        return _logits(model, probe_ids)
-    except IndexError as exc:  # словарь модели неизвестен заранее: номер токена вне таблицы
-        if vocab is not None:
-            raise
-        raise ValueError(
-            f"probe_ids: номер токена вне словаря модели (forward: {exc}); нужны номера в "
-            f"[0, размер словаря − 1], получено [{int(probe_ids.min())}, {int(probe_ids.max())}]"
-        ) from None
 
 
 # ----------------------------------------------------------------------------- движок
@@ -278,20 +249,15 @@ class VerifyResult:
 
 
 class InProcessEngine:
-    """Движок генерации в процессе с двойным буфером весов (активный и подготовительный).
-
-    ``forward``/``serve`` читают активный буфер и закрепляют его версию за запросом; ``stage``
-    пишет версию в подготовительный, ``verify`` проверяет, ``ready`` сообщает готовность,
-    ``commit`` меняет указатель под замком. Память под веса — вдвое (две копии модели).
-    """
+    """Движок генерации в процессе с двойным буфером весов (память — вдвое): ``forward``/``serve``
+    читают активный и закрепляют версию за запросом; ``stage`` пишет подготовительный, ``verify``
+    проверяет, ``ready`` — готовность, ``commit`` меняет указатель под замком."""
 
     def __init__(self, model, version: int = 0, name: str = "replica-0", log=None) -> None:
         if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
             raise ValueError(f"model должно быть torch.nn.Module с параметрами, получено {model!r}")
         version = integer("version", version, 0)
         self.name = text("name", name)
-        if log is not None and not isinstance(log, EventLog):
-            raise ValueError(f"log должно быть EventLog или None, получено {type(log).__name__}")
         self.log = log if log is not None else EventLog()
         self._models = [copy.deepcopy(model).eval().requires_grad_(False) for _ in range(2)]
         self.param_names = [n for n, _ in model.named_parameters()]
@@ -366,10 +332,8 @@ class InProcessEngine:
                 self._readers[idx] -= 1
 
     def serve(self, request_fn: Callable, request_id: str | None = None) -> ServeResult:
-        """Выполняет request_fn(model, version) на закреплённом активном буфере (генерация):
-        модель не сменится до конца запроса, даже если посреди него случится ``commit``."""
-        if not callable(request_fn):
-            raise ValueError(f"request_fn должно быть функцией, получено {request_fn!r}")
+        """request_fn(model, version) на закреплённом активном буфере: модель не сменится до конца
+        запроса, даже если посреди него случится ``commit``."""
         with self._pinned(request_id) as (model, version, checksum, rid):
             output = request_fn(model, version)
         return ServeResult(output, version, self.name, rid, checksum)
@@ -378,11 +342,6 @@ class InProcessEngine:
         """Логиты запроса на активном буфере, версия закреплена в начале. between_layers(i) —
         крючок перед i-м слоем; track_reads сверяет SHA-256 прочитанного с суммой версии."""
         input_ids = _check_input_ids(input_ids, self.vocab_size)
-        if between_layers is not None and not callable(between_layers):
-            raise ValueError(
-                f"between_layers должно быть функцией или None, получено {between_layers!r}"
-            )
-        track_reads = flag("track_reads", track_reads)
         with self._pinned(request_id) as (model, version, checksum, rid):
             reads: dict[str, torch.Tensor] = {}
             torn: set[str] = set()
@@ -436,8 +395,7 @@ class InProcessEngine:
         version = integer("version", version, 0)
         if version <= self.version:
             raise ValueError(
-                f"version должна расти: реплика {self.name} уже обслуживает {self.version}, "
-                f"получено {version}"
+                f"version должна расти: > {self.version} ({self.name}), получено {version}"
             )
         return version
 
@@ -448,10 +406,7 @@ class InProcessEngine:
         version = self._check_version(version)
         idx = 1 - self._active
         if self._readers[idx]:
-            raise RuntimeError(
-                f"реплика {self.name}: подготовительный буфер ещё читают {self._readers[idx]} "
-                "запрос(а) прошлой версии — писать в него нельзя"
-            )
+            raise RuntimeError(f"реплика {self.name}: подготовительный буфер ещё читают запросы")
         self._staging_state = "staging"
         self._versions[idx], self._checksums[idx] = version, None
         self.log.add("stage_start", self.name, version, buffer="staging")
@@ -511,9 +466,7 @@ class InProcessEngine:
     def ready(self) -> None:
         """Событие ready: версия записана и не провалила проверку — можно переключаться."""
         if self._staging_state not in ("staged", "verified"):
-            raise RuntimeError(
-                f"реплика {self.name} не готова: подготовительный буфер {self._staging_state}"
-            )
+            raise RuntimeError(f"реплика {self.name} не готова: буфер {self._staging_state}")
         self.log.add("ready", self.name, self.staging_version)
 
     def commit(self, require_verified: bool = True) -> int:
@@ -522,8 +475,7 @@ class InProcessEngine:
         allowed = ("verified",) if require_verified else ("staged", "verified")
         if self._staging_state not in allowed:
             raise RuntimeError(
-                f"реплика {self.name}: переключаться нельзя, подготовительный буфер "
-                f"{self._staging_state} (нужно {' или '.join(allowed)})"
+                f"реплика {self.name}: переключаться нельзя, буфер {self._staging_state}"
             )
         with self._lock:
             self._active = 1 - self._active
@@ -552,19 +504,12 @@ class InProcessEngine:
         """Забывает подготовленную версию (после abort): активный буфер не меняется."""
         self._staging_state = "empty"
 
-    def corrupt_staging(self, name: str | None = None, index: int = 0, delta: float = 1.0) -> str:
-        """Для опыта: x += delta в одном числе staging-буфера; возвращает имя тензора."""
+    def corrupt_staging(self) -> str:
+        """Для опыта: +1 к первому числу первого тензора staging-буфера; возвращает имя тензора."""
         if self._staging_state == "empty":
             raise RuntimeError(f"реплика {self.name}: подготовительный буфер пуст")
-        name = self.param_names[0] if name is None else name
-        if name not in self.param_names:
-            raise ValueError(f"name: нет параметра {name!r}")
-        flat = self.weights("staging")[name].view(-1)
-        index = integer("index", index, 0, flat.numel() - 1)
-        if not is_real(delta) or delta == 0:
-            raise ValueError(f"delta должно быть конечным ненулевым числом, получено {delta!r}")
-        flat[index] += delta
-        return name
+        self.weights("staging")[self.param_names[0]].view(-1)[0] += 1.0
+        return self.param_names[0]
 
     def unsafe_update_steps(self, state_dict: Any, version: int) -> Iterator[str]:
         """СЛОМАННЫЙ режим: пишет тензоры по одному на месте в АКТИВНЫЙ буфер (yield после
@@ -639,16 +584,11 @@ class Publisher:
 
     def __init__(self, engines, probe_ids=None, atol: float = DEFAULT_ATOL):
         engines = [engines] if isinstance(engines, InProcessEngine) else engines
-        if not isinstance(engines, Sequence) or not engines:
+        ok = isinstance(engines, Sequence) and engines
+        if not ok or not all(isinstance(e, InProcessEngine) for e in engines):
             raise ValueError("engines должно быть непустым списком InProcessEngine")
-        if not all(isinstance(e, InProcessEngine) for e in engines):
-            raise ValueError("engines: каждый элемент должен быть InProcessEngine")
-        if len({e.name for e in engines}) != len(engines):
-            raise ValueError("engines: имена реплик должны различаться")
         if len({id(e.log) for e in engines}) != 1:
             raise ValueError("engines должны писать в один журнал (см. make_replicas)")
-        if len({tuple(e.param_names) for e in engines}) != 1:
-            raise ValueError("engines: у реплик разные наборы параметров — это разные модели")
         self.name, self.engines, self.log = "publisher", list(engines), engines[0].log
         self.atol = nonnegative("atol", atol)
         template = engines[0]._models[engines[0]._active]
@@ -702,12 +642,11 @@ class Publisher:
         atomic=True,
         verify=True,
         requests=None,
-        steps_per_layer=None,
         corrupt=None,
     ) -> PublishReport:
         """Публикует версию, пока идут запросы requests: запрос i — на реплике i mod n, перед
-        каждым его слоем — steps_per_layer шагов публикации (по умолчанию ⌈шагов / (слоёв ·
-        ⌈запросов/2⌉)⌉). Ответ сверяется побитно с эталонами обеих версий; corrupt — опыт."""
+        каждым его слоем — ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Ответ сверяется
+        побитно с эталонами обеих версий; corrupt — опыт (порча буфера реплики)."""
         version = integer("version", version, 0)
         flag("atomic", atomic)
         flag("verify", verify)
@@ -718,7 +657,6 @@ class Publisher:
                 f"получено {type(requests).__name__}"
             )
         inputs = [_check_input_ids(x, self.engines[0].vocab_size, "requests") for x in requests]
-        steps_per_layer = optional_integer("steps_per_layer", steps_per_layer, 1)
         for e in self.engines:
             e._check_version(version)
         self._check_corrupt(corrupt, atomic)
@@ -728,10 +666,9 @@ class Publisher:
             self._reference_outputs(engines[i % n].weights(), [x])[0] for i, x in enumerate(inputs)
         ]
         new_refs = self._reference_outputs(tensors, inputs)
-        if steps_per_layer is None:
-            total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
-            busy = len(_decoder_layers(engines[0]._models[0])) * max(1, math.ceil(len(inputs) / 2))
-            steps_per_layer = max(1, math.ceil(total / busy))
+        total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
+        busy = len(_decoder_layers(engines[0]._models[0])) * max(1, math.ceil(len(inputs) / 2))
+        steps_per_layer = max(1, math.ceil(total / busy))
         outcome = {"results": [], "committed": True}
         steps = self._steps(tensors, version, atomic, verify, corrupt, outcome)
 
@@ -753,15 +690,9 @@ class Publisher:
         )
 
     def _check_corrupt(self, corrupt: Any, atomic: bool) -> None:
-        names = [e.name for e in self.engines]
-        if corrupt is not None and corrupt not in names:
-            raise ValueError(
-                f"corrupt должно быть именем реплики из {names} или None, получено {corrupt!r}"
-            )
-        if corrupt is not None and not atomic:
-            raise ValueError(
-                "corrupt работает только с atomic=True (порча подготовительного буфера)"
-            )
+        if corrupt is not None:  # порча подготовительного буфера: только при atomic=True
+            names = [e.name for e in self.engines] if atomic else [None]
+            choice("corrupt" if atomic else "corrupt при atomic=False", corrupt, names)
 
     def _check_request(self, res: ServeResult, old_ref, new_ref) -> dict:
         matches_old = bool(torch.equal(res.logits, old_ref))
@@ -784,7 +715,7 @@ class Publisher:
 
 def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **options):
     """Публикует state_dict версии version на все реплики (``Publisher.publish``: atomic,
-    verify, requests, steps_per_layer, corrupt); atomic=False — запись на месте."""
+    verify, requests, corrupt); atomic=False — запись на месте."""
     publisher = Publisher(engines, probe_ids=probe_ids, atol=atol)
     return publisher.publish(state_dict, version, **options)
 

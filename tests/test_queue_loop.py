@@ -42,7 +42,7 @@ def run(tmp_path_factory):
     assert res.ok, res.summary()
     print()
     print(res.summary())
-    print(queue_loop.queue_summary_text(res))
+    print(queue_loop.queue_summary_text(queue_loop.queue_summary(res)))
     return res
 
 
@@ -201,9 +201,6 @@ def test_frames(run):
     assert tl["seq"].is_monotonic_increasing and tl["time_s"].is_monotonic_increasing
     assert (tl["depth_tokens"] >= 0).all() and (tl["threshold_tokens"] == T).all()
     assert tl["depth_tokens"].max() == trainer["peak_depth_tokens"]
-    batches = queue_loop.queue_batches_frame(run)
-    assert batches["new_version"].tolist() == list(range(1, len(batches) + 1))
-    assert (batches["mean_queue_wait_s"] >= 0).all()
     req = queue_loop.queue_requests_frame(run)
     assert set(req["worker"]) == {"генератор 1", "генератор 2"}
     assert len(req) == trainer["grants"]
@@ -276,14 +273,6 @@ def test_queue_bad_arguments(kwargs, name):
         queue_loop.queue_generators_trainer(**call)
 
 
-def test_rollout_tokens():
-    recs = [
-        {"prompt_tokens": [1, 2, 3], "response_tokens": [4, 5]},
-        {"prompt_tokens": [1, 2, 3], "response_tokens": [6]},
-    ]
-    assert queue_loop.rollout_tokens(recs) == 9
-
-
 def test_in_flight_bound_on_hand_made_log():
     # Порог 10. Два разрешения (g1: 6 токенов, g2: 7), пока очередь пуста; оба приходят.
     perms = [
@@ -318,7 +307,7 @@ def test_queue_frames_reject_bad_input():
     with pytest.raises(ValueError, match="launch_result"):
         queue_loop.queue_timeline_frame(42)
     with pytest.raises(ValueError, match="тренер"):
-        queue_loop.queue_batches_frame([{"role": ROLE_GENERATOR}])
+        queue_loop.queue_requests_frame([{"role": ROLE_GENERATOR}])
 
 
 def test_summary_text_is_russian_with_units():

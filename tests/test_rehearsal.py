@@ -87,8 +87,15 @@ def test_predicted_peak_is_the_sum_of_its_terms():
 def test_rehearse_cli_at_smollm2_shape_reports_and_predicts_memory():
     # Отдельный процесс: рост RSS меряется от его собственного старта, без моделей тестов.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "course_utils.policy", "rehearse",
-           "--model", "random:SmolLM2-135M", "--steps", "1", "--max-new-tokens", "8", "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "course_utils.policy",
+        "rehearse",
+        "--model",
+        "random:SmolLM2-135M",
+    ]
+    cmd += ["--steps", "1", "--max-new-tokens", "8", "--json"]
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]

@@ -1,8 +1,8 @@
 """Урок 12.3, уровень C: тренер с очередью роллаутов (порог в токенах) и два генератора.
 
 Точка входа ``queue_generators_trainer`` (ранг 0 — тренер с очередью, ранги 1, 2 — генераторы),
-таблицы прогона ``queue_timeline_frame``, ``queue_batches_frame``, ``queue_requests_frame``
-и сводка ``queue_summary`` / ``queue_summary_text``.
+таблицы прогона ``queue_timeline_frame``, ``queue_requests_frame`` и сводка ``queue_summary`` /
+``queue_summary_text``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from course_utils.args import integer, is_int, nonnegative, positive, text
+from course_utils.args import integer, nonnegative, positive, text
 from course_utils.multiproc import sync_loop, transport
 from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER
 
@@ -24,16 +24,13 @@ QUEUE_EXPERIMENT = "queue_generators_trainer"
 QUEUE_TRAINER_RANK = 0
 QUEUE_GENERATOR_RANKS = (1, 2)
 WORKER_QUEUE_RU = "очередь (ранг 0)"
+_BATCH_STATS = ("loss", "clip_fraction", "grad_norm")  # итоги grpo_step в строке пакета
 QUEUE_RETRY_S = 0.02  # пауза генератора после отказа, прежде чем снова спросить разрешение, с
 
 
-def rollout_tokens(records) -> int:
-    """Вес группы в очереди, токенов: Σ (запрос + ответ) по записям (RolloutRecord или словари)."""
-
-    def get(r, key):
-        return r[key] if isinstance(r, Mapping) else getattr(r, key)
-
-    return int(sum(len(get(r, "prompt_tokens")) + len(get(r, "response_tokens")) for r in records))
+def _tokens(records) -> int:
+    """Вес группы в очереди, токенов: Σ (запрос + ответ) по записям."""
+    return sum(len(r.prompt_tokens) + len(r.response_tokens) for r in records)
 
 
 def _recv_object_any(group) -> tuple[int, Any]:
@@ -67,24 +64,16 @@ def queue_generators_trainer(
 ) -> dict:
     """Асинхронный RL-цикл с очередью в токенах: ранг 0 — тренер и очередь, ранги 1, 2 — генераторы.
 
-    Тренер разрешает запрос, только пока в очереди < T = ``max_queue_tokens`` токенов; отказ —
-    пауза ``retry_s`` с и новый вопрос (обратное давление). Порог ограничивает начало работы, а
-    начатые запросы доходят, поэтому пик ≤ D + работа в полёте при пересечении < T + Σ_g токены
-    одного запроса. Поток обучения забирает группы FIFO, пока пакет не наберёт
-    ``batch_tokens``, делает ``grpo_step`` и спит ``train_delay_s`` с (медленный тренер, μ < λ);
-    версия u → u+1, задержка группы L = u − v ≥ 0. Генератор старой версии получает новые веса
-    вместе с ответом. Через ``duration_s`` с тренер отвечает «стоп» и сливает начатые запросы.
-    Скорости, токенов/с: λ — принятый приток, λ_предл = Σ_g токены_g / время генерации_g,
-    μ = токены пакетов / время занятости, ρ = λ_предл / μ; время — с от общей точки отсчёта.
+    Запрос разрешён, пока в очереди < T = ``max_queue_tokens`` токенов, иначе пауза ``retry_s``
+    с (обратное давление); начатые запросы доходят: пик < T + работа в полёте при пересечении.
+    Тренер берёт группы FIFO до ``batch_tokens``, делает ``grpo_step``, спит ``train_delay_s``
+    с; версия u → u+1, задержка группы L = u − v ≥ 0. Через ``duration_s`` с — «стоп» и слив.
+    Токенов/с: λ — принятый приток, λ_предл = Σ_g токены_g / время генерации_g, μ = токены
+    пакетов / время занятости, ρ = λ_предл / μ; время — с от общей точки отсчёта.
     """
     if world_size != 3:
-        raise ValueError(
-            f"queue_generators_trainer: нужно ровно 3 процесса (ранг {QUEUE_TRAINER_RANK} — "
-            f"тренер с очередью, ранги {QUEUE_GENERATOR_RANKS[0]} и {QUEUE_GENERATOR_RANKS[1]} — "
-            f"генераторы), а world_size={world_size}; запустите nprocs=3"
-        )
-    if not is_int(rank) or not 0 <= rank < 3:
-        raise ValueError(f"rank должно быть 0 (тренер) или 1, 2 (генераторы), получено {rank!r}")
+        raise ValueError(f"нужно ровно 3 процесса (тренер и 2 генератора), world_size={world_size}")
+    rank = integer("rank", rank, 0, 2)
     duration_s, retry_s = positive("duration_s", duration_s), positive("retry_s", retry_s)
     max_queue_tokens = integer("max_queue_tokens", max_queue_tokens, 1)
     batch_tokens = integer("batch_tokens", batch_tokens, 1, max_queue_tokens)  # иначе ждать вечно
@@ -159,25 +148,20 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         with stages.stage("generate", k) as gen:
             n_prompts, run_id = cfg["prompts_per_request"], f"q{cfg['seed']}r{rank}"
             batch = sync_loop._generate(engine, r.tok, cfg, n_prompts, version, req_seed, run_id)
-        gen_end, tokens = stages.now(), rollout_tokens(batch.records)
+        gen_end, tokens = stages.now(), _tokens(batch.records)
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
         with stages.stage("send_rollouts", k) as snd:
             transport.send_object(payload, trainer, "cpu", control)
-        requests.append(
-            {
-                "request_id": k,
-                "first_ask_s": first_ask,
-                "granted_s": granted,
-                "denials": denials_k,
-                "gen_start_s": gen_end - gen.duration_s,
-                "gen_end_s": gen_end,
-                "sent_s": gen_end + snd.duration_s,
-                "version": version,
-                "tokens": tokens,
-                "reward_mean": sync_loop._reward_mean(batch.records),
-            }
-        )
+        row = {
+            "request_id": k,
+            "first_ask_s": first_ask,
+            "granted_s": granted,
+            "denials": denials_k,
+        }
+        row |= {"gen_start_s": gen_end - gen.duration_s, "gen_end_s": gen_end}
+        row |= {"sent_s": gen_end + snd.duration_s, "version": version, "tokens": tokens}
+        requests.append(row)
         k, denials_k, first_ask = k + 1, 0, None
     return {
         "requests": requests,
@@ -190,9 +174,8 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
 
 
 class _QueueTrainer:
-    """Тренер в ранге 0: главный поток ведёт очередь под замком и один вызывает torch.distributed,
-    второй поток обучает. Событие очереди получает номер seq — по нему проверяется граница.
-    """
+    """Тренер (ранг 0): главный поток ведёт очередь под замком и зовёт torch.distributed,
+    второй обучает; события очереди нумерует seq."""
 
     def __init__(self, r, control, cfg: dict) -> None:
         self.info, self.device, self.control = r.info, r.device, control
@@ -232,10 +215,8 @@ class _QueueTrainer:
         return row
 
     def _take_batch(self) -> tuple[list[dict] | None, float | None]:
-        """Ждёт ≥ batch_tokens токенов и снимает группы FIFO, пока пакет не наберёт batch_tokens.
-
-        Под замком; возвращает (группы, время снятия, с) или (None, None) при остановке.
-        """
+        """Под замком: ждёт ≥ batch_tokens и снимает группы FIFO до batch_tokens → (группы,
+        время снятия, с) или (None, None) при остановке."""
         while not self.stopping and self.q_tokens < self.cfg["batch_tokens"]:
             self.cond.wait(timeout=0.1)
         if self.stopping:
@@ -272,27 +253,12 @@ class _QueueTrainer:
                 lags = [u - g["version"] for g in groups]
                 with self.cond:
                     self.version, self.snapshot = u + 1, snap
-                    self.batches.append(
-                        {
-                            "batch": b,
-                            "pop_s": pop_s,
-                            "end_s": self.now(),
-                            "train_s": upd.duration_s,
-                            "delay_s": delay,
-                            "tokens": sum(g["tokens"] for g in groups),
-                            "n_groups": len(groups),
-                            "n_records": len(records),
-                            "trainer_version": u,
-                            "new_version": u + 1,
-                            "behavior_versions": [g["version"] for g in groups],
-                            "lags": lags,
-                            "mean_lag": sum(lags) / len(lags),
-                            "max_lag": max(lags),
-                            "queue_wait_s": [pop_s - g["arrival_s"] for g in groups],
-                            "reward_mean": stats["mean_reward"],
-                            **{k: stats[k] for k in ("loss", "clip_fraction", "grad_norm")},
-                        }
-                    )
+                    row = {"batch": b, "pop_s": pop_s, "end_s": self.now(), "delay_s": delay}
+                    row |= {"train_s": upd.duration_s, "tokens": sum(g["tokens"] for g in groups)}
+                    row |= {"trainer_version": u, "new_version": u + 1, "lags": lags}
+                    row["behavior_versions"] = [g["version"] for g in groups]
+                    row["queue_wait_s"] = [pop_s - g["arrival_s"] for g in groups]
+                    self.batches.append(row | {k: stats[k] for k in _BATCH_STATS})
         except BaseException as exc:  # главный поток перебросит ошибку
             with self.cond:
                 self.error, self.stopping = exc, True
@@ -304,11 +270,8 @@ class _QueueTrainer:
         """Разрешение, если в очереди < T токенов, иначе отказ; после остановки — «стоп»."""
         key = (src, int(msg["request_id"]))
         with self.cond:
-            depth = self.q_tokens
-            if self.stopping:
-                decision = "stop"
-            else:
-                decision = "grant" if depth < self.cfg["max_queue_tokens"] else "deny"
+            depth, limit = self.q_tokens, self.cfg["max_queue_tokens"]
+            decision = "stop" if self.stopping else "grant" if depth < limit else "deny"
             latest, snap = self.version, self.snapshot
             follow = decision != "stop" and int(msg["version"]) < latest
             seq = self._next_seq()
@@ -316,17 +279,9 @@ class _QueueTrainer:
                 if key in self.in_flight:
                     raise RuntimeError(f"тренер: запрос {key} уже разрешён и ещё в полёте")
                 self.in_flight.add(key)
-            self.permissions.append(
-                {
-                    "seq": seq,
-                    "time_s": self.now(),
-                    "generator": src,
-                    "request_id": key[1],
-                    "decision": decision,
-                    "granted": decision == "grant",
-                    "depth_tokens": depth,
-                }
-            )
+            row = {"seq": seq, "time_s": self.now(), "generator": src, "request_id": key[1]}
+            row |= {"decision": decision, "granted": decision == "grant", "depth_tokens": depth}
+            self.permissions.append(row)
         reply = {"type": decision, "latest_version": latest, "weights_follow": follow}
         transport.send_object(reply, src, "cpu", self.control)
         if follow:
@@ -339,7 +294,7 @@ class _QueueTrainer:
         """Проверяет группу (контракт, токены, версия) и ставит её в конец очереди."""
         key = (src, int(msg["request_id"]))
         records = sync_loop._records_from(msg["records"], f"группа генератора {src}")
-        tokens, version = rollout_tokens(records), int(msg["version"])
+        tokens, version = _tokens(records), int(msg["version"])
         if tokens != msg.get("tokens"):
             raise RuntimeError(
                 f"тренер: генератор {src} заявил {msg.get('tokens')} токенов, в записях {tokens}"
@@ -428,48 +383,30 @@ class _QueueTrainer:
         lags = [lag for b in self.batches for lag in b["lags"]]
         decisions = [p["decision"] for p in self.permissions]
         crossing = peak["crossing_in_flight_tokens"]
-        return {
-            "timeline": timeline,
-            "arrivals": self.arrivals,
-            "permissions": self.permissions,
-            "batches": self.batches,
-            "threshold_tokens": threshold,
-            "batch_tokens": self.cfg["batch_tokens"],
-            "start_s": start_s,
-            "stop_s": stop_s,
-            "end_s": end_s,
-            "tokens_arrived": arrived,
-            "tokens_consumed": consumed,
-            "left_in_queue_tokens": self.q_tokens,
-            "busy_fraction": busy / window if window > 0 else 0.0,
-            "lambda_tokens_per_s": arrived / window if window > 0 else 0.0,  # λ, то же окно W
-            "offered_lambda_tokens_per_s": offered,
-            "mu_tokens_per_s": mu,
-            "rho": offered / mu if mu > 0 else None,  # ρ = λ_предл / μ
-            "peak_depth_tokens": peak["depth_tokens"],
-            "overshoot_tokens": max(0, peak["depth_tokens"] - threshold),
-            "peak_in_flight_tokens": crossing if crossing is not None else peak["in_flight_tokens"],
-            "bound_holds": all(
-                row["bound_tokens"] is None or row["depth_tokens"] <= row["bound_tokens"]
-                for row in timeline
-            ),
-            "grants": decisions.count("grant"),
-            "denials": decisions.count("deny"),
-            "n_batches": len(self.batches),
-            "final_version": self.version,
-            "mean_lag": sum(lags) / len(lags) if lags else None,
-            "max_lag": max(lags) if lags else None,
-        }
+        out = {"timeline": timeline, "arrivals": self.arrivals, "permissions": self.permissions}
+        out |= {"batches": self.batches, "threshold_tokens": threshold}
+        out |= {"batch_tokens": self.cfg["batch_tokens"], "start_s": start_s, "stop_s": stop_s}
+        out |= {"end_s": end_s, "tokens_arrived": arrived, "tokens_consumed": consumed}
+        out["left_in_queue_tokens"] = self.q_tokens
+        out["busy_fraction"] = busy / window if window > 0 else 0.0
+        out["lambda_tokens_per_s"] = arrived / window if window > 0 else 0.0  # λ, то же окно W
+        out |= {"offered_lambda_tokens_per_s": offered, "mu_tokens_per_s": mu}
+        out["rho"] = offered / mu if mu > 0 else None  # ρ = λ_предл / μ
+        out["peak_depth_tokens"] = peak["depth_tokens"]
+        out["overshoot_tokens"] = max(0, peak["depth_tokens"] - threshold)
+        out["peak_in_flight_tokens"] = peak["in_flight_tokens"] if crossing is None else crossing
+        bounds = [(r["depth_tokens"], r["bound_tokens"]) for r in timeline]
+        out["bound_holds"] = all(b is None or d <= b for d, b in bounds)
+        out |= {"grants": decisions.count("grant"), "denials": decisions.count("deny")}
+        out |= {"n_batches": len(self.batches), "final_version": self.version}
+        out["mean_lag"] = sum(lags) / len(lags) if lags else None
+        return out | {"max_lag": max(lags) if lags else None}
 
 
 def _with_in_flight(timeline, permissions, arrivals, threshold) -> list[dict]:
-    """Строки шкалы очереди с работой «в полёте» и границей превышения порога T.
-
-    in_flight_tokens(s) — токены запросов, разрешённых до события s и пришедших не раньше s.
-    Когда событие k поднимает глубину до ≥ T (D_{k−1} < T), новых разрешений нет, пока
-    глубина ≥ T, поэтому глубина ≤ bound = D_{k−1} + in_flight(k) < T + in_flight(k);
-    crossing_in_flight_tokens = in_flight(k). Ниже порога оба поля None.
-    """
+    """Строки шкалы с in_flight_tokens(s) (разрешены до s, пришли не раньше s) и границей:
+    событие k поднимает глубину до ≥ T (D_{k−1} < T) → глубина ≤ bound = D_{k−1} + in_flight(k)
+    (crossing_in_flight_tokens = in_flight(k)), пока глубина ≥ T; ниже порога оба поля None."""
     arrived_at = {(a["generator"], a["request_id"]): (a["seq"], a["tokens"]) for a in arrivals}
     grants = [
         (p["seq"], *arrived_at.get((p["generator"], p["request_id"]), (math.inf, 0)))
@@ -508,13 +445,8 @@ def _queue_results(launch_result: Any) -> tuple[dict, list[dict]]:
 
 
 def queue_timeline_frame(launch_result: Any):
-    """Глубина очереди во времени (pandas.DataFrame), строка на изменение очереди.
-
-    Столбцы: seq, time_s (с от общей точки отсчёта), event (start, arrival, batch, end),
-    depth_tokens / depth_rollouts / depth_groups после события, in_flight_tokens /
-    in_flight_requests, crossing_in_flight_tokens и bound_tokens (см. ``_with_in_flight``),
-    threshold_tokens. Глубина ступенчатая: рисуйте ``drawstyle="steps-post"``.
-    """
+    """Глубина очереди (pandas.DataFrame), строка на изменение: seq, time_s (с от общей точки
+    отсчёта), event, depth_* после события, поля ``_with_in_flight``, threshold_tokens."""
     import pandas as pd
 
     trainer, _ = _queue_results(launch_result)
@@ -522,35 +454,9 @@ def queue_timeline_frame(launch_result: Any):
     return frame.astype({"crossing_in_flight_tokens": "Float64", "bound_tokens": "Float64"})
 
 
-_BATCH_COLUMNS = """batch pop_s end_s train_s delay_s tokens n_groups n_records trainer_version
-new_version behavior_versions lags mean_lag max_lag mean_queue_wait_s loss clip_fraction
-grad_norm reward_mean""".split()
-
-
-def queue_batches_frame(launch_result: Any):
-    """Пакеты тренера (pandas.DataFrame), строка на пакет; времена — с, версии — номера.
-
-    pop_s — снятие с очереди, end_s — конец шага, train_s и delay_s — шаг GRPO и задержка;
-    trainer_version u → new_version u+1, lags по группам L = u − v; mean_queue_wait_s —
-    среднее время группы в очереди, с; loss, clip_fraction, grad_norm, reward_mean.
-    """
-    import pandas as pd
-
-    trainer, _ = _queue_results(launch_result)
-    rows = [
-        {**b, "mean_queue_wait_s": sum(b["queue_wait_s"]) / len(b["queue_wait_s"])}
-        for b in trainer["batches"]
-    ]
-    return pd.DataFrame(rows, columns=_BATCH_COLUMNS)
-
-
 def queue_requests_frame(launch_result: Any):
-    """Разрешённые запросы генераторов (pandas.DataFrame), по порядку granted_s.
-
-    Столбцы: worker, rank, request_id, first_ask_s, granted_s, denials (отказов до
-    разрешения), gen_start_s, gen_end_s, sent_s (с от общей точки отсчёта), version, tokens,
-    reward_mean.
-    """
+    """Разрешённые запросы генераторов (pandas.DataFrame) по granted_s; времена *_s — с от общей
+    точки отсчёта, denials — отказов до разрешения."""
     import pandas as pd
 
     _, generators = _queue_results(launch_result)
@@ -596,15 +502,10 @@ QUEUE_SUMMARY_RU = {
 
 
 def queue_summary(launch_result: Any) -> dict:
-    """Сводка запуска ``queue_generators_trainer`` (ключи — ``QUEUE_SUMMARY_RU``).
-
-    На одном окне W = конец последнего шага − старт (window_s, с), токенов/с: λ = пришедшие / W
-    = consumed_tokens_per_s (съеденные / W = μ · busy_fraction) + accumulated_tokens_per_s
-    (оставшиеся в очереди / W). λ_предл = Σ_g токены_g / время генерации_g, μ = токены пакетов /
-    время занятости, ρ = λ_предл / μ (> 1 — без обратного давления очередь росла бы без
-    предела). generator_blocked_s — Σ ожиданий после отказов, с; generator_blocked_share — она
-    же / (число генераторов × duration_s), duration_s — длительность приёма запросов, с.
-    """
+    """Сводка запуска (ключи ``QUEUE_SUMMARY_RU``). Окно W = конец последнего шага − старт, с;
+    токенов/с: λ = пришедшие / W = съеденные / W (μ · busy_fraction) + оставшиеся / W; ρ =
+    λ_предл / μ (> 1 — без обратного давления очередь росла бы без предела).
+    generator_blocked_share = Σ ожиданий после отказов / (генераторов × duration_s)."""
     trainer, generators = _queue_results(launch_result)
     window = float(trainer["end_s"] - trainer["start_s"])
     accepting = float(trainer["stop_s"] - trainer["start_s"])
@@ -620,13 +521,10 @@ def queue_summary(launch_result: Any) -> dict:
     return {k: out[k] for k in QUEUE_SUMMARY_RU}
 
 
-def queue_summary_text(launch_result_or_summary: Any) -> str:
-    """Сводка очереди по-русски: строка «подпись, единица: значение» на величину."""
+def queue_summary_text(summary: Mapping) -> str:
+    """Сводка ``queue_summary`` по-русски: строка «подпись, единица: значение» на величину."""
     from course_utils.fmt import num
 
-    summary = launch_result_or_summary
-    if not (isinstance(summary, Mapping) and "rho" in summary):
-        summary = queue_summary(summary)
     lines = []
     for key, (label, unit, digits) in QUEUE_SUMMARY_RU.items():
         value = summary.get(key)

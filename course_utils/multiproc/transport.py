@@ -28,8 +28,7 @@ CLOCK_NOTE = (
 
 @dataclass
 class RecvStats:
-    """Замер приёма: nbytes — байты полезной нагрузки; wait_s — ожидание первого сообщения
-    (отправитель ещё не начал: процесс простаивал), transfer_s — приём остального, с."""
+    """Замер приёма: байты нагрузки; ожидание первого сообщения и приём остального, с."""
 
     nbytes: int
     wait_s: float
@@ -51,15 +50,6 @@ def _check_peer(name: str, peer: Any) -> int:
     return peer
 
 
-def _device(device: Any):
-    import torch
-
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: не понимаю устройство {device!r}") from exc
-
-
 def device_sync(device) -> None:
     """Ждёт завершения работы CUDA на device (до замера времени); на CPU ничего не делает."""
     if device.type == "cuda":
@@ -69,13 +59,12 @@ def device_sync(device) -> None:
 
 
 def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> int:
-    """Отправляет JSON-объект рангу dst двумя сообщениями: длина n (int64), затем n байт UTF-8
-    (uint8, на device; на NCCL — GPU ранга). Возвращает n, байт. group — None: основная."""
+    """JSON-объект рангу dst: длина n (int64), затем n байт UTF-8 на device; возвращает n, байт."""
     import torch
     import torch.distributed as dist
 
     dst = _check_peer("dst", dst)
-    dev = _device(device)
+    dev = torch.device(device)
     try:
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
@@ -87,13 +76,12 @@ def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> i
 
 
 def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, RecvStats]:
-    """Принимает объект от ``send_object`` ранга src → (объект, RecvStats): wait_s — до прихода
-    длины, transfer_s — приём байтов и разбор JSON, с."""
+    """Объект от ``send_object`` ранга src → (объект, RecvStats)."""
     import torch
     import torch.distributed as dist
 
     src = _check_peer("src", src)
-    dev = _device(device)
+    dev = torch.device(device)
     t0 = time.perf_counter()
     size = torch.zeros(1, dtype=torch.int64, device=dev)
     dist.recv(size, src=src, group=group)
@@ -141,20 +129,17 @@ def _specs(tensors: Mapping, dtype=None) -> list:
 
 
 def send_tensors(tensors, dst: int, device="cpu", meta: Mapping | None = None, wire_dtype=None):
-    """Отправляет именованные тензоры рангу dst; возвращает байты тензоров (без заголовка).
+    """Именованные тензоры рангу dst: заголовок ``send_object`` (meta, имена, формы, типы),
+    затем ``transfer_weights`` по ("send", dst) в типе wire_dtype (None — свой).
+    Возвращает байты Σ numel · element_size(wire_dtype), без заголовка."""
+    import torch
 
-    Заголовок ``send_object``: meta (например, версия весов), имена, формы и типы; затем
-    ``transfer_weights`` по ("send", dst) в типе wire_dtype (None — свой; bfloat16 движка
-    вместо fp32 тренера). Байты = Σ numel · element_size(wire_dtype). tensors — модель или словарь.
-    """
     from course_utils.weight_sync import transfer_weights
 
     named = named_tensors(tensors, "tensors")
     dst = _check_peer("dst", dst)
-    dev = _device(device)
+    dev = torch.device(device)
     wire = _dtype("wire_dtype", wire_dtype)
-    if meta is not None and not isinstance(meta, Mapping):
-        raise ValueError(f"meta должно быть словарём или None, получено {type(meta).__name__}")
     total = sum(t.numel() * (wire or t.dtype).itemsize for t in named.values())
     send_object(
         {"meta": dict(meta or {}), "tensors": _specs(named, wire), "nbytes": total}, dst, dev
@@ -166,18 +151,14 @@ def send_tensors(tensors, dst: int, device="cpu", meta: Mapping | None = None, w
 
 
 def recv_tensors(src: int, device="cpu", buffers: Mapping | None = None):
-    """Принимает тензоры от ``send_tensors`` → (meta, {имя: тензор}, RecvStats).
-
-    buffers — готовые буферы приёма (имена, формы и типы обязаны совпасть с заголовком, иначе
-    ValueError); без них буферы создаются на device. wait_s — ожидание заголовка, transfer_s —
-    приём заголовка и всех тензоров (``transfer_weights`` по ("recv", src)), с.
-    """
+    """Тензоры от ``send_tensors`` → (meta, {имя: тензор}, RecvStats); buffers — готовые буферы
+    приёма (имена, формы и типы = заголовку), без них буферы создаются на device."""
     import torch
 
     from course_utils.weight_sync import transfer_weights
 
     src = _check_peer("src", src)
-    dev = _device(device)
+    dev = torch.device(device)
     header, head_stats = recv_object(src, dev)
     t0 = time.perf_counter()
     specs = header["tensors"]
@@ -201,12 +182,8 @@ def recv_tensors(src: int, device="cpu", buffers: Mapping | None = None):
 
 
 def state_checksum(tensors: Any, dtype: Any = None) -> str:
-    """SHA-256 (hex) имён, форм, типов и байтов тензоров в порядке имён; dtype — привести тип.
-
-    tensors — модель (named_parameters) или словарь «имя → тензор». Равные суммы — побитно
-    равные веса; ``dtype`` — сравнить fp32-веса тренера с bf16-копией движка. Тензоры
-    копируются на CPU: для модели в 1 ГБ это ~1 с.
-    """
+    """SHA-256 (hex) имён, форм, типов и байтов тензоров (модель или словарь) в порядке имён:
+    равные суммы — побитно равные веса; dtype — привести тип (fp32 тренера против bf16 движка)."""
     import torch
 
     named = named_tensors(tensors, "tensors")
@@ -228,9 +205,8 @@ class _Span:
 
 
 class _Stages:
-    """События этапов процесса: начало и конец — по одним часам clock() = perf_counter() + anchor
-    (anchor = time.time() − perf_counter() ранга 0, ``shared_stages``): подстройка системного
-    времени не сдвигает события, процессы одной машины читают одну шкалу."""
+    """События этапов по часам clock() = perf_counter() + anchor (anchor — от ранга 0,
+    ``shared_stages``): процессы одной машины читают одну шкалу."""
 
     def __init__(self, t_ref: float, device, anchor: float) -> None:
         self.t_ref, self.device, self._anchor = t_ref, device, anchor  # с
@@ -266,19 +242,8 @@ class _Stages:
             self.add(stage, step, wall0, span.duration_s, worker)
 
 
-def shared_time_ref(device) -> float:
-    """Общая точка отсчёта времени: time.time() ранга 0, разосланная всем (broadcast), с."""
-    import torch
-    import torch.distributed as dist
-
-    ref = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    dist.broadcast(ref, src=0)
-    return float(ref.item())
-
-
 def shared_stages(device) -> _Stages:
-    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()) — t_ref и
-    привязку часов ``_Stages.clock`` для всех процессов, с."""
+    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()), с."""
     import torch
     import torch.distributed as dist
 
@@ -289,11 +254,8 @@ def shared_stages(device) -> _Stages:
 
 
 def rank_results(launch_result: Any, experiment: str | None = None) -> list[dict]:
-    """Словари рангов успешного запуска точки входа ``experiment`` (None — любой), по рангам.
-
-    launch_result — итог ``multiproc.launch`` или список словарей рангов; нужны обе роли
-    (тренер и генератор), иначе ValueError по-русски: таблицу строить не из чего.
-    """
+    """Словари рангов (по рангам) успешного запуска ``experiment`` (None — любой): итог
+    ``multiproc.launch`` или список словарей; нужны обе роли, тренер и генератор."""
     results = getattr(launch_result, "results", launch_result)
     if getattr(launch_result, "ok", True) is False:
         summary = getattr(launch_result, "summary", lambda: "")()
@@ -329,9 +291,8 @@ STAGE_KINDS_RU = {stage: kind for kind, names in _KIND_STAGES.items() for stage 
 
 
 def events_frame(launch_result: Any, by_kind: bool = False):
-    """События всех процессов для ``tracing.gantt``: worker (строка диаграммы), stage, start_s,
-    end_s, duration_s (с от общей точки отсчёта, ``CLOCK_NOTE``), step, rank; ``by_kind`` —
-    стадия заменена видом из ``STAGE_KINDS_RU``, исходное имя — в столбце detail."""
+    """События всех процессов для ``tracing.gantt`` (времена — с от общей точки отсчёта);
+    by_kind — стадия заменена видом из ``STAGE_KINDS_RU``, исходное имя — в столбце detail."""
     import pandas as pd
 
     rows = []

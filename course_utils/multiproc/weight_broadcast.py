@@ -7,7 +7,6 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from course_utils.multiproc.transport import (
     ROLE_TRAINER,
     device_sync,
     rank_results,
-    shared_time_ref,
+    shared_stages,
     state_checksum,
 )
 from course_utils.weight_sync import (
@@ -33,16 +32,6 @@ from course_utils.weight_sync import (
 BROADCAST_EXPERIMENT = "broadcast_weights"
 TRAINER = "trainer"
 MAX_SIZE = 2**26  # наибольший синтетический тензор замера, параметров (fp32: 256 МиБ)
-
-
-def _check_sizes(sizes: Any) -> list[int]:
-    if sizes is None:
-        return []
-    if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
-        raise ValueError(
-            f"sizes должно быть непустым списком чисел параметров или None, получено {sizes!r}"
-        )
-    return [integer("sizes[…]", s, 1, MAX_SIZE) for s in sizes]
 
 
 def _trainer_update(net: torch.nn.Module, probe: torch.Tensor, lr: float) -> float:
@@ -81,14 +70,11 @@ def broadcast_weights(
 ) -> dict:
     """Публикация весов в процессах: ранг 0 — тренер, ранги 1..N−1 — генераторы (N ≥ 2).
 
-    Версия v = 1..versions: тренер делает шаг SGD (lr), рассылает заголовок [v, число
-    тензоров], SHA-256 и эталонные логиты, затем веса — ``transfer_weights`` по ("broadcast", 0)
-    прямо в подготовительные буферы генераторов. Генератор проверяет сумму и логиты (atol),
-    барьер готовности — ``all_reduce(MIN)`` флагов: одна неудача отменяет переключение везде.
-    Затем commit, ``dist.barrier`` и контрольный запрос (``all_gather`` версий ответа).
-    corrupt_version — ранг corrupt_rank портит одно число этой версии (опыт). sizes — числа
-    параметров синтетического fp32-тензора (numel · 4 байт), время рассылки — медиана repeats
-    повторов, с. Возвращает JSON-словарь ранга: versions, sizes, events (t — от общего отсчёта).
+    Версия v = 1..versions: шаг SGD тренера, broadcast заголовка [v, тензоров], SHA-256, эталонных
+    логитов и весов (``transfer_weights`` по ("broadcast", 0)) в подготовительные буферы;
+    проверка (atol), барьер ``all_reduce(MIN)`` флагов (одна неудача — abort везде), commit,
+    контрольный запрос. corrupt_version — ранг corrupt_rank портит число этой версии. sizes —
+    fp32-тензоры (numel · 4 Б): медиана repeats рассылок, с. Возвращает JSON-словарь ранга.
     """
     import torch.distributed as dist
 
@@ -99,7 +85,7 @@ def broadcast_weights(
     rank = integer("rank", rank, 0, world_size - 1)
     model = text("model", model)
     versions = integer("versions", versions, 1, 100)
-    size_list = _check_sizes(sizes)
+    size_list = [integer("sizes[…]", n, 1, MAX_SIZE) for n in sizes or []]
     seed = integer("seed", seed, 0)
     lr = positive("lr", lr)
     repeats = integer("repeats", repeats, 1, 50)
@@ -108,7 +94,7 @@ def broadcast_weights(
     corrupt_rank = integer("corrupt_rank", corrupt_rank, 1, world_size - 1)
 
     device = local_device(backend)
-    t_ref = shared_time_ref(device)
+    t_ref = shared_stages(device).t_ref
     log = EventLog(clock=time.time, t0=t_ref)
     torch.manual_seed(seed)
     net, _, info = load_policy(model, device=device)
@@ -120,20 +106,11 @@ def broadcast_weights(
     engine = None if is_trainer else InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
     net = net if is_trainer else None
     ref = torch.empty_like(_logits(net if is_trainer else engine._models[0], probe))
-    common = {
-        "experiment": BROADCAST_EXPERIMENT,
-        "rank": rank,
-        "world_size": world_size,
-        "backend": backend,
-        "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR,
-        "pid": os.getpid(),
-        "hostname": socket.gethostname(),
-        "device": str(device),
-        "model": info.describe(),
-        "num_params": info.num_params,
-        "num_tensors": n_names,
-        "t_ref_unix": t_ref,
-    }
+    common = {"experiment": BROADCAST_EXPERIMENT, "rank": rank, "world_size": world_size}
+    common |= {"backend": backend, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR}
+    common |= {"pid": os.getpid(), "hostname": socket.gethostname(), "device": str(device)}
+    common |= {"model": info.describe(), "num_params": info.num_params, "num_tensors": n_names}
+    common["t_ref_unix"] = t_ref
 
     dist.barrier()  # все загрузили модель: время первой версии не включает загрузку соседей
     rows = []
@@ -230,9 +207,7 @@ def broadcast_weights(
             device_sync(device)
             times.append(time.perf_counter() - t0)
         seconds = statistics.median(times)
-        size_rows.append(
-            {"size": n, "bytes": n * buf.element_size(), "seconds": seconds, "times_s": times}
-        )
+        size_rows.append({"size": n, "bytes": 4 * n, "seconds": seconds, "times_s": times})
 
     final = {"final_version": version if is_trainer else engine.version}
     final["checksum"] = state_checksum(net) if is_trainer else engine.active_checksum
@@ -243,8 +218,7 @@ def broadcast_weights(
 
 
 def sync_frame(launch_result: Any):
-    """Таблица pandas публикаций: строка на (версия, ранг); время — секунды, объём — байты.
-    У тренера verify_s и проверки пусты (NaN)."""
+    """Таблица pandas публикаций: строка на (версия, ранг); время — с, объём — байты."""
     import pandas as pd
 
     rows = [
@@ -260,10 +234,8 @@ def sync_frame(launch_result: Any):
 
 
 def sync_size_frame(launch_result: Any):
-    """Время рассылки от размера: строка на размер. size — параметров, bytes — байт (fp32),
-    seconds — медиана у самого медленного генератора, с; trainer_s — у тренера, с;
-    gib_per_s — bytes / 2^30 / seconds (ГиБ/с, один получатель); repeats — повторов на размер.
-    """
+    """Время рассылки от размера: size — параметров, bytes — байт (fp32), seconds — медиана у
+    самого медленного генератора, с; trainer_s — у тренера; gib_per_s = bytes / 2^30 / seconds."""
     import pandas as pd
 
     by_size: dict[int, dict] = {}

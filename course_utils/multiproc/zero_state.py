@@ -56,19 +56,12 @@ def measure_zero_state(
     rec = RECIPES["fp32_adam"]
     adam = rec.m1_bytes + rec.m2_bytes  # Б/параметр в состоянии AdamW
     zero1 = per_rank_breakdown(n_params, rec, world_size, zero_stage=1)["optimizer"]
-    return {
-        "rank": rank,
-        "pid": os.getpid(),
-        "n_params": n_params,
-        "loss": float(loss.item()),
-        "param_bytes": tensor_bytes(params),
-        "grad_bytes": tensor_bytes(p.grad for p in params),
-        "optimizer_state_bytes": opt_bytes,
-        "assigned_tensors": len(assigned),
-        "predicted_assigned_state_bytes": _bytes(sum(p.numel() for p in assigned), adam),
-        "optimizer_state_bytes_by_rank": by_rank,
-        "optimizer_state_bytes_sum": sum(by_rank),
-        "full_optimizer_state_bytes_predicted": _bytes(n_params, adam),
-        "predicted_zero1_optimizer_bytes_per_rank": zero1,
-        "params_in_sync": all(t[1].item() == gathered[0][1].item() for t in gathered),
-    }
+    out = {"rank": rank, "pid": os.getpid(), "n_params": n_params, "loss": float(loss.item())}
+    out |= {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params)}
+    out |= {"optimizer_state_bytes": opt_bytes, "assigned_tensors": len(assigned)}
+    out["predicted_assigned_state_bytes"] = _bytes(sum(p.numel() for p in assigned), adam)
+    out |= {"optimizer_state_bytes_by_rank": by_rank, "optimizer_state_bytes_sum": sum(by_rank)}
+    out["full_optimizer_state_bytes_predicted"] = _bytes(n_params, adam)
+    out["predicted_zero1_optimizer_bytes_per_rank"] = zero1
+    out["params_in_sync"] = all(t[1].item() == gathered[0][1].item() for t in gathered)
+    return out
