@@ -181,14 +181,16 @@ def run_pause_mode(
                 if len(out[i]) == lengths[i]:
                     active.discard(i)
         tick += 1
-    records = [_record(f"{mode}-req-{i}", prompts[i], out[i]) for i in range(n)]
+    records = [_rollout_record(f"{mode}-req-{i}", prompts[i], out[i]) for i in range(n)]
     forced = aborting and mode != "abort"
     return PauseRun(
         mode, forced, version, records, in_flight, aborted, wasted, delay, delay_s, tick - 1
     )
 
 
-def _record(sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]) -> RolloutRecord:
+def _rollout_record(
+    sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]
+) -> RolloutRecord:
     tokens, logps, versions = (list(x) for x in zip(*out))
     return RolloutRecord(
         sample_id=sample_id,
