@@ -205,10 +205,13 @@ def test_launcher_killed_takes_ranks_and_grandchildren_down(tmp_path):
         launcher.kill()
         launcher.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while [pid for pid in ranks + grandchildren if _alive(pid)]:
+        # ранги, внуки и сторожа рангов (они тоже упоминают run_dir) — на загруженной машине
+        # сторож может выходить на доли секунды позже рангов, поэтому ждём всех с тем же сроком
+        while [pid for pid in ranks + grandchildren if _alive(pid)] or _processes_mentioning(
+            str(run_dir)
+        ):
             assert time.monotonic() < deadline, "процессы пережили запускатель"
             time.sleep(0.1)
-        assert _processes_mentioning(str(run_dir)) == []
     finally:
         for pid in _processes_mentioning(str(run_dir)):  # уборка, если тест упал
             with contextlib.suppress(ProcessLookupError):
