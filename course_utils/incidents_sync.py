@@ -1,6 +1,6 @@
 """Урок 12.4: два публичных инцидента синхронизации весов на движке курса ``InProcessEngine``.
 
-``sleep_wake_run`` — TRL #5312: после сна движок перечитывает исходный чекпойнт, а метка версии
+``sleep_wake_run`` — TRL #5312: после сна движок перечитывает исходные веса с диска, а метка версии
 «новая»; ``zero_lag_probe`` ловит это по разрыву log p движка и тренера (порог —
 ``tim_alarm_threshold``). ``run_pause_mode`` — запросы в полёте при публикации в режимах
 abort, wait, keep; ``in_flight_check`` ловит miles #2372 (прерваны обещанные запросы).
@@ -22,7 +22,7 @@ from course_utils.weight_sync import InProcessEngine, probe_input, publish
 
 VARIANTS = {
     "healthy": "без сна: каждую версию движок получает публикацией",
-    "broken": "сон уровня 2, пробуждение перечитывает исходный чекпойнт (TRL до PR #5313)",
+    "broken": "сон уровня 2, пробуждение перечитывает исходные веса с диска (TRL до PR #5313)",
     "fixed": "сон уровня 2, веса возвращает синхронизация с тренером (TRL PR #5313)",
 }
 
@@ -91,7 +91,7 @@ def sleep_wake_run(
             engine.sleep()  # после генерации: веса выброшены
         policy.grpo_step(trainer, optimizer, records)
         publish(engine, trainer, k + 1)  # sync_weights: тренер → движок, версия k + 1
-        if variant != "healthy":  # generate(): wake_up + reload_weights — исходный чекпойнт
+        if variant != "healthy":  # generate(): wake_up + reload_weights — исходные веса с диска
             engine.wake(model if variant == "broken" else None)
 
 

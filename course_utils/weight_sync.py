@@ -494,7 +494,7 @@ class InProcessEngine:
 
     def wake(self, state_dict: Any = None) -> None:
         """Пробуждение: state_dict (модель или словарь) перечитывается в активный буфер, как
-        ``reload_weights`` vLLM — исходный чекпойнт; None — без перечитывания. Версия та же."""
+        ``reload_weights`` vLLM — исходные веса с диска; None — без перечитывания. Версия та же."""
         if state_dict is not None:
             for _ in transfer_weights(self._source(state_dict), self.weights()):
                 pass
