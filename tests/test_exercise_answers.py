@@ -15,12 +15,21 @@ from course_utils.exercises.answers import (
     IdSet,
     Keyed,
     Number,
+    Numbers,
     Share,
+    call_with_deadline,
     md_table,
     sig,
 )  # fmt: skip
 from course_utils.exercises.step import Step, Trap
-from course_utils.grading import AnswerError, call_with_deadline
+from course_utils.grading import AnswerError
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Пустой временный реестр вместо шагов курса."""
+    grading.exercise_ids()  # шаги курса уже зарегистрированы и во временный реестр не попадут
+    monkeypatch.setattr(grading, "_registry", {})
 
 
 def _endless(x):
@@ -106,7 +115,6 @@ def test_fields_idset_keyed_forms_and_feedback():
     )
     assert f.problem({"A": 1, "ok": "да"}, {}).startswith("ok: Ожидается True или False")
     assert f.mismatch({"a": 1, "ok": True}, {"A": 2, "ok": True}).startswith("Неверно значение a.")
-    assert f.skeleton() == '{\n    "a": ____,\n    "ok": ____,\n}'
     ids = IdSet(lambda t: ["r1", "r2", "r3"], noun="роллаутов")
     assert "r9" in ids.problem(["r1", "r9"], {}) and "повтор" in ids.problem(["r1", "R1"], {})
     assert ids.same({"r1", "r2"}, ["R2", "r1"]) and ids.mismatch(["r1", "r2"], ["r1", "r3"]) == (
@@ -114,6 +122,18 @@ def test_fields_idset_keyed_forms_and_feedback():
     k = Keyed(lambda t: ["A", "B"], Bool())
     assert "не хватает: B" in k.problem({"A": True}, {}) and k.problem({"A": True, "B": 1}, {})
     assert not k.same({"A": True, "B": False}, {"A": True, "B": True})
+
+
+def test_numpy_and_torch_answers_become_python_values():
+    assert Number().same(2.0, np.float32(2.0)) and Number().same(1.5, np.array(1.5))
+    assert Number(integer=True).problem(np.int64(7), {}) is None
+    assert Numbers().problem(np.array([1.0, 2.0]), {}) is None
+    assert not Numbers().same([1.0, 2.0], np.array([1.0, 2.5]))
+    assert Bool().problem(np.bool_(True), {}) is None and Bool().same(True, np.bool_(True))
+    assert IdSet(lambda t: [1, 2]).same({1, 2}, np.array([2, 1]))
+    torch = pytest.importorskip("torch")
+    assert Number().same(0.25, torch.tensor(0.25))
+    assert Numbers().same([1, 2], torch.tensor([1, 2]))
 
 
 def test_formatting():
@@ -130,41 +150,39 @@ def _toy_step(answer=None, traps=()):
     )  # fmt: skip
 
 
-def test_override_trap_is_recognised_in_other_forms():
+def test_override_trap_is_recognised_in_other_forms(registry):
     trap = Trap("plus", "Сложили вместо умножения.", override={"double": lambda t: t["x"] + 2})
-    with grading.registry_override():
-        grading.register(_toy_step(traps=(trap,)).exercise())
-        # вариант 1: x = 3 → верно {6, 9}; ошибка «plus» даёт double = 5, и square тут неважен
-        assert grading.evaluate("t.step", {"double": 6, "square": 9}, 1).status == "correct"
-        for other_square in (9, 10):
-            got = grading.evaluate("t.step", {"double": 5, "square": other_square}, 1)
-            assert (got.status, got.misconception) == ("misconception", "plus")
-        got = grading.evaluate("t.step", {"double": 7, "square": 9}, 1)
-        assert (
-            got.status == "wrong"
-            and got.message.startswith("Неверно значение double.")
-            and "17 %" in got.message
-        )
-        assert grading.evaluate("t.step", {"double": 6}, 1).status == "malformed"
+    grading.register(_toy_step(traps=(trap,)).exercise())
+    # вариант 1: x = 3 → верно {6, 9}; ошибка «plus» даёт double = 5, и square тут неважен
+    assert grading.evaluate("t.step", {"double": 6, "square": 9}, 1).status == "correct"
+    for other_square in (9, 10):
+        got = grading.evaluate("t.step", {"double": 5, "square": other_square}, 1)
+        assert (got.status, got.misconception) == ("misconception", "plus")
+    got = grading.evaluate("t.step", {"double": 7, "square": 9}, 1)
+    assert (
+        got.status == "wrong"
+        and got.message.startswith("Неверно значение double.")
+        and "17 %" in got.message
+    )
+    assert grading.evaluate("t.step", {"double": 6}, 1).status == "malformed"
 
 
-def test_function_answer_runs_under_deadline_and_compares_outcomes():
+def test_function_answer_runs_under_deadline_and_compares_outcomes(registry):
     schema = Function(run=lambda fn, t: {str(x): fn(x) for x in t["cases"]},
                       result=Keyed(lambda t: [str(x) for x in t["cases"]], Number()),
                       signature="f(x)", deadline_s=0.5)  # fmt: skip
     step = Step(id="t.fn", make_task=lambda v: {"statement": "s", "cases": [1, 2, 3 + v]},
                 solve=lambda t: (lambda x: x * x), answer=schema, hint="", solution=lambda t, r: "",
                 traps=(Trap("double", "Удвоили вместо квадрата.", wrong=lambda t, r: (lambda x: 2 * x)),))  # fmt: skip
-    with grading.registry_override():
-        grading.register(step.exercise())
-        assert grading.evaluate("t.fn", lambda x: x**2, 0).status == "correct"
-        got = grading.evaluate("t.fn", lambda y: y + y, 0)
-        assert (got.status, got.misconception) == ("misconception", "double")
-        assert grading.evaluate("t.fn", lambda a, b: a, 0).status == "malformed"
-        start = time.monotonic()
-        got = grading.evaluate("t.fn", _endless, 0)
-        assert got.status == "wrong" and "не завершилась" in got.message
-        assert time.monotonic() - start < 5
+    grading.register(step.exercise())
+    assert grading.evaluate("t.fn", lambda x: x**2, 0).status == "correct"
+    got = grading.evaluate("t.fn", lambda y: y + y, 0)
+    assert (got.status, got.misconception) == ("misconception", "double")
+    assert grading.evaluate("t.fn", lambda a, b: a, 0).status == "malformed"
+    start = time.monotonic()
+    got = grading.evaluate("t.fn", _endless, 0)
+    assert got.status == "wrong" and "не завершилась" in got.message
+    assert time.monotonic() - start < 5
 
 
 def test_answer_error_from_run_passes_through():

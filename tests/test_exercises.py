@@ -18,7 +18,7 @@ from exercise_helpers import CYRILLIC, _data, _ex, _leaves, _renderings
 
 from course_utils import exercises, grading
 from course_utils.exercises.answers import Fields
-from course_utils.grading import ____, answers_match
+from course_utils.grading import ____
 
 REPO = Path(__file__).resolve().parents[1]
 IDS = grading.exercise_ids()
@@ -68,13 +68,10 @@ def test_reference_passes(exercise_id, variant):
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_each_misconception_recognised(exercise_id, variant):
     task = grading.task(exercise_id, variant)
-    ref = grading._reference(exercise_id, variant)
     messages = set()
     for m in grading.misconceptions(exercise_id):
-        wrong = m.answer(task)
-        assert not answers_match(ref, wrong, _ex(exercise_id).rtol), (m.key, "совпал с верным")
-        result = grading.evaluate(exercise_id, wrong, variant)
-        assert result.status == "misconception" and not result, (m.key, result)
+        result = grading.evaluate(exercise_id, m.answer(task), variant)
+        assert result.status == "misconception" and not result, (m.key, result)  # и не «верно»
         assert result.misconception == m.key and result.message == m.message
         assert CYRILLIC.search(m.message)
         messages.add(m.message)

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from course_utils import grading
-from course_utils.grading import Exercise, Misconception, ____, answers_match
+from course_utils.exercises.answers import Fields, Number
+from course_utils.exercises.step import Step, Trap
+from course_utils.grading import ____
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,20 +30,16 @@ def _num_task(variant: int) -> dict:
     return {"statement": f"Сколько байт занимает состояние fp32 Adam для {n} параметров?", "n": n}
 
 
-NUMERIC = Exercise(
+NUMERIC = Step(
     id="t.num",
-    title="B_state для fp32 Adam",
     make_task=_num_task,
-    reference=lambda t: 16 * t["n"],
-    solution=lambda t: f"4 + 4 + 4 + 4 = 16 Б на параметр, итого **{16 * t['n']}** Б.",
+    solve=lambda t: 16 * t["n"],
+    answer=Number(),
     hint="Веса, градиенты и два момента Adam — по 4 байта.",
-    misconceptions=[
-        Misconception("params_only", "Вы учли только веса: забыты градиенты и моменты Adam.",
-                      lambda t: 4 * t["n"]),
-    ],
+    solution=lambda t, ref: f"4 + 4 + 4 + 4 = 16 Б на параметр, итого **{ref}** Б.",
+    traps=(Trap("params_only", "Вы учли только веса: забыты градиенты и моменты Adam.",
+                wrong=lambda t, ref: 4 * t["n"]),),
 )  # fmt: skip
-
-KEYS = ("bytes_per_token", "total_gib")
 
 
 def _kv_task(variant: int) -> dict:
@@ -56,26 +54,17 @@ def _kv(t: dict, kv_factor: int = 2, unit: float = 2**30) -> dict:
     return {"bytes_per_token": per_token, "total_gib": per_token * t["tokens"] / unit}
 
 
-def _kv_validate(answer, task):
-    if not isinstance(answer, dict) or set(answer) != set(KEYS):
-        return f"Ожидается словарь с ключами {', '.join(KEYS)}."
-    return None
-
-
-KV = Exercise(
+KV = Step(
     id="t.kv",
-    title="Бюджет KV-кэша",
     make_task=_kv_task,
-    reference=_kv,
-    solution=lambda t: f"2 · L · h_kv · d · 2 Б = {_kv(t)['bytes_per_token']} Б на токен.",
+    solve=_kv,
+    answer=Fields({"bytes_per_token": Number(integer=True), "total_gib": Number()}),
     hint="В кэше лежат и ключи, и значения.",
-    misconceptions=[
-        Misconception("no_kv_factor", "Забыт множитель 2: в кэше лежат и K, и V.",
-                      lambda t: _kv(t, kv_factor=1)),
-        Misconception("gb_not_gib", "Вы поделили на 10⁹ (ГБ), а спрашивали ГиБ (2³⁰ байт).",
-                      lambda t: _kv(t, unit=1e9)),
-    ],
-    validate_answer=_kv_validate,
+    solution=lambda t, ref: f"2 · L · h_kv · d · 2 Б = {ref['bytes_per_token']} Б на токен.",
+    traps=(Trap("no_kv_factor", "Забыт множитель 2: в кэше лежат и K, и V.",
+                wrong=lambda t, ref: _kv(t, kv_factor=1)),
+           Trap("gb_not_gib", "Вы поделили на 10⁹ (ГБ), а спрашивали ГиБ (2³⁰ байт).",
+                wrong=lambda t, ref: _kv(t, unit=1e9))),
 )  # fmt: skip
 
 
@@ -86,12 +75,17 @@ def progress_path(tmp_path, monkeypatch):
     return path
 
 
+def _register(*steps):
+    for step in steps:
+        grading.register(step.exercise())
+
+
 @pytest.fixture
-def registry():
-    with grading.registry_override() as reg:
-        grading.register(NUMERIC)
-        grading.register(KV)
-        yield reg
+def registry(monkeypatch):
+    """Временный реестр с шагами-однодневками вместо шагов курса."""
+    grading.exercise_ids()  # шаги курса уже зарегистрированы и во временный реестр не попадут
+    monkeypatch.setattr(grading, "_registry", {})
+    _register(NUMERIC, KV)
 
 
 def _stored(path: Path) -> dict:
@@ -100,7 +94,7 @@ def _stored(path: Path) -> dict:
 
 # ---------------------------------------------------------------- заглушка и отзывы
 def test_placeholder_is_not_attempted(registry, progress_path, capsys):
-    assert repr(____) == "____ (заполните ответ)" and grading.PLACEHOLDER is ____
+    assert repr(____) == "____ (заполните ответ)"
     assert grading.check("t.num", copy.deepcopy(____)).status == "not_attempted"
     for ex_id, answer in [("t.num", ____), ("t.kv", {"bytes_per_token": ____, "total_gib": 1.0}),
                           ("t.kv", [[____]])]:  # fmt: skip
@@ -127,11 +121,11 @@ def test_wrong_answer_gives_feedback(registry, capsys):
     assert wrong.status == "wrong" and "total_gib" in wrong.message
 
 
-@pytest.mark.parametrize("ex", [NUMERIC, KV], ids=lambda ex: ex.id)
-def test_each_misconception_named(registry, ex):
-    assert [m.key for m in grading.misconceptions(ex.id)] == [m.key for m in ex.misconceptions]
-    for m in ex.misconceptions:
-        result = grading.check(ex.id, m.answer(grading.task(ex.id)))
+@pytest.mark.parametrize("step", [NUMERIC, KV], ids=lambda step: step.id)
+def test_each_misconception_named(registry, step):
+    assert [m.key for m in grading.misconceptions(step.id)] == [t.key for t in step.traps]
+    for m in grading.misconceptions(step.id):
+        result = grading.check(step.id, m.answer(grading.task(step.id)))
         assert result.status == "misconception" and not result
         assert result.misconception == m.key and result.message == m.message
 
@@ -147,7 +141,7 @@ def test_correct_answer_is_truthy(registry, progress_path):
 
 def test_malformed_answer(registry):
     result = grading.check("t.kv", {"bytes_per_token": 1})
-    assert result.status == "malformed" and "ожидается словарь" in result.message.lower()
+    assert result.status == "malformed" and "не хватает — total_gib" in result.message
 
 
 def test_solution_locked_until_first_attempt(registry, capsys):
@@ -193,17 +187,13 @@ def test_reference_is_not_public():
 
 
 def test_progress_survives_restart(registry, progress_path):
-    grading.register(replace(NUMERIC, id="12.2.6"))
+    _register(replace(NUMERIC, id="12.2.6"))
     grading.check("12.2.6", 12345)
     grading.new_variant("12.2.6")
     grading.check("12.2.6", 54321)  # попытка на новом варианте: разбор открыт и после перезапуска
     script = textwrap.dedent("""
         from course_utils import grading
-        ex = grading.Exercise("12.2.6", "t", lambda v: {"statement": "s"}, lambda t: 1,
-                              lambda t: "РАЗБОР ОТКРЫТ", "", [])
-        with grading.registry_override():
-            grading.register(ex)
-            grading.solution("12.2.6")
+        grading.solution("12.2.6")  # шаг курса: попытка записана на варианте 1 однодневки
         row = grading.progress().set_index("id").loc["12.2.6"]
         print("attempts", row["попыток"], "variant", row["вариант"])
     """)
@@ -211,7 +201,7 @@ def test_progress_survives_restart(registry, progress_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "РАЗБОР ОТКРЫТ" in proc.stdout and "attempts 2 variant 1" in proc.stdout
+    assert "📖 Разбор 12.2.6" in proc.stdout and "attempts 2 variant 1" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -238,8 +228,7 @@ def _write_progress(path: Path, exercises: dict) -> str:
 
 
 def test_bad_entry_is_reset_alone(registry, progress_path, capsys):
-    grading.register(replace(NUMERIC, id="12.2.6"))
-    grading.register(replace(KV, id="12.2.7"))
+    _register(replace(NUMERIC, id="12.2.6"), replace(KV, id="12.2.7"))
     good = {"attempts": 2, "solved": False, "variant": 1,
             "last_attempt": "2026-05-04T10:20:00+03:00", "last_status": "wrong"}  # fmt: skip
     original = _write_progress(progress_path, {"12.2.6": good, "12.2.7": {"attempts": -1}})
@@ -310,15 +299,15 @@ def test_two_kernels_lose_no_attempts(progress_path, tmp_path):
         import sys, time
         from pathlib import Path
         from course_utils import grading
-        ex = grading.Exercise("t.race", "гонка", lambda v: {"statement": "s"}, lambda t: 1,
-                              lambda t: "разбор", "", [])
-        with grading.registry_override():
-            grading.register(ex)
-            Path(f"{sys.argv[1]}.ready{sys.argv[3]}").touch()
-            while not Path(sys.argv[1]).exists():
-                time.sleep(0.002)
-            for _ in range(int(sys.argv[2])):
-                grading.check("t.race", 0)
+        from course_utils.exercises.answers import Number
+        from course_utils.exercises.step import Step
+        grading.register(Step("t.race", lambda v: {"statement": "s"}, lambda t: 1, Number(), "",
+                              lambda t, ref: "разбор").exercise())
+        Path(f"{sys.argv[1]}.ready{sys.argv[3]}").touch()
+        while not Path(sys.argv[1]).exists():
+            time.sleep(0.002)
+        for _ in range(int(sys.argv[2])):
+            grading.check("t.race", 0)
     """)
     go = tmp_path / "go"
     env = {**os.environ, "COURSE_PROGRESS_PATH": str(progress_path)}
@@ -343,12 +332,12 @@ def test_writer_waits_for_lock_held_by_another_process(progress_path):
         import sys
         from pathlib import Path
         from course_utils import grading
-        ex = grading.Exercise("t.wait", "t", lambda v: {"statement": "s"}, lambda t: 1,
-                              lambda t: "", "", [])
-        with grading.registry_override():
-            grading.register(ex)
-            Path(sys.argv[1]).touch()
-            grading.check("t.wait", 0)
+        from course_utils.exercises.answers import Number
+        from course_utils.exercises.step import Step
+        grading.register(Step("t.wait", lambda v: {"statement": "s"}, lambda t: 1, Number(), "",
+                              lambda t, ref: "разбор").exercise())
+        Path(sys.argv[1]).touch()
+        grading.check("t.wait", 0)
     """)
     ready = progress_path.with_name("ready")
     env = {**os.environ, "COURSE_PROGRESS_PATH": str(progress_path)}
@@ -488,11 +477,23 @@ def test_garbage_never_raises(registry, ex_id, answer, capsys):
     assert result.message and capsys.readouterr().out
 
 
-def test_raising_compare_is_malformed(registry):
-    def bad_compare(expected, given, rtol):
+class _RaisingSame(Number):
+    def same(self, expected, given):
         raise KeyError("optimizer")
 
-    grading.register(replace(NUMERIC, id="t.bad", compare=bad_compare))
+
+class _OwnMismatch(Number):
+    def mismatch(self, expected, given):
+        return f"свой отзыв: {given}"
+
+
+class _RaisingMismatch(Number):
+    def mismatch(self, expected, given):
+        return 1 / 0
+
+
+def test_raising_compare_is_malformed(registry):
+    _register(replace(NUMERIC, id="t.bad", answer=_RaisingSame()))
     result = grading.check("t.bad", 5)
     assert result.status == "malformed" and "не удалось сравнить" in result.message
     assert "KeyError" in result.message and "optimizer" in result.message
@@ -537,31 +538,12 @@ def test_unknown_id_is_value_error(registry):
 
 def test_register_rules(registry):
     with pytest.raises(ValueError, match="уже зарегистрировано"):
-        grading.register(NUMERIC)
+        _register(NUMERIC)
     with pytest.raises(TypeError):
         grading.register("t.num")
-    with pytest.raises(ValueError):
-        replace(KV, misconceptions=[KV.misconceptions[0], KV.misconceptions[0]])
-
-
-def test_register_outside_override_requires_course_id():
-    before = grading.exercise_ids()
-    with pytest.raises(ValueError, match="COURSE_STEPS"):
-        grading.register(replace(NUMERIC, id="t.outside"))
-    with grading.registry_override():
-        grading.register(replace(NUMERIC, id="t.inside"))
-        assert grading.exercise_ids() == ["t.inside"]
-    assert grading.exercise_ids() == before
-
-
-def test_registry_override_restores_after_error():
-    before = grading.exercise_ids()
-    with pytest.raises(RuntimeError), grading.registry_override():
-        grading.register(replace(NUMERIC, id="t.tmp"))
-        raise RuntimeError
-    assert grading.exercise_ids() == before
-    with pytest.raises(ValueError, match="Известные"):
-        grading.task("t.tmp")
+    with pytest.raises(ValueError, match="ключи повторяются"):
+        _register(replace(KV, id="t.dup", traps=(KV.traps[0], KV.traps[0])))
+    assert grading.exercise_ids() == ["t.num", "t.kv"]
 
 
 def test_shipped_registry_uses_course_ids():
@@ -583,8 +565,7 @@ def test_course_steps_table():
 
 
 def test_progress_table(registry):
-    grading.register(replace(NUMERIC, id="12.2.6"))
-    grading.register(replace(NUMERIC, id="12.2.7"))
+    _register(replace(NUMERIC, id="12.2.6"), replace(NUMERIC, id="12.2.7"))
     grading.check("12.2.6", grading._reference("12.2.6"))
     table = grading.progress()
     assert len(table) == 21 and list(table["id"]) == list(grading.COURSE_STEPS)
@@ -594,41 +575,6 @@ def test_progress_table(registry):
     assert rows.loc["12.2.6", "решено"] == "да" and rows.loc["12.1.6", "решено"] == "нет"
     assert rows.loc["12.2.7", "статус"] == "не начато"
     assert rows.loc["12.5.13", "статус"] == "нет в этой версии"
-
-
-# ---------------------------------------------------------------- answers_match
-def test_answers_match_numbers():
-    assert answers_match(100.0, 100.09, rtol=1e-3)
-    assert not answers_match(100.0, 100.2, rtol=1e-3)
-    assert answers_match(100, 102, rtol=0.05)
-    assert answers_match(0.0, 1e-12) and not answers_match(0.0, 1e-3)
-    assert answers_match(3, 3.0) and answers_match(2**40, 2**40)
-    assert not answers_match(1.0, float("nan")) and not answers_match(1.0, float("inf"))
-    assert answers_match(float("inf"), float("inf"))
-    assert answers_match(True, True) and not answers_match(True, 1) and not answers_match(1, True)
-    assert not answers_match(1, "1")
-
-
-def test_answers_match_containers_and_strings():
-    assert answers_match("  Генерация ", "генерация") and answers_match("ЕЩЁ", "еще")
-    assert not answers_match("train", "generate")
-    assert answers_match({"a": 1.0, "b": [1, 2]}, {"A ": 1.0001, "b": (1, 2)})
-    assert not answers_match({"a": 1}, {"a": 1, "b": 2})
-    assert not answers_match({"a": 1}, {"a": 2})
-    assert not answers_match([1, 2], [1, 2, 3]) and not answers_match([1, 2], {1, 2})
-    assert answers_match({"Rule A", "rule b"}, {"rule a", "RULE B"})
-    assert answers_match({3, 5}, [5, 3]) and not answers_match({3, 5}, {3})
-    assert answers_match(None, None) and not answers_match(None, 0)
-
-
-def test_answers_match_numpy_and_torch():
-    assert answers_match(2.0, np.float32(2.0)) and answers_match(7, np.int64(7))
-    assert answers_match([1.0, 2.0], np.array([1.0, 2.0])) and answers_match(1.5, np.array(1.5))
-    assert answers_match({1, 2}, np.array([2, 1])) and answers_match(True, np.bool_(True))
-    assert not answers_match([1.0, 2.0], np.array([1.0, 2.5]))
-    assert not answers_match(1.0, _Nasty()) and not answers_match(_Nasty(), 1.0)
-    torch = pytest.importorskip("torch")
-    assert answers_match(0.25, torch.tensor(0.25)) and answers_match([1, 2], torch.tensor([1, 2]))
 
 
 # ---------------------------------------------------------------- показ в ноутбуке
@@ -662,18 +608,10 @@ def test_markdown_under_a_kernel(registry, monkeypatch):
     assert raw and "**" in bundle["text/markdown"] and "ещё не решено" in bundle["text/plain"]
 
 
-def test_custom_mismatch_feedback_and_its_failure_fall_back():
-    import dataclasses
-
-    custom = dataclasses.replace(
-        NUMERIC, describe_mismatch=lambda e, g, t: f"свой отзыв: n = {t['n']}"
-    )
-    broken = dataclasses.replace(NUMERIC, describe_mismatch=lambda e, g, t: 1 / 0)
-    with grading.registry_override():
-        grading.register(custom)
-        res = grading.evaluate(custom.id, -12345.0)
-        assert res.status == "wrong" and "свой отзыв" in res.message
-    with grading.registry_override():
-        grading.register(broken)
-        res = grading.evaluate(broken.id, -12345.0)
-        assert res.status == "wrong" and "Ответ не совпал" in res.message
+def test_custom_mismatch_feedback_and_its_failure_fall_back(registry):
+    _register(replace(NUMERIC, id="t.own", answer=_OwnMismatch()))
+    _register(replace(NUMERIC, id="t.broken", answer=_RaisingMismatch()))
+    res = grading.evaluate("t.own", -12345.0)
+    assert res.status == "wrong" and "свой отзыв: -12345.0" in res.message
+    res = grading.evaluate("t.broken", -12345.0)
+    assert res.status == "wrong" and "Ответ не совпал" in res.message

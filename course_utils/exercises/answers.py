@@ -1,27 +1,39 @@
-"""Типы ответов проверочных шагов: форма (``problem``), сравнение (``same``), отзыв без верного
-значения (``mismatch``) и заготовка ячейки (``skeleton``) — из одной схемы. Строки сравниваются после
-``norm``; numpy, torch и pandas сводятся к числам Python. Здесь же — числа и таблицы для разборов и
-запуск функции студента с ограничением времени."""
+"""Типы ответов проверочных шагов: форма (``problem``), что сравнивать (``outcome``), сравнение
+(``same``) и отзыв без верного значения (``mismatch``). Строки сравниваются после ``norm``; numpy,
+torch и pandas сводятся к числам Python. Здесь же — запуск функции студента с ограничением времени
+и числа и таблицы для разборов."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import math
+import numbers
+import signal
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils import fmt
 from course_utils.args import is_number
-from course_utils.grading import _describe_mismatch, _kind, _plain, call_with_deadline
-
-__all__ = [
-    "AnswerType", "Bool", "Choice", "Fields", "Function", "IdSet", "Keyed", "Number", "Numbers",
-    "Share", "far_apart", "get", "md_table", "norm", "sig", "tex_num",
-]  # fmt: skip
+from course_utils.grading import _FALLBACK, AnswerError, _error_text, _plain
 
 _BYTE_UNITS = ("", "Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "КБ", "МБ", "ГБ", "ТБ", "байт")
+_UNITS = "проверьте множители и единицы (байты и биты, ГБ = 10⁹ Б и ГиБ = 2³⁰ Б, мс и с)."
+_FACTORS = {2: "2", 4: "4", 8: "8", 1000: "1000", 1024: "1024", 10**6: "10⁶", 2**20: "2²⁰"}
+_FACTORS |= {10**9: "10⁹", 2**30: "2³⁰", 2**30 / 10**9: "2³⁰/10⁹ (ГиБ против ГБ)"}
+_OTHER_FACTORS = {60: "60 (секунды и минуты?)", 3600: "3600 (секунды и часы?)"}
+_OTHER_FACTORS |= {100: "100 (доля и проценты?)", 2: "2"}
+_KINDS = [(bool, "True/False"), (numbers.Real, "число"), (str, "строка"), (dict, "словарь")]
+_KINDS += [((list, tuple), "список"), ((set, frozenset), "множество"), (type(None), "None")]
+
+
+def _kind(x: Any) -> str:
+    if callable(x) and not isinstance(x, type):
+        return "функция (вызовите её и передайте результат)"
+    return next((name for t, name in _KINDS if isinstance(x, t)), f"объект {type(x).__name__}")
 
 
 def _given_text(x: Any) -> str:
@@ -47,19 +59,19 @@ def get(given: Mapping, key: str) -> Any:
 
 
 class AnswerType:
-    """Форма ответа. Подклассы переопределяют problem, same и mismatch."""
+    """Форма ответа. Подклассы переопределяют problem, same и mismatch (Function — и outcome)."""
 
     def problem(self, given: Any, task: dict) -> str | None:
         return None
+
+    def outcome(self, given: Any, task: dict) -> Any:
+        return given
 
     def same(self, expected: Any, given: Any) -> bool:
         return expected == given
 
     def mismatch(self, expected: Any, given: Any) -> str:
-        return "Ответ не совпал с верным: перечитайте условие, проверьте знак и единицы."
-
-    def skeleton(self) -> str:
-        return "____"
+        return _FALLBACK
 
 
 @dataclass(frozen=True)
@@ -92,8 +104,23 @@ class Number(AnswerType):
         return e == g or abs(g - e) <= max(self.rtol * abs(e), self.atol)  # в единицах ответа
 
     def mismatch(self, expected: Any, given: Any) -> str:
-        hint = None if self.unit in _BYTE_UNITS else "проверьте формулу и единицы."
-        return _describe_mismatch(float(_plain(expected)), float(_plain(given)), self.rtol, hint)
+        """Отзыв по r = given / expected (given конечно: это проверил problem): −1 (знак), ровно
+        множитель единиц или |r − 1| в %."""
+        e, g = float(_plain(expected)), float(_plain(given))
+        if e == 0:
+            return _FALLBACK
+        ratio, units = g / e, self.unit in _BYTE_UNITS
+        if ratio < 0 and abs(ratio + 1) <= self.rtol:
+            return "Модуль верный, а знак — нет."
+        hint = _UNITS if units else "проверьте формулу и единицы."
+        for factor, label in (_FACTORS if units else _OTHER_FACTORS).items():
+            for r, side in ((factor, "больше"), (1 / factor, "меньше")):
+                if abs(ratio / r - 1) <= 1e-3:
+                    return f"Ваш ответ {side} верного, отношение ровно {label}: {hint}"
+        pct = abs(ratio - 1) * 100
+        if pct < 1:
+            return f"Ответ отличается от верного на {pct:.2g} %: не округляйте промежуточные шаги."
+        return f"Ваш ответ отличается от верного на {pct:.0f} %: {hint}"
 
 
 @dataclass(frozen=True)
@@ -136,9 +163,6 @@ class Numbers(AnswerType):
                  if not self.item.same(a, b)]  # fmt: skip
         return f"Неверны элементы с номерами (с нуля): {', '.join(wrong[:8])}."
 
-    def skeleton(self) -> str:
-        return "[____]"
-
 
 @dataclass(frozen=True)
 class Bool(AnswerType):
@@ -162,18 +186,18 @@ class Choice(AnswerType):
     options: Any
     aliases: Mapping[str, str] = field(default_factory=dict)
 
-    def canon(self, x: Any) -> Any:
+    def _canon(self, x: Any) -> Any:
         return norm(self.aliases.get(norm(x), x)) if isinstance(_plain(x), str) else x
 
     def problem(self, given: Any, task: dict) -> str | None:
         allowed = list(self.options(task) if callable(self.options) else self.options)
-        if isinstance(_plain(given), str) and self.canon(given) in {norm(o) for o in allowed}:
+        if isinstance(_plain(given), str) and self._canon(given) in {norm(o) for o in allowed}:
             return None
         shown = ", ".join(f"«{o}»" for o in allowed)
         return f"Ожидается одна строка из: {shown}; получено: {_given_text(given)}."
 
     def same(self, expected: Any, given: Any) -> bool:
-        return self.canon(expected) == self.canon(given)
+        return self._canon(expected) == self._canon(given)
 
     def mismatch(self, expected: Any, given: Any) -> str:
         return "Выбран не тот вариант: перечитайте условие и сверьте расчёт."
@@ -207,9 +231,6 @@ class IdSet(AnswerType):
         e, g = {norm(x) for x in _plain(expected)}, {norm(x) for x in _plain(given)}
         return f"Не хватает {self.noun}: {len(e - g)}, лишних: {len(g - e)}."
 
-    def skeleton(self) -> str:
-        return "[____]"
-
 
 @dataclass(frozen=True)
 class Fields(AnswerType):
@@ -235,29 +256,20 @@ class Fields(AnswerType):
         return None
 
     def same(self, expected: Any, given: Any) -> bool:
-        return not self.wrong_keys(expected, given)
+        return not self._wrong_keys(expected, given)
 
-    def wrong_keys(self, expected: Mapping, given: Mapping) -> list[str]:
+    def _wrong_keys(self, expected: Mapping, given: Mapping) -> list[str]:
         e, g = _by_norm(expected), _by_norm(given)
         return [k for k, kind in self.fields.items() if not kind.same(e[norm(k)], g[norm(k)])]
 
     def mismatch(self, expected: Any, given: Any) -> str:
         """Называет неверные ключи и объясняет первый из них."""
-        wrong = self.wrong_keys(expected, given)
+        wrong = self._wrong_keys(expected, given)
         first = wrong[0]
         why = self.fields[first].mismatch(get(expected, first), get(given, first))
         if len(wrong) == 1:
             return f"Неверно значение {first}. {why}"
         return f"Неверны значения: {', '.join(wrong)}. {first}: {why[0].lower()}{why[1:]}"
-
-    def skeleton(self, depth: int = 0) -> str:
-        if depth:
-            return "{" + ", ".join(f'"{k}": {t.skeleton()}' for k, t in self.fields.items()) + "}"
-        inner = "".join(
-            f'    "{k}": {t.skeleton(1) if isinstance(t, Fields) else t.skeleton()},\n'
-            for k, t in self.fields.items()
-        )
-        return "{\n" + inner + "}"
 
 
 @dataclass(frozen=True)
@@ -302,6 +314,65 @@ class Keyed(AnswerType):
             f"В верном ответе {self.noun}: {len(e)}; из них вы назвали {len(both)}, у {wrong} "
             f"значение неверно; лишних в ответе: {len(g.keys() - e.keys())}."
         )
+
+
+class _Deadline(BaseException):
+    """Время функции студента вышло (BaseException: её `except Exception` его не поймает)."""
+
+
+def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f(x)") -> Any:
+    """fn(*args) не дольше ``seconds`` с, иначе AnswerError. В главном потоке POSIX таймер SIGALRM
+    прерывает и бесконечный цикл; в других fn идёт в потоке, куда по истечении времени бросают
+    останов (цикл на Python прервётся, ожидание в C-вызове вроде sleep — нет). Исключение,
+    SystemExit и Ctrl+C внутри fn — тоже AnswerError (AnswerError самой проверки — как есть)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 — любое исключение — отзыв студенту
+            box["error"] = exc
+
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise _Deadline
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            target()
+        except _Deadline:
+            box["error"] = _Deadline()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    else:
+        worker = threading.Thread(target=target, daemon=True)
+        worker.start()
+        worker.join(seconds)
+        if worker.is_alive():  # исключение в поток: цикл на Python остановится, а не займёт GIL
+            tid, exc = ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, exc)
+            worker.join(1.0)
+            box["error"] = _Deadline()
+    error = box.get("error")
+    if error is None:
+        return box.get("value")
+    if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
+        raise error
+    if isinstance(error, _Deadline):
+        raise AnswerError(
+            "wrong",
+            f"Проверка остановлена: `{name}` не завершилась за {seconds:g} с. Нет ли в ней "
+            "бесконечного цикла или ожидания?",
+        )
+    if isinstance(error, KeyboardInterrupt):
+        raise AnswerError(
+            "not_attempted",
+            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана.",
+        )
+    raise AnswerError("wrong", f"`{name}` упала: {_error_text(error, 300)}.")
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from course_utils.exercises.answers import AnswerType, Fields, Function, get
-from course_utils.grading import COURSE_STEPS, Exercise, Misconception
-
-__all__ = ["Step", "Trap"]
+from course_utils.exercises.answers import AnswerType, Fields, get
+from course_utils.grading import Exercise, Misconception
 
 
 @dataclass(frozen=True)
@@ -52,40 +51,31 @@ class Step:
     solution: Callable[[dict, Any], str]
     traps: tuple[Trap, ...] = ()
 
-    def _accepts(self, trap: Trap) -> Callable[[dict, Any], bool] | None:
-        """Правило, узнающее ошибку в ином виде; None — сравнить итоги с каноническим ответом."""
-        if trap.matches is not None:
-            return trap.matches
-        if not isinstance(self.answer, Fields) or (trap.override is None and not trap.by):
-            return None
-        fields, keys = self.answer.fields, trap.by or tuple(trap.override)
-
-        def accepts(task: dict, given: Any) -> bool:
-            wrong = trap.answer(task, self.solve(task))
-            hits = (fields[k].same(get(wrong, k), get(given, k)) for k in keys)
-            return any(hits) if trap.by else all(hits)
-
-        return accepts
-
-    def _canonical(self, trap: Trap) -> Callable[[dict], Any]:
-        return lambda task: trap.answer(task, self.solve(task))
-
     def exercise(self) -> Exercise:
-        """Exercise для grading.register: форма, сравнение и отзыв — из схемы ответа."""
-        schema = self.answer
+        """Запись для grading.register: форма, сравнение и отзыв — из схемы ответа."""
         return Exercise(
             id=self.id,
-            title=COURSE_STEPS.get(self.id, self.id),
             make_task=self.make_task,
             reference=self.solve,
             solution=lambda task: self.solution(task, self.solve(task)),
             hint=self.hint,
             misconceptions=[
-                Misconception(t.key, t.message, self._canonical(t), self._accepts(t))
+                Misconception(t.key, t.message, partial(self._wrong, t), partial(self._accepts, t))
                 for t in self.traps
             ],
-            compare=lambda expected, given, rtol: schema.same(expected, given),
-            validate_answer=lambda answer, task: schema.problem(answer, task),
-            describe_mismatch=lambda expected, given, task: schema.mismatch(expected, given),
-            outcome=schema.outcome if isinstance(schema, Function) else None,
+            answer=self.answer,
         )
+
+    def _wrong(self, trap: Trap, task: dict) -> Any:
+        return trap.answer(task, self.solve(task))
+
+    def _accepts(self, trap: Trap, task: dict, given: Any) -> bool:
+        """Узнаёт ошибку по итогу ответа: правило ``matches``; у словаря с ``by`` или ``override`` —
+        совпадение любого из ключей by (всех ключей override); иначе — итог её ответа целиком."""
+        if trap.matches is not None:
+            return trap.matches(task, given)
+        if isinstance(self.answer, Fields) and (trap.override is not None or trap.by):
+            wrong, fields = self._wrong(trap, task), self.answer.fields
+            hits = (fields[k].same(get(wrong, k), get(given, k)) for k in trap.by or trap.override)
+            return any(hits) if trap.by else all(hits)
+        return self.answer.same(self.answer.outcome(self._wrong(trap, task), task), given)
