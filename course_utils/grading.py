@@ -96,7 +96,7 @@ class Exercise:
 _registry: dict[str, Exercise] = {}
 
 
-def register(exercise: Exercise) -> Exercise:
+def register(exercise: Exercise) -> None:
     """Добавляет упражнение в реестр; id и ключи его ошибок не повторяются."""
     if not isinstance(exercise, Exercise):
         raise TypeError(f"register ждёт Exercise, получено {type(exercise).__name__}")
@@ -104,7 +104,6 @@ def register(exercise: Exercise) -> Exercise:
     if exercise.id in _registry or len(set(keys)) != len(keys):
         raise ValueError(f"Упражнение {exercise.id!r} уже зарегистрировано или ключи повторяются")
     _registry[exercise.id] = exercise
-    return exercise
 
 
 def exercise_ids() -> list[str]:
