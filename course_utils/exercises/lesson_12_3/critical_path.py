@@ -6,9 +6,8 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
+from course_utils.exercises.common import SECONDS, traps
 from course_utils.exercises.step import Step
-
-from .pipeline_split import SECONDS, slip_traps
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
 _TRAIN_STAGES = ("logprob_recompute", "forward_backward", "optimizer_step", "weight_sync")
@@ -95,7 +94,7 @@ _TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
 ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
 
 
-def critical_path_task(variant: int) -> dict:
+def _crit_task(variant: int) -> dict:
     rng = random.Random(12_3_9_000 + 7919 * variant)
     scenario, *ranges, decode = _SCENARIOS[variant % len(_SCENARIOS)]
     keys = ("logprob_recompute", "forward_backward", "weight_sync", "checkpoint")
@@ -123,13 +122,13 @@ def critical_path_task(variant: int) -> dict:
     return task
 
 
-def critical_path_solve(task: dict) -> dict:
+def _crit_solve(task: dict) -> dict:
     a = _trace_analysis(task)
     best, util = max(a["gains"], key=a["gains"].get), dict(a["utilization"])
     return dict(zip(ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
 
 
-def critical_path_solution(task: dict, ref: dict) -> str:
+def _crit_solution(task: dict, ref: dict) -> str:
     a, util = _trace_analysis(task), ref["utilization"]
     work, gains, biggest = a["work"], a["gains"], a["biggest"]
     on_path = {st for _, st in a["chain"]}
@@ -180,7 +179,5 @@ def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}
 _TRAP_BY |= {"average_utilization": _gives_flat_utilization, "wait_as_work": ("sum_of_work",)}
 HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
-TRAPS = slip_traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
-STEP = Step(
-    "12.3.9", critical_path_task, critical_path_solve, ANSWER, HINT, critical_path_solution, TRAPS
-)
+TRAPS = traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
+STEP = Step("12.3.9", _crit_task, _crit_solve, ANSWER, HINT, _crit_solution, TRAPS)

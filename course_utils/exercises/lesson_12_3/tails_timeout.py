@@ -4,9 +4,8 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Fields, IdSet, Share, get, md_table, sig
+from course_utils.exercises.common import SECONDS, traps
 from course_utils.exercises.step import Step
-
-from .pipeline_split import SECONDS, slip_traps
 
 _SHARE = Share(rtol=1e-2)
 _CUT = IdSet(lambda t: range(len(t["rollouts"])), "номеров роллаутов i")
@@ -17,7 +16,7 @@ _RU = {"easy": "лёгкая", "hard": "сложная"}
 _SPANS = {"hard": (6.0, 13.0), "easy": (2.5, 7.5)}  # обычные времена, с
 
 
-def tails_timeout_task(variant: int) -> dict:
+def _tails_task(variant: int) -> dict:
     rng = random.Random(12_3_7_000 + 7919 * variant)
     timeout = rng.choice([14, 15, 16, 18, 20])
     kinds = ["hard"] * rng.choice([2, 3])
@@ -50,7 +49,7 @@ def tails_timeout_task(variant: int) -> dict:
     return {"statement": statement, "timeout_s": timeout, "rollouts": rows}
 
 
-def tails_timeout_solve(task: dict) -> dict:
+def _tails_solve(task: dict) -> dict:
     rows, d = task["rollouts"], [r["duration_s"] for r in task["rollouts"]]
     capped, mask = pipeline.truncate_durations(d, task["timeout_s"])
     cut = [[bool(m) for m, r in zip(mask, rows) if r["difficulty"] == k] for k in ("hard", "easy")]
@@ -59,7 +58,7 @@ def tails_timeout_solve(task: dict) -> dict:
     return dict(zip(ANSWER.fields, (max(d), U, U_timeout, truncated, *shares)))  # шаг ждёт max
 
 
-def tails_timeout_solution(task: dict, ref: dict) -> str:
+def _tails_solution(task: dict, ref: dict) -> str:
     tau, rows = task["timeout_s"], task["rollouts"]
     d = [r["duration_s"] for r in rows]
     n, T, total = len(d), sig(ref["T_group"]), sig(sum(d))
@@ -109,7 +108,5 @@ _TRAP_BY = {  # без обрезки — своё правило
 }
 
 HINT = "Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности."
-TRAPS = slip_traps(_tails_slips, _TRAP_TEXT, _TRAP_BY)
-STEP = Step(
-    "12.3.7", tails_timeout_task, tails_timeout_solve, ANSWER, HINT, tails_timeout_solution, TRAPS
-)
+TRAPS = traps(_tails_slips, _TRAP_TEXT, _TRAP_BY)
+STEP = Step("12.3.7", _tails_task, _tails_solve, ANSWER, HINT, _tails_solution, TRAPS)

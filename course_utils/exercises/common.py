@@ -1,0 +1,31 @@
+"""Общее для проверочных шагов: допуски ответов и сборка типичных ошибок из словаря ответов."""
+
+from course_utils.exercises.answers import Number, get, norm
+from course_utils.exercises.step import Trap
+
+RTOL = 1e-2  # допуск 1 %
+SECONDS = Number(rtol=RTOL, unit="с")
+AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
+TOLERANCE = {"rtol": RTOL, "atol": 2e-3}
+TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
+
+
+def traps(slips, messages: dict, rules: dict, default=()) -> tuple[Trap, ...]:
+    """Ловушки в порядке ``messages``: ответ ошибки k — ``slips(task, ref)[k]``; узнаётся по любому
+    из полей ``rules[k]`` (нет ключа — ``default``) или правилом ``rules[k](task, given)``."""
+    out = []
+    for k, text in messages.items():
+        rule = rules.get(k, default)
+        kw = {"matches": rule} if callable(rule) else {"by": rule}
+        out.append(Trap(k, text, lambda t, r, k=k: slips(t, r)[k], **kw))
+    return tuple(out)
+
+
+def hits_any(answer, values, *pairs: tuple[str, str]):
+    """Trap.matches: поле ответа совпало хоть с одной величиной values(task) — пары (поле, имя)."""
+    return lambda t, g: any(answer.fields[f].same(values(t)[n], get(g, f)) for f, n in pairs)
+
+
+def listed(given: dict, key: str) -> set:
+    """Нормализованные имена списка ответа по ключу."""
+    return {norm(x) for x in get(given, key)}
