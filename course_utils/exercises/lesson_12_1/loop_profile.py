@@ -29,7 +29,7 @@ SCENARIOS = (  # (множители медиан synthetic_profile, запус�
 )
 
 
-def loop_profile_task(variant: int) -> dict:
+def _loop_task(variant: int) -> dict:
     rng = random.Random(12_1_7_000 + 7919 * variant)
     scale, scenario = SCENARIOS[variant % len(SCENARIOS)]
     frame = profile.synthetic_profile(steps=8, seed=(12_170 + 7919 * variant) % 2**32, scale=scale)
@@ -56,14 +56,14 @@ def loop_profile_task(variant: int) -> dict:
     return {"statement": statement, **task, "setup_classes": list(SETUP_CLASSES)}
 
 
-def loop_profile_solve(task: dict) -> dict:
+def _loop_solve(task: dict) -> dict:
     """T_seq = Σ T_этапа, с; самый долгий этап; S_max = T_seq / (T_seq − T_этапа); клетки схем."""
     t, cells = task["stage_times"], {s: SETUPS[text] for s, text in task["setups"].items()}
     bound = profile.speedup_bound(t, task["accelerate"])
     return dict(zip(_KEYS, (profile.sequential_time(t), profile.dominant_stage(t), bound, cells)))
 
 
-def loop_profile_solution(task: dict, ref: dict) -> str:
+def _loop_solution(task: dict, ref: dict) -> str:
     times, accel, (total, dom, bound, cells) = task["stage_times"], task["accelerate"], ref.values()
     rest, terms = total - times[accel], " + ".join(f"{t:.2f}" for t in times.values())
     rows = [(f"**{s}**", f"`{c}`", CELL_WORDS[c]) for s, c in cells.items()]
@@ -90,7 +90,7 @@ def _inverse_share(task: dict) -> float:  # T_seq / T_этапа
 
 
 def _all_split_async(task: dict, given: dict) -> bool:  # раздельные — async, совместные — любые
-    split = {norm(s) for s, c in loop_profile_solve(task)["setups"].items() if c in (_DS, _DA)}
+    split = {norm(s) for s, c in _loop_solve(task)["setups"].items() if c in (_DS, _DA)}
     return split <= {norm(s) for s, c in get(given, "setups").items() if norm(c) == _DA}
 
 
@@ -111,12 +111,7 @@ _RULES = {  # ответ с ошибкой: заменой ключей верн
         "override": {"T_seq": lambda t: profile.sequential_time(s := t["stage_times"]) / len(s)}
     },
 }
-STEP = Step(
-    id="12.1.7",
-    make_task=loop_profile_task,
-    solve=loop_profile_solve,
-    solution=loop_profile_solution,
-    answer=Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES)))),
-    hint="T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов.",
-    traps=tuple(Trap(k, m, **_RULES[k]) for k, m in _MESSAGES.items()),
-)
+ANSWER = Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES))))
+HINT = "T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов."
+TRAPS = tuple(Trap(k, m, **_RULES[k]) for k, m in _MESSAGES.items())
+STEP = Step("12.1.7", _loop_task, _loop_solve, ANSWER, HINT, _loop_solution, TRAPS)

@@ -30,7 +30,7 @@ def _timeline(parts: dict, offload: bool) -> list:
     ]
 
 
-def colocated_peak_task(variant: int) -> dict:
+def _peak_task(variant: int) -> dict:
     rng = random.Random(12_2_8_000 + 7919 * variant)
     model = _MODELS[(variant + rng.randrange(5)) % 5]
     shape, gib = memory.ModelShape.from_name(model), lambda b: round(memory.to_unit(b, "GiB"), 3)
@@ -87,14 +87,14 @@ def _groups_per_s(task: dict) -> float:
     return len(task["run_log"]["groups"]) / task["run_log"]["duration_s"]
 
 
-def colocated_peak_solve(task: dict) -> dict:
+def _peak_solve(task: dict) -> dict:
     """B_peak = max_t Σ статей фазы (memory); информативные группы/с = группы/с × (1 − доля)."""
     (peak, phase), (lora, _) = (memory.colocation_peak(task[k]) for k in ("phases", "phases_lora"))
     share = _group_stats(task["run_log"])[1]
     return dict(zip(_KEYS, (peak, phase, lora, _groups_per_s(task) * (1 - share))))
 
 
-def colocated_peak_solution(task: dict, ref: dict) -> str:
+def _peak_solution(task: dict, ref: dict) -> str:
     log, (n, share) = task["run_log"], _group_stats(task["run_log"])
     rows = [
         (f"`{ph}`", f"{sum(c.values()):.3f}", f"{sum(cl.values()):.3f}")
@@ -130,12 +130,6 @@ _MESSAGES = {
     "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
 }
 TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
-STEP = Step(
-    id="12.2.8",
-    make_task=colocated_peak_task,
-    solve=colocated_peak_solve,
-    solution=colocated_peak_solution,
-    answer=Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с"))))),
-    hint="Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами).",
-    traps=TRAPS,
-)
+ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
+HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
+STEP = Step("12.2.8", _peak_task, _peak_solve, ANSWER, HINT, _peak_solution, TRAPS)

@@ -126,29 +126,25 @@ def _sync_events(p: dict) -> list[dict]:
     return log.to_list()
 
 
-def sync_audit_task(variant: int) -> dict:
-    ws, p = import_module(_WEIGHT_SYNC), plan(variant)
+def _audit_task(variant: int) -> dict:
+    ws, audit, p = import_module(_WEIGHT_SYNC), import_module(_AUDIT), plan(variant)
     events, cols = _sync_events(p), tuple(ws.EVENT_FIELDS)
     rows = [["—" if e[c] in (None, "") else e[c] for c in cols] for e in events]
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
-    rules = "\n".join(f"- `{k}` — {text}" for k, text in import_module(_AUDIT).AUDIT_RULES.items())
+    rules = "\n".join(f"- `{k}` — {text}" for k, text in audit.AUDIT_RULES.items())
     statement = (
         f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\nЖурнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
         f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\nКакие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
-    return {
-        "statement": statement,
-        "events": events,
-        "rules": dict(import_module(_AUDIT).AUDIT_RULES),
-    }
+    return {"statement": statement, "events": events, "rules": dict(audit.AUDIT_RULES)}
 
 
-def sync_audit_solve(task: dict) -> list[str]:
+def _audit_solve(task: dict) -> list[str]:
     found = {m[1 : m.index("]")] for m in import_module(_AUDIT).audit_log(task["events"])}
     return [code for code in task["rules"] if code in found]
 
 
-def sync_audit_solution(task: dict, ref: list[str]) -> str:
+def _audit_solution(task: dict, ref: list[str]) -> str:
     events = task["events"]
     found = "\n".join(f"- {m}" for m in import_module(_AUDIT).audit_log(events))
     aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
@@ -162,7 +158,7 @@ def _audit_wrong(dropped: set[str] | None, task: dict, ref: list[str]) -> list[s
 
 def _audit_rule(dropped: set[str] | None, task: dict, given: Any) -> bool:
     """Trap.matches: названы (почти) все правила (dropped=None) или верный ответ без части dropped."""
-    ref, got = set(sync_audit_solve(task)), {norm(x) for x in _plain(given)}
+    ref, got = set(_audit_solve(task)), {norm(x) for x in _plain(given)}
     if dropped is None:
         return got != ref and len(got) >= len(task["rules"]) - 1
     return got < ref and ref - got <= dropped
@@ -179,4 +175,4 @@ TRAPS = tuple(  # пропущенные коды ошибки: None — наз�
     Trap(k, text, partial(_audit_wrong, d), matches=partial(_audit_rule, d))
     for (k, text), d in zip(_MESSAGES.items(), (None, BARRIER_CODES, {"checksum_mismatch"}))
 )
-STEP = Step("12.4.9", sync_audit_task, sync_audit_solve, ANSWER, HINT, sync_audit_solution, TRAPS)
+STEP = Step("12.4.9", _audit_task, _audit_solve, ANSWER, HINT, _audit_solution, TRAPS)

@@ -5,7 +5,7 @@ import random
 
 from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
-from course_utils.exercises.lesson_12_5.manifest_gaps import has_state
+from course_utils.exercises.common import has_state
 from course_utils.exercises.step import Step, Trap
 
 STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
@@ -105,7 +105,7 @@ def _draw_queue(rng: random.Random, mode: str) -> dict:
             return {"max_lag": bound, "lag_counts": lags, "batches": batches}
 
 
-def final_diagnosis_task(variant: int) -> dict:
+def _diag_task(variant: int) -> dict:
     rng = random.Random(12_5_13_000 + 7919 * variant)
     # каждая ошибка меняет ответ; поэтому генерация не бывает узким местом
     if variant < 4:
@@ -167,12 +167,12 @@ def _diagnosis(task: dict) -> dict:
     return v
 
 
-def final_diagnosis_solve(task: dict) -> dict:
+def _diag_solve(task: dict) -> dict:
     v = _diagnosis(task)
     return dict(zip(_DIAG_ANSWER.fields, (v["bottleneck"], v["fits"], v["risk"], v["gaps"])))
 
 
-def final_diagnosis_solution(task: dict, ref: dict) -> str:
+def _diag_solution(task: dict, ref: dict) -> str:
     v, mem, q, ck = _diagnosis(task), task["memory"], task["queue"], task["checkpoint"]
     path, m, gib = v["path"], v["mem"], memory.GIB
     chain = " → ".join("{stage} ({worker})".format(**task["stages"][i]) for i in path["chain"])
@@ -206,15 +206,9 @@ _DIAG_FIELDS["staleness_risk"] = Choice(_RISKS, {"high": "высокий", "low"
 _DIAG_FIELDS["recovery_gaps"] = IdSet(lambda t: _ALLOWED_GAPS, "имён компонентов (или crash_test)")
 _DIAG_ANSWER = Fields(_DIAG_FIELDS)
 
-STEP = Step(
-    id="12.5.13",
-    make_task=final_diagnosis_task,
-    solve=final_diagnosis_solve,
-    solution=final_diagnosis_solution,
-    answer=_DIAG_ANSWER,
-    hint="Узкое место — этап с наибольшим вкладом в длиннейшую цепочку зависимых интервалов. Память — per_rank_state_bytes по рецепту задачи (не 16 Б/параметр) + KV + резерв. Риск — по максимуму задержки и минимуму ESS/n, не по средним; пробелы — недостающие нужные компоненты и crash_test.",
-    traps=tuple(
-        Trap(k, _DIAG_TEXT[k], override={key: lambda t, f=f: f(_diagnosis(t))})
-        for k, (key, f) in _DIAG_SLIPS.items()
-    ),
+HINT = "Узкое место — этап с наибольшим вкладом в длиннейшую цепочку зависимых интервалов. Память — per_rank_state_bytes по рецепту задачи (не 16 Б/параметр) + KV + резерв. Риск — по максимуму задержки и минимуму ESS/n, не по средним; пробелы — недостающие нужные компоненты и crash_test."
+TRAPS = tuple(
+    Trap(k, _DIAG_TEXT[k], override={key: lambda t, f=f: f(_diagnosis(t))})
+    for k, (key, f) in _DIAG_SLIPS.items()
 )
+STEP = Step("12.5.13", _diag_task, _diag_solve, _DIAG_ANSWER, HINT, _diag_solution, TRAPS)

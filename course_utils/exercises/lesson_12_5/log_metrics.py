@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from course_utils import fmt, throughput, tracing
 from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.lesson_12_5.young_interval import AMOUNT, RTOL
+from course_utils.exercises.common import AMOUNT, RTOL
 from course_utils.exercises.step import Step, Trap
 
 _Q = ("p50", "p95", "p99")
@@ -28,7 +28,7 @@ def log_values(task: dict) -> dict:  # верные величины и вели
     return out | {f"avg_{q}": sum(p[q] for p in per.values()) / len(per) for q in _Q}
 
 
-def log_metrics_task(variant: int) -> dict:
+def _logm_task(variant: int) -> dict:
     rng = random.Random(12_5_9_000 + 7919 * variant)
     while True:
         k, size = rng.choice([3, 4]), rng.choice([4, 6, 8])
@@ -67,12 +67,12 @@ def log_metrics_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def log_metrics_solve(task: dict) -> dict:
+def _logm_solve(task: dict) -> dict:
     v = log_values(task)
     return {k: v[k] for k in (*_Q, "degenerate_share", "informative_groups_per_s")}
 
 
-def log_metrics_solution(task: dict, ref: dict) -> str:
+def _logm_solution(task: dict, ref: dict) -> str:
     v, n = log_values(task), len(task["groups"])
     xs, rows = sorted(d for g in task["groups"] for d in g["durations_s"]), []
     for q in (50, 95, 99):
@@ -118,6 +118,4 @@ TRAPS = tuple(
     )
     for key, text in _MESSAGES.items()
 )
-STEP = Step(
-    "12.5.9", log_metrics_task, log_metrics_solve, ANSWER, HINT, log_metrics_solution, TRAPS
-)
+STEP = Step("12.5.9", _logm_task, _logm_solve, ANSWER, HINT, _logm_solution, TRAPS)

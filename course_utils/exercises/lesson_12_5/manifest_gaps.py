@@ -4,10 +4,10 @@ import random
 
 from course_utils import fmt, memory
 from course_utils.checkpoint import COMPONENTS
-from course_utils.exercises.answers import Bool, Fields, IdSet, get, md_table, norm, sig
+from course_utils.exercises.answers import Bool, Fields, IdSet, md_table, sig
+from course_utils.exercises.common import has_state, listed
 from course_utils.exercises.step import Step, Trap
 
-FEATURE = {"queue": "asynchronous", "curriculum": "curriculum", "normalizer": "running_reward_norm"}
 RNG_CURSOR, BIG = ("rng", "data_cursor"), ("policy", "optimizer")
 _WHY_NA = {"curriculum": "учебной программы нет", "normalizer": "нормировка только внутри группы"}
 _MODELS = ("SmolLM2-360M", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
@@ -22,11 +22,7 @@ def binary_size(n: float) -> str:  # 1 КиБ = 2¹⁰ Б, 1 МиБ = 2²⁰ Б,
     return next((f"{n / 2**p:.2f} {u}" for p, u in _UNITS if n >= 2**p), f"{int(n)} Б")
 
 
-def has_state(component: str, run: dict) -> bool:  # безусловные компоненты есть всегда
-    return component not in FEATURE or bool(run[FEATURE[component]])
-
-
-def manifest_gaps_task(variant: int) -> dict:
+def _manifest_task(variant: int) -> dict:
     rng = random.Random(12_5_6_000 + 7919 * variant)
     model = _MODELS[(variant + rng.randrange(5)) % 5]
     cur, welford = [(True, False), (False, True), (False, False)][(variant + rng.randrange(3)) % 3]
@@ -64,24 +60,20 @@ def absent_components(task: dict) -> list[str]:  # нет в манифесте:
     return [c for c in COMPONENTS if c not in {e["component"] for e in task["manifest"]}]
 
 
-def manifest_gaps_solve(task: dict) -> dict:
+def _manifest_solve(task: dict) -> dict:
     missing = [c for c in absent_components(task) if has_state(c, task["run"])]
     return {"missing": missing, "can_resume": not missing}
 
 
-def listed(given: dict, key: str = "missing") -> set:  # нормализованные имена ответа по ключу
-    return {norm(x) for x in get(given, key)}
-
-
 def _needed(task: dict) -> list[str]:
-    return manifest_gaps_solve(task)["missing"]
+    return _manifest_solve(task)["missing"]
 
 
 def _without(dropped: tuple[str, ...]) -> dict:
     """Ловушка «не включил dropped»: верный список без них (узнаётся и без одного из них)."""
 
     def matches(task: dict, given: dict) -> bool:
-        need, got, drop = set(_needed(task)), listed(given), set(dropped)
+        need, got, drop = set(_needed(task)), listed(given, "missing"), set(dropped)
         return bool(need & drop - got) and need - drop <= got <= set(absent_components(task))
 
     def keep(task: dict) -> list[str]:
@@ -91,11 +83,11 @@ def _without(dropped: tuple[str, ...]) -> dict:
 
 
 def _extra_na(task: dict, given: dict) -> bool:  # все нужные и хоть один, которого у запуска нет
-    need, got = set(_needed(task)), listed(given)
+    need, got = set(_needed(task)), listed(given, "missing")
     return bool(got & set(absent_components(task)) - need) and need <= got
 
 
-def manifest_gaps_solution(task: dict, ref: dict) -> str:
+def _manifest_solution(task: dict, ref: dict) -> str:
     run, have = task["run"], {e["component"]: e["bytes"] for e in task["manifest"]}
     rows = [[f"`{c}`", f"есть, {binary_size(b)}"] for c, b in have.items()]
     rows += [[f"`{c}`", f"**не хватает**: {COMPONENTS[c][1]}"] for c in ref["missing"]]
@@ -124,12 +116,10 @@ _RULES = {  # ответ с ошибкой (override верного) и как �
     "not_applicable_listed": {"override": {"missing": absent_components}, "matches": _extra_na},
     "present_listed": {
         "override": {"missing": lambda t: [*_needed(t), "policy"]},
-        "matches": lambda t, g: bool(listed(g) - set(absent_components(t))),
+        "matches": lambda t, g: bool(listed(g, "missing") - set(absent_components(t))),
     },
 }
 ANSWER = Fields({"missing": IdSet(lambda t: COMPONENTS, "компонентов"), "can_resume": Bool()})
 HINT = "Для каждого компонента, которого нет в манифесте, спросите, есть ли у этого запуска такое состояние (учебная программа и скользящая нормировка — только если описаны). Размер файла не важен: генераторы и курсор данных весят килобайты."
 TRAPS = tuple(Trap(key, text, **_RULES[key]) for key, text in _MESSAGES.items())
-STEP = Step(
-    "12.5.6", manifest_gaps_task, manifest_gaps_solve, ANSWER, HINT, manifest_gaps_solution, TRAPS
-)
+STEP = Step("12.5.6", _manifest_task, _manifest_solve, ANSWER, HINT, _manifest_solution, TRAPS)

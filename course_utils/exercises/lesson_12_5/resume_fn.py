@@ -120,7 +120,7 @@ def _state_at(params_json: str) -> tuple[int, str]:
     return run.curriculum["level"], run.verifier_version
 
 
-def resume_fn_task(variant: int) -> dict:
+def _resume_task(variant: int) -> dict:
     rng = random.Random(12_5_10_000 + 7919 * variant)
     while True:  # в контрольной точке уже новый верификатор и уровень программы выше первого
         every = rng.choice([2, 3, 4])
@@ -149,7 +149,7 @@ def resume(run_factory, checkpoint_path):
 ```"""
 
 
-def resume_fn_solution(task: dict, ref: Callable) -> str:
+def _resume_solution(task: dict, ref: Callable) -> str:
     p, s0 = task["crash_test"], task["restored_step"]
     level, verifier = _state_at(json.dumps(p, sort_keys=True))
     good, rows = _resume_outcome(ref, task), []
@@ -196,12 +196,15 @@ def _resume_trap(key: str) -> Trap:
     )
 
 
+ANSWER = Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0)
+HINT = "run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume))."
+TRAPS = tuple(_resume_trap(key) for key in _FRESH)
 STEP = Step(
-    id="12.5.10",
-    make_task=resume_fn_task,
-    solve=lambda task: checkpoint.resume_full,
-    solution=resume_fn_solution,
-    answer=Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0),
-    hint="run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume)).",
-    traps=tuple(_resume_trap(key) for key in _FRESH),
+    "12.5.10",
+    _resume_task,
+    lambda task: checkpoint.resume_full,
+    ANSWER,
+    HINT,
+    _resume_solution,
+    TRAPS,
 )

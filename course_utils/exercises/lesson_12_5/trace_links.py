@@ -7,7 +7,7 @@ import random
 
 from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, IdSet, md_table
-from course_utils.exercises.lesson_12_5.manifest_gaps import listed
+from course_utils.exercises.common import listed
 from course_utils.exercises.step import Step, Trap
 
 ROLLOUT_COLS = ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version", "reward")
@@ -125,7 +125,7 @@ def _trace_table(rows: list[dict], cols: tuple) -> str:
     return md_table([f"`{c}`" for c in cols], [[cell(r[c]) for c in cols] for r in rows])
 
 
-def trace_links_task(variant: int) -> dict:
+def _links_task(variant: int) -> dict:
     rng = random.Random(12_5_8_000 + 7919 * variant)
     while True:
         data = _trace_build(rng, variant)
@@ -140,7 +140,7 @@ def trace_links_task(variant: int) -> dict:
     return {"statement": statement, **data}
 
 
-def trace_links_solve(task: dict) -> dict:
+def _links_solve(task: dict) -> dict:
     v = trace_values(task)
     return {"orphans": v["orphans"], "verifier_mismatches": v["verifier_mismatches"]}
 
@@ -148,7 +148,7 @@ def trace_links_solve(task: dict) -> dict:
 _CODE = "```python\nimport pandas as pd\nr, b, s = (pd.DataFrame(task_12_5_8[k]) for k in ('rollouts', 'batches', 'steps'))\nchain = r.merge(b[['training_batch_id', 'optimizer_step']], how='left').merge(s, how='left')\norphans = chain.loc[chain.training_batch_id.isna(), 'rollout_id']\nused = chain[chain.optimizer_step.notna()]\nbad = used.loc[used.verifier_version != used.expected_verifier_version, 'rollout_id']\n```"
 
 
-def trace_links_solution(task: dict, ref: dict) -> str:
+def _links_solution(task: dict, ref: dict) -> str:
     v = trace_values(task)
     mism = [[f"`{x}`", k, f"`{got}`", f"`{want}`"] for x, k, got, want in v["mismatch_rows"]]
     head = ["`rollout_id`", "шаг", "`verifier_version`", "ждал шаг"]
@@ -165,20 +165,15 @@ _MESSAGES = {
 }
 _FIELD = dict.fromkeys(_MESSAGES, VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
 _IDS = IdSet(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентификаторов rollout_id")
-STEP = Step(
-    id="12.5.8",
-    make_task=trace_links_task,
-    solve=trace_links_solve,
-    solution=trace_links_solution,
-    answer=Fields({"orphans": _IDS, "verifier_mismatches": _IDS}),
-    hint="Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём.",
-    traps=tuple(
-        Trap(
-            key,
-            text,
-            override={_FIELD[key]: lambda t, key=key: trace_values(t)[key][0]},
-            matches=lambda t, g, key=key: listed(g, _FIELD[key]) in map(set, trace_values(t)[key]),
-        )
-        for key, text in _MESSAGES.items()
-    ),
+ANSWER = Fields({"orphans": _IDS, "verifier_mismatches": _IDS})
+HINT = "Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём."
+TRAPS = tuple(
+    Trap(
+        key,
+        text,
+        override={_FIELD[key]: lambda t, key=key: trace_values(t)[key][0]},
+        matches=lambda t, g, key=key: listed(g, _FIELD[key]) in map(set, trace_values(t)[key]),
+    )
+    for key, text in _MESSAGES.items()
 )
+STEP = Step("12.5.8", _links_task, _links_solve, ANSWER, HINT, _links_solution, TRAPS)

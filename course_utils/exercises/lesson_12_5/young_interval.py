@@ -5,10 +5,9 @@ import random
 
 from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
+from course_utils.exercises.common import AMOUNT
 from course_utils.exercises.step import Step, Trap
 
-RTOL = 1e-2  # и для 12.5.9
-AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 _BAND = {"чаще": (1.6, 4.0), "реже": (0.2, 0.55), "так же": (0.95, 1.05)}  # I / I*
 _C = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
 _M_H = (3, 4, 6, 8, 12, 18, 24, 36, 48, 72)
@@ -19,7 +18,7 @@ def recommend_interval(interval_s: float, optimum_s: float) -> str:  # допу�
     return "так же" if abs(ratio - 1) <= 0.10 else "чаще" if ratio > 1 else "реже"
 
 
-def young_interval_task(variant: int) -> dict:
+def _young_task(variant: int) -> dict:
     rng = random.Random(12_5_7_000 + 7919 * variant)
     target = ("чаще", "реже", "так же")[variant % 3]
     while True:
@@ -38,7 +37,7 @@ def young_interval_task(variant: int) -> dict:
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
-def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
+def _young_solve(task: dict, mistake: str = "ref") -> dict:
     # верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
@@ -57,8 +56,8 @@ def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
 
 
 def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* в секундах как минуты
-    wrong, kind = young_interval_solve(task, "units_mixed"), Number(**AMOUNT)
-    seconds = 60 * young_interval_solve(task)["I_star_min"]
+    wrong, kind = _young_solve(task, "units_mixed"), Number(**AMOUNT)
+    seconds = 60 * _young_solve(task)["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
     return any(hits) or kind.same(seconds, get(given, "I_star_min"))
 
@@ -66,7 +65,7 @@ def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* 
 _VERDICT = {"чаще": "после отказа теряется много работы", "реже": "запись съедает много времени"}
 
 
-def young_interval_solution(task: dict, ref: dict) -> str:
+def _young_solution(task: dict, ref: dict) -> str:
     c, m_h, i_min = task["write_s"], task["mtbf_h"], task["interval_min"]
     m, i, star = m_h * 3600, i_min * 60, ref["I_star_min"] * 60
     lost = (ref["H_current"] - ref["H_star"]) * 24 * 60  # мин в сутки
@@ -86,18 +85,13 @@ _RULES = {  # как узнать ошибку: по любому из ключ�
     "overhead_one_term": {"by": ("H_current", "H_star")},
 }
 _H = Number(unit="доля", **AMOUNT)
-STEP = Step(
-    id="12.5.7",
-    make_task=young_interval_task,
-    solve=young_interval_solve,
-    solution=young_interval_solution,
-    answer=Fields(
-        {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
-        | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
-    ),
-    hint="Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же».",
-    traps=tuple(
-        Trap(key, text, wrong=lambda t, ref, key=key: young_interval_solve(t, key), **_RULES[key])
-        for key, text in _MESSAGES.items()
-    ),
+ANSWER = Fields(
+    {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
+    | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
+HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
+TRAPS = tuple(
+    Trap(key, text, wrong=lambda t, ref, key=key: _young_solve(t, key), **_RULES[key])
+    for key, text in _MESSAGES.items()
+)
+STEP = Step("12.5.7", _young_task, _young_solve, ANSWER, HINT, _young_solution, TRAPS)
