@@ -110,9 +110,9 @@ def _rules(answer: dict, *drop: str) -> dict:  # без регистра; без
     return {norm(k): norm(v) for k, v in answer.items() if not skip & {norm(k), norm(v)}}
 
 
-ANSWER = Keyed(_sids, Choice(contract.RULES), False, "записей", "{sample_id: ключ_правила}")
-HINT = "Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды."
-TRAPS = (
+_ANSWER = Keyed(_sids, Choice(contract.RULES), False, "записей", "{sample_id: ключ_правила}")
+_HINT = "Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды."
+_TRAPS = (
     Trap(
         "prompt_in_mask",
         "Пропущена маска 1 на запросе: градиент по нему учил бы модель «писать» условие.",
@@ -134,4 +134,4 @@ TRAPS = (
         ),
     ),
 )
-STEP = Step("12.1.6", _contract_task, _contract_solve, ANSWER, HINT, _contract_solution, TRAPS)
+STEP = Step("12.1.6", _contract_task, _contract_solve, _ANSWER, _HINT, _contract_solution, _TRAPS)

@@ -129,7 +129,7 @@ _MESSAGES = {
     "lora_no_base": "С LoRA убраны базовые веса, а они лишь заморожены: тренеру и движку они нужны.",
     "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
 }
-TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
-ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
-HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
-STEP = Step("12.2.8", _peak_task, _peak_solve, ANSWER, HINT, _peak_solution, TRAPS)
+_TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
+_ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
+_HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
+STEP = Step("12.2.8", _peak_task, _peak_solve, _ANSWER, _HINT, _peak_solution, _TRAPS)

@@ -97,10 +97,10 @@ def _misread(task: dict, field: str, value) -> dict:  # ответ, если в�
     return _kv_solve({**task, field: value(task)})
 
 
-ANSWER = Fields(dict.fromkeys(_KEYS, Number(1e-9, integer=True)))
-HINT = "Байт на токен: 2·L·H_kv·d_h·b. Бюджет (ГиБ × 2³⁰) минус веса разделите на байт одной последовательности (запрос + ответ) и округлите вниз; группы — ещё раз вниз после ÷ G."
-TRAPS = tuple(
+_ANSWER = Fields(dict.fromkeys(_KEYS, Number(1e-9, integer=True)))
+_HINT = "Байт на токен: 2·L·H_kv·d_h·b. Бюджет (ГиБ × 2³⁰) минус веса разделите на байт одной последовательности (запрос + ответ) и округлите вниз; группы — ещё раз вниз после ÷ G."
+_TRAPS = tuple(
     Trap(k, _MESSAGES[k], wrong=lambda t, ref, m=m: _misread(t, *m), by=(key,))
     for k, (key, *m) in _MISREAD.items()
 )
-STEP = Step("12.2.7", _kv_task, _kv_solve, ANSWER, HINT, _kv_solution, TRAPS)
+STEP = Step("12.2.7", _kv_task, _kv_solve, _ANSWER, _HINT, _kv_solution, _TRAPS)

@@ -91,7 +91,7 @@ _UTIL = Share(rtol=1e-2)
 _POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
 _STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
 _TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
-ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
+_ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
 
 
 def _crit_task(variant: int) -> dict:
@@ -125,7 +125,7 @@ def _crit_task(variant: int) -> dict:
 def _crit_solve(task: dict) -> dict:
     a = _trace_analysis(task)
     best, util = max(a["gains"], key=a["gains"].get), dict(a["utilization"])
-    return dict(zip(ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
+    return dict(zip(_ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
 
 
 def _crit_solution(task: dict, ref: dict) -> str:
@@ -178,6 +178,6 @@ def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / 
 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}
 _TRAP_BY |= {"average_utilization": _gives_flat_utilization, "wait_as_work": ("sum_of_work",)}
-HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
-TRAPS = traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
-STEP = Step("12.3.9", _crit_task, _crit_solve, ANSWER, HINT, _crit_solution, TRAPS)
+_HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
+_TRAPS = traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
+STEP = Step("12.3.9", _crit_task, _crit_solve, _ANSWER, _HINT, _crit_solution, _TRAPS)

@@ -26,7 +26,7 @@ class _DeviceSplitFields(Fields):
 _RATES = ("gen_tokens_per_s_per_device", "train_tokens_per_s_per_device")  # токенов/с на устройство
 _TIMES = dict.fromkeys(("C_seq", "C_pipe", "T_n"), SECONDS)
 _DEVICES = dict.fromkeys(("k_gen", "k_train"), Number(integer=True))
-ANSWER = _DeviceSplitFields({**_TIMES, "speedup": Number(rtol=1e-2, unit="раз"), **_DEVICES})
+_ANSWER = _DeviceSplitFields({**_TIMES, "speedup": Number(rtol=1e-2, unit="раз"), **_DEVICES})
 
 
 def _proportional(K: int, r_g: float, r_t: float) -> int:  # ошибка: больше устройств быстрому
@@ -65,7 +65,7 @@ def _split_solve(task: dict) -> dict:
     k_gen, k_train, _ = pipeline.best_device_split(task["K"], *(task[k] for k in _RATES))
     seq, pipe = pipeline.sequential_cycle(G, T), pipeline.pipelined_period(G, T)
     total, speedup = pipeline.pipeline_total_time(G, T, n), pipeline.speedup(G, T, n)
-    return dict(zip(ANSWER.fields, (seq, pipe, total, speedup, k_gen, k_train)))
+    return dict(zip(_ANSWER.fields, (seq, pipe, total, speedup, k_gen, k_train)))
 
 
 def _split_solution(task: dict, ref: dict) -> str:
@@ -109,6 +109,6 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
     "faster_gets_more": "Больше устройств получил более быстрый этап, а нужно медленному — пока k_gen·r_g и k_train·r_t не уравняются.",
 }
 _TRAP_BY = {"sum_not_max": ("C_pipe", "T_n"), "first_batch_free": ("T_n", "speedup")}
-HINT = "Без перекрытия этапы складываются, в заполненном конвейере период — максимум этапов; первый пакет проходит оба этапа. Для разбиения переберите k_gen = 1…K−1: конвейер пропускает min(k_gen·r_g, k_train·r_t)."
-TRAPS = traps(_split_slips, _TRAP_TEXT, _TRAP_BY, default=("k_gen",))
-STEP = Step("12.3.6", _split_task, _split_solve, ANSWER, HINT, _split_solution, TRAPS)
+_HINT = "Без перекрытия этапы складываются, в заполненном конвейере период — максимум этапов; первый пакет проходит оба этапа. Для разбиения переберите k_gen = 1…K−1: конвейер пропускает min(k_gen·r_g, k_train·r_t)."
+_TRAPS = traps(_split_slips, _TRAP_TEXT, _TRAP_BY, default=("k_gen",))
+STEP = Step("12.3.6", _split_task, _split_solve, _ANSWER, _HINT, _split_solution, _TRAPS)

@@ -12,7 +12,7 @@ _CONFIGS = ("A", "B", "C")
 _GROWTH = Number(rtol=1e-2, unit="токенов/с")
 _STABLE, _GROWTHS = (Fields(dict.fromkeys(_CONFIGS, t)) for t in (Bool(), _GROWTH))
 _THETA = Number(rtol=1e-2, unit="токенов", integer=True)
-ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_tokens": _THETA})
+_ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_tokens": _THETA})
 
 
 def _queue_task(variant: int) -> dict:
@@ -108,6 +108,6 @@ _TRAP_MATCH = {  # ошибки устойчивости и роста — по 
         _queue_growth(t)[c := _config_with_sign(t, -1)], get(get(g, "growth_tokens_per_s"), c)
     ),
 }
-HINT = "Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика."
-TRAPS = traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",))
-STEP = Step("12.3.8", _queue_task, _queue_solve, ANSWER, HINT, _queue_solution, TRAPS)
+_HINT = "Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика."
+_TRAPS = traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",))
+STEP = Step("12.3.8", _queue_task, _queue_solve, _ANSWER, _HINT, _queue_solution, _TRAPS)

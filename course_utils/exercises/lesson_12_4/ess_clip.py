@@ -12,7 +12,7 @@ from course_utils.exercises.step import Step
 
 _NN = Number(**TOLERANCE, low=0, bound="Величина неотрицательна")
 _NAT = Number(**TOLERANCE, low=0, bound="Величина неотрицательна", unit="нат")
-ANSWER = Fields(
+_ANSWER = Fields(
     {"ess": _NN, "ess_norm": _NN, "clip_fraction": Share(**TOLERANCE), "max_abs_log_w": _NAT}
 )
 
@@ -65,7 +65,7 @@ def _ess_task(variant: int) -> dict:
 def _ess_answers(task: dict) -> dict:
     """Верный ответ (ключ "") и ответы типичных ошибок — через offpolicy."""
     v = _ess_values(task)
-    ref = {k: v[k] for k in ANSWER.fields}
+    ref = {k: v[k] for k in _ANSWER.fields}
     return {
         "": ref,
         "clip_ignores_sign": {**ref, "clip_fraction": v["clip_no_sign"]},
@@ -99,8 +99,10 @@ _MESSAGES = {
     "ess_not_normalized": "В ess_norm записан сам ESS, а нужна нормированная величина ESS/n ∈ (0, 1] — её сравнивают между пакетами разного размера.",
     "mean_abs_not_max": "Это среднее |log w|, а спрашивается максимум: среднее сглаживает выброс, а градиент тянет уже один ответ с большим |log w_i|.",
 }
-_BY = dict(zip(_MESSAGES, [("clip_fraction",), hits_any(ANSWER, _ess_values, *_MEAN_WEIGHT)]))
+_BY = dict(zip(_MESSAGES, [("clip_fraction",), hits_any(_ANSWER, _ess_values, *_MEAN_WEIGHT)]))
 _BY |= {"ess_not_normalized": ("ess_norm",), "mean_abs_not_max": ("max_abs_log_w",)}
-HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
-TRAPS = traps(lambda t, r: _ess_answers(t), _MESSAGES, _BY)
-STEP = Step("12.4.7", _ess_task, lambda t: _ess_answers(t)[""], ANSWER, HINT, _ess_solution, TRAPS)
+_HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
+_TRAPS = traps(lambda t, r: _ess_answers(t), _MESSAGES, _BY)
+STEP = Step(
+    "12.4.7", _ess_task, lambda t: _ess_answers(t)[""], _ANSWER, _HINT, _ess_solution, _TRAPS
+)

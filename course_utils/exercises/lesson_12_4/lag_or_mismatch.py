@@ -18,7 +18,7 @@ _COLS += ("mean_abs_log_w", "max_abs_log_w", "seq_log_w")
 _SD = {"lag": ((6e-3, 1e-2, 2e-2), (5e-4, 1e-3, 2e-3)), "tim": ((5e-4, 1e-3), (1e-2, 2e-2, 4e-2))}
 _DIAGNOSIS = Keyed(lambda t: t["logs"], Choice(("lag", "tim")), noun="журналов")
 _LOGP = Number(**TOLERANCE, high=0, unit="нат", bound="Логарифм вероятности ≤ 0")
-ANSWER = Fields({"diagnosis": _DIAGNOSIS, "behavior_logprob": _LOGP})
+_ANSWER = Fields({"diagnosis": _DIAGNOSIS, "behavior_logprob": _LOGP})
 
 
 def share_at_zero_lag(rows: list[dict]) -> float:
@@ -132,13 +132,15 @@ def _lag_solution(task: dict, ref: dict) -> str:
 
 _NO_TEMPERATURE = (("behavior_logprob", "no_temp"), ("behavior_logprob", "no_temp_raw"))
 _BY = {"raw_softmax_under_top_p": ("behavior_logprob",)}
-_BY["no_temperature"] = hits_any(ANSWER, _lag_logprobs, *_NO_TEMPERATURE)
+_BY["no_temperature"] = hits_any(_ANSWER, _lag_logprobs, *_NO_TEMPERATURE)
 _MESSAGES = {
     "raw_softmax_under_top_p": "Это log softmax(z/T) без усечения, а движок семплировал из ядра top-p, перенормированного до суммы 1: вычтите log массы ядра.",
     "no_temperature": "Вы забыли температуру: движок делит логиты на T до softmax и до отбора ядра top-p (от T зависит и само ядро).",
     "staleness_everywhere": "Диагноз по версиям не ставится: v < u во всех строках. Сравните с пробой на нулевой задержке — если расхождение там почти то же, его даёт TIM.",
     "probe_nonzero_is_tim": "Немного TIM есть всегда, проба почти никогда не даёт ровно 0. Диагноз — по доле: если без задержки остаётся малая часть расхождения, основную часть даёт задержка.",
 }
-HINT = "Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру)."
-TRAPS = traps(lambda t, r: _lag_answers(t), _MESSAGES, _BY, default=("diagnosis",))
-STEP = Step("12.4.8", _lag_task, lambda t: _lag_answers(t)[""], ANSWER, HINT, _lag_solution, TRAPS)
+_HINT = "Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру)."
+_TRAPS = traps(lambda t, r: _lag_answers(t), _MESSAGES, _BY, default=("diagnosis",))
+STEP = Step(
+    "12.4.8", _lag_task, lambda t: _lag_answers(t)[""], _ANSWER, _HINT, _lag_solution, _TRAPS
+)

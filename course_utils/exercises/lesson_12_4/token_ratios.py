@@ -12,7 +12,7 @@ from course_utils.exercises.step import Step
 
 _SEQ = Number(**TOLERANCE, unit="нат")
 _RATIOS = Numbers(Number(**TOLERANCE), noun="токену политики")
-ANSWER = Fields({"ratios": _RATIOS, "seq_log_ratio": _SEQ})
+_ANSWER = Fields({"ratios": _RATIOS, "seq_log_ratio": _SEQ})
 
 
 def _ratios_task(variant: int) -> dict:
@@ -96,8 +96,14 @@ _MESSAGES = {
     "w_seq_not_log": "Это само отношение w_seq, а спрашивается его логарифм log w_seq — сумма разностей в натах, без экспоненты.",
 }
 _BY = dict.fromkeys(("env_tokens_included", "ratio_inverted"), ("ratios", "seq_log_ratio"))
-HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
-TRAPS = traps(lambda t, r: _ratios_answers(t), _MESSAGES, _BY, default=("seq_log_ratio",))
+_HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
+_TRAPS = traps(lambda t, r: _ratios_answers(t), _MESSAGES, _BY, default=("seq_log_ratio",))
 STEP = Step(
-    "12.4.6", _ratios_task, lambda t: _ratios_answers(t)[""], ANSWER, HINT, _ratios_solution, TRAPS
+    "12.4.6",
+    _ratios_task,
+    lambda t: _ratios_answers(t)[""],
+    _ANSWER,
+    _HINT,
+    _ratios_solution,
+    _TRAPS,
 )

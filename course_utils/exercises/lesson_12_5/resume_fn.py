@@ -44,7 +44,7 @@ def _resume_with_fresh(fresh: set) -> Callable:
     return resume
 
 
-WRONG = {key: _resume_with_fresh(fresh) for key, fresh in _FRESH.items()}
+_WRONG = {key: _resume_with_fresh(fresh) for key, fresh in _FRESH.items()}
 
 
 def _state_same(a: Any, b: Any) -> bool:
@@ -104,7 +104,7 @@ def _resume_cached(fn: Callable, params_json: str) -> dict:
 
 def _resume_outcome(fn: Callable, task: dict) -> dict:
     """Итог проверки аварией; у эталона и наших неверных resume он детерминирован — из кэша."""
-    if fn is checkpoint.resume_full or any(fn is f for f in WRONG.values()):
+    if fn is checkpoint.resume_full or any(fn is f for f in _WRONG.values()):
         return _resume_cached(fn, json.dumps(task["crash_test"], sort_keys=True))
     return _resume_crash(fn, task["crash_test"])
 
@@ -153,7 +153,7 @@ def _resume_solution(task: dict, ref: Callable) -> str:
     p, s0 = task["crash_test"], task["restored_step"]
     level, verifier = _state_at(json.dumps(p, sort_keys=True))
     good, rows = _resume_outcome(ref, task), []
-    labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in WRONG.items()}
+    labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in _WRONG.items()}
     for fn, label in {ref: "`resume_full` (эталон)", **labels}.items():
         rec = _resume_outcome(fn, task)
         step, fields = rec["diverges"], ", ".join(rec["fields"])
@@ -192,19 +192,22 @@ def _resume_trap(key: str) -> Trap:
     diffs = [_FRESH[key], {"queue", "counters"}] if queue else [_FRESH[key]]
     text = _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else "")
     return Trap(
-        key, text, wrong=lambda t, ref: WRONG[key], matches=lambda t, rec: set(rec["diff"]) in diffs
+        key,
+        text,
+        wrong=lambda t, ref: _WRONG[key],
+        matches=lambda t, rec: set(rec["diff"]) in diffs,
     )
 
 
-ANSWER = Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0)
-HINT = "run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume))."
-TRAPS = tuple(_resume_trap(key) for key in _FRESH)
+_ANSWER = Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0)
+_HINT = "run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume))."
+_TRAPS = tuple(_resume_trap(key) for key in _FRESH)
 STEP = Step(
     "12.5.10",
     _resume_task,
     lambda task: checkpoint.resume_full,
-    ANSWER,
-    HINT,
+    _ANSWER,
+    _HINT,
     _resume_solution,
-    TRAPS,
+    _TRAPS,
 )

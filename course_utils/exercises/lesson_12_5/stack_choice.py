@@ -184,7 +184,7 @@ _STACK_SLIPS = {  # ошибка → (ответ с ней, правило, уз
     "fastest_number": (lambda t, ref: _fastest_stacks()[:1], _fastest_matches),
     "unconfirmed_as_fact": (lambda t, ref: _matching(t, True), _unconfirmed_matches),
 }
-ANSWER = _Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков", repeats=True)
-HINT = "Пройдите по стекам и по каждому требованию: ячейка или элемент списка должны подтверждать его без «?» и без пометки в unconfirmed; затем проверьте ограничения сочетаний (STACK_LIMITS). Опубликованные ускорения в выборе не участвуют."
-TRAPS = tuple(Trap(k, _STACK_TEXT[k], wrong=w, matches=m) for k, (w, m) in _STACK_SLIPS.items())
-STEP = Step("12.5.12", _stack_task, _matching, ANSWER, HINT, _stack_solution, TRAPS)
+_ANSWER = _Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков", repeats=True)
+_HINT = "Пройдите по стекам и по каждому требованию: ячейка или элемент списка должны подтверждать его без «?» и без пометки в unconfirmed; затем проверьте ограничения сочетаний (STACK_LIMITS). Опубликованные ускорения в выборе не участвуют."
+_TRAPS = tuple(Trap(k, _STACK_TEXT[k], wrong=w, matches=m) for k, (w, m) in _STACK_SLIPS.items())
+STEP = Step("12.5.12", _stack_task, _matching, _ANSWER, _HINT, _stack_solution, _TRAPS)

@@ -13,7 +13,7 @@ _C = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
 _M_H = (3, 4, 6, 8, 12, 18, 24, 36, 48, 72)
 
 
-def recommend_interval(interval_s: float, optimum_s: float) -> str:  # допуск «так же» — 10 %
+def _recommend_interval(interval_s: float, optimum_s: float) -> str:  # допуск «так же» — 10 %
     ratio = interval_s / optimum_s
     return "так же" if abs(ratio - 1) <= 0.10 else "чаще" if ratio > 1 else "реже"
 
@@ -30,7 +30,7 @@ def _young_task(variant: int) -> dict:
         i_min = round(raw / 5) * 5 if raw > 40 else round(raw)
         ratio = i_min * 60 / i_star  # вдали от границы 10 %: «так же» — до 7 %, иначе — дальше 25 %
         margin = abs(ratio - 1) <= 0.07 if target == "так же" else not 0.75 < ratio < 1.3
-        good = margin and recommend_interval(i_min * 60, i_star) == target
+        good = margin and _recommend_interval(i_min * 60, i_star) == target
         if i_min >= 1 and i_min * 60 >= 3 * c and good:
             break
     statement = f"**Интервал Янга.** Полная контрольная точка пишется C = {c} с (обучение в это время стоит), среднее время между отказами M = {m_h} ч, сейчас точка пишется каждые I = {i_min} мин (`task_12_5_7['write_s']`, `task_12_5_7['mtbf_h']`, `task_12_5_7['interval_min']`). Доля потерянного времени (шаг 12.5.1; все величины в одних единицах, C ≪ I ≪ M):\n\n$$H(I) \\approx \\frac{{C}}{{I}} + \\frac{{I}}{{2M}},\\qquad I^* = \\sqrt{{2CM}}.$$\n\nНайдите `I_star_min` — I* **в минутах**, `H_current` = H(I) и `H_star` = H(I*) — доли (0.05, а не 5 %), и `recommend`: `\"чаще\"` (I больше I*), `\"реже\"` (меньше) или `\"так же\"` (|I/I* − 1| ≤ 10 %). Допуск 1 %: I* не округляйте до целых минут."
@@ -44,7 +44,7 @@ def _young_solve(task: dict, mistake: str = "ref") -> dict:
 
     def answer(s: float, mtbf: float) -> dict:
         h_i, h_s = checkpoint_overhead(i, c, mtbf), checkpoint_overhead(s, c, mtbf)
-        rec = recommend_interval(i, s)
+        rec = _recommend_interval(i, s)
         return {"I_star_min": s / 60, "H_current": h_i, "H_star": h_s, "recommend": rec}
 
     return {
@@ -85,13 +85,13 @@ _RULES = {  # как узнать ошибку: по любому из ключ�
     "overhead_one_term": {"by": ("H_current", "H_star")},
 }
 _H = Number(unit="доля", **AMOUNT)
-ANSWER = Fields(
+_ANSWER = Fields(
     {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
     | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
-HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
-TRAPS = tuple(
+_HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
+_TRAPS = tuple(
     Trap(key, text, wrong=lambda t, ref, key=key: _young_solve(t, key), **_RULES[key])
     for key, text in _MESSAGES.items()
 )
-STEP = Step("12.5.7", _young_task, _young_solve, ANSWER, HINT, _young_solution, TRAPS)
+STEP = Step("12.5.7", _young_task, _young_solve, _ANSWER, _HINT, _young_solution, _TRAPS)
