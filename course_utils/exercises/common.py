@@ -1,6 +1,9 @@
 """Общее для проверочных шагов: допуски ответов и сборка типичных ошибок из словаря ответов."""
 
-from course_utils.exercises.answers import Number, get, norm
+from types import SimpleNamespace
+
+from course_utils import throughput
+from course_utils.exercises.answers import Number, get, md_table, norm
 from course_utils.exercises.step import Trap
 
 RTOL = 1e-2  # допуск 1 %
@@ -39,3 +42,20 @@ def listed(given: dict, key: str) -> set:
 def has_state(component: str, run: dict) -> bool:
     """Есть ли у запуска состояние компонента: условные — по признаку запуска, прочие — всегда."""
     return component not in _FEATURE or bool(run[_FEATURE[component]])
+
+
+def group_share(groups) -> tuple[int, float]:
+    """(число групп, доля вырожденных: все награды группы равны) по парам (группа, награды 0/1) —
+    через throughput.degenerate_group_share."""
+    rewards = [(q, float(r)) for q, rs in groups for r in rs]
+    records = [SimpleNamespace(group_id=q, reward={"correctness": r}) for q, r in rewards]
+    return throughput.degenerate_group_share(records)
+
+
+def trace_table(trace: list[dict]) -> str:
+    """Интервалы трассы (row, worker, stage, start_s, end_s, depends_on) таблицей Markdown."""
+    cells = ("row", "worker", "stage", "start_s", "end_s")
+    rows = [[*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in trace]
+    return md_table(
+        ("строка", "исполнитель", "этап", "начало, с", "конец, с", "зависит от строк"), rows
+    )

@@ -1,10 +1,10 @@
 """12.2.8 — пик памяти при совместном размещении фаз (и с LoRA); информативные группы в секунду."""
 
 import random
-from types import SimpleNamespace
 
-from course_utils import fmt, memory, throughput
+from course_utils import fmt, memory
 from course_utils.exercises.answers import Choice, Fields, Number, md_table
+from course_utils.exercises.common import group_share
 from course_utils.exercises.step import Step, Trap
 
 _COMPONENTS = ("веса движка", "KV-кэш", "веса тренера", "градиенты", "оптимизатор", "активации")
@@ -73,16 +73,6 @@ def _peak_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def _group_stats(log: dict) -> tuple[int, float]:
-    """(число групп, доля вырожденных) — через throughput.degenerate_group_share."""
-    records = [
-        SimpleNamespace(group_id=q, reward={"correctness": float(r)})
-        for q, rewards in log["groups"].items()
-        for r in rewards
-    ]
-    return throughput.degenerate_group_share(records)
-
-
 def _groups_per_s(task: dict) -> float:
     return len(task["run_log"]["groups"]) / task["run_log"]["duration_s"]
 
@@ -90,12 +80,12 @@ def _groups_per_s(task: dict) -> float:
 def _peak_solve(task: dict) -> dict:
     """B_peak = max_t Σ статей фазы (memory); информативные группы/с = группы/с × (1 − доля)."""
     (peak, phase), (lora, _) = (memory.colocation_peak(task[k]) for k in ("phases", "phases_lora"))
-    share = _group_stats(task["run_log"])[1]
+    share = group_share(task["run_log"]["groups"].items())[1]
     return dict(zip(_KEYS, (peak, phase, lora, _groups_per_s(task) * (1 - share))))
 
 
 def _peak_solution(task: dict, ref: dict) -> str:
-    log, (n, share) = task["run_log"], _group_stats(task["run_log"])
+    log, (n, share) = task["run_log"], group_share(task["run_log"]["groups"].items())
     rows = [
         (f"`{ph}`", f"{sum(c.values()):.3f}", f"{sum(cl.values()):.3f}")
         for (ph, c), (_, cl) in zip(task["phases"], task["phases_lora"])

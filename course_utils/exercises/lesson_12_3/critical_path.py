@@ -6,7 +6,7 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
-from course_utils.exercises.common import SECONDS, traps
+from course_utils.exercises.common import SECONDS, trace_table, traps
 from course_utils.exercises.step import Step
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
@@ -110,12 +110,9 @@ def _crit_task(variant: int) -> dict:
         off_path = a["biggest"] == "decode" and "decode" not in {st for _, st in a["chain"]}
         if off_path and waits and best >= 1.15 * second + 0.1:
             break
-    head = ("строка", "исполнитель", "этап", "начало, с", "конец, с", "зависит от строк")
-    cells = ("row", "worker", "stage", "start_s", "end_s")
-    rows = [[*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in trace]
     pool_lines = "; ".join(f"`{p}` ({_POOL_NAMES[p]}) — {', '.join(ws)}" for p, ws in pools.items())
     task["statement"] = (
-        f"**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и `backpressure` — ожидание, а не работа):\n\n{md_table(head, rows)}\n\n"
+        f"**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и `backpressure` — ожидание, а не работа):\n\n{trace_table(trace)}\n\n"
         f"Интервал работы ждёт предыдущий интервал работы своего исполнителя и строки из последнего столбца. Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\n"
         "Найдите `sum_of_work` — сумму работы, с; `critical_path` — длину самой длинной цепочки зависимых интервалов работы, с; `utilization` — загрузку каждого пула: работа его исполнителей / (их число × H), H — конец последнего интервала; `speed_up` — этап, ускорение которого вдвое сильнее всего сокращает критический путь. Допуск 1 %."
     )

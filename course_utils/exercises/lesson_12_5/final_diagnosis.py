@@ -5,7 +5,7 @@ import random
 
 from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
-from course_utils.exercises.common import has_state
+from course_utils.exercises.common import has_state, trace_table
 from course_utils.exercises.step import Step, Trap
 
 _STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
@@ -128,10 +128,6 @@ def _diag_task(variant: int) -> dict:
 def _diag_statement(d: dict) -> str:
     mem, queue, ck = d["memory"], d["queue"], d["checkpoint"]
     shape, recipe = memory.ModelShape.from_name(mem["model"]), memory.recipe(mem["recipe"])
-    cells = ("row", "worker", "stage", "start_s", "end_s")
-    rows = [[*map(r.get, cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in d["stages"]]
-    head = "строка|исполнитель|этап|начало, с|конец, с|зависит от строк".split("|")
-    stages = md_table(head, rows)
     ess_rows = [[b["batch"], b["n"], f"{b['ess']:.1f}"] for b in queue["batches"]]
     lags = " · ".join(f"{x['lag']}: {x['rollouts']}" for x in queue["lag_counts"])
     zero = "DDP (ZeRO-0)" if mem["zero_stage"] == 0 else f"ZeRO-{mem['zero_stage']}"
@@ -139,7 +135,7 @@ def _diag_statement(d: dict) -> str:
     extras += ["скользящая нормировка наград"] if ck["running_reward_norm"] else []
     extras = ", ".join(extras) or "нет ни учебной программы, ни скользящей нормировки наград"
     return (
-        f"**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, `['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{stages}\n\n"
+        f"**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, `['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{trace_table(d['stages'])}\n\n"
         f"**2. Память одной GPU** (обучение и генерация на одних GPU). {mem['model']}: N = {fmt.num(shape.num_params)}, L = {shape.num_layers}, H_kv = {shape.num_kv_heads}, d_h = {shape.head_dim}; рецепт `{mem['recipe']}`: {recipe.describe()}; D = {mem['world_size']} GPU, {zero}. KV-кэш в bf16 (2 Б): {mem['sequences']} последовательностей по {mem['tokens_per_sequence']} токенов. Резерв — {mem['reserve_gib']} ГиБ, память GPU — {mem['gpu_gb']} ГБ ({mem['gpu_gb']}·10⁹ Б).\n\n"
         f"**3. Очередь.** Предел задержки политики — {queue['max_lag']}; роллаутов по задержке: {lags}. ESS по пакетам:\n\n{md_table(['пакет', 'n', 'ESS'], ess_rows)}\n\n"
         f"**4. Восстановление.** У запуска: {extras}. Манифест содержит {', '.join(f'`{c}`' for c in ck['components'])} (все компоненты — `checkpoint.COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"

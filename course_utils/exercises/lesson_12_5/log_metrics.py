@@ -2,12 +2,11 @@
 
 import math
 import random
-from types import SimpleNamespace
 
-from course_utils import fmt, throughput, tracing
+from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.common import AMOUNT, RTOL
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import AMOUNT, RTOL, group_share, traps
+from course_utils.exercises.step import Step
 
 _Q = ("p50", "p95", "p99")
 
@@ -17,9 +16,7 @@ def _log_values(task: dict) -> dict:  # верные величины и вел�
     for g in groups:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
     per = {c: tracing.percentiles(d) for c, d in per.items()}
-    rewards = [(g["group_id"], float(r)) for g in groups for r in g["rewards"]]
-    records = [SimpleNamespace(group_id=q, reward={"correctness": r}) for q, r in rewards]
-    n, share = throughput.degenerate_group_share(records)
+    n, share = group_share((g["group_id"], g["rewards"]) for g in groups)
     durations, rate = [d for g in groups for d in g["durations_s"]], n / task["wall_s"]
     zeros = sum(set(g["rewards"]) == {0} for g in groups) / n  # вырождены только «все 0»
     out = {**tracing.percentiles(durations), "degenerate_share": share}
@@ -103,19 +100,18 @@ _WRONG = {  # ошибка → {ключ ответа: величина из _lo
     },
 }
 _BY = {"average_of_percentiles": _Q[1:]}  # узнаётся по любому из ключей (по умолчанию — _WRONG)
+
+
+def _logm_slips(task: dict, ref: dict) -> dict[str, dict]:
+    v = _log_values(task)
+    return {k: ref | {f: v[x] for f, x in w.items()} for k, w in _WRONG.items()}
+
+
 _ANSWER = Fields(
     dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
     | {"degenerate_share": Share(rtol=RTOL)}
     | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
 )
 _HINT = "Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных)."
-_TRAPS = tuple(
-    Trap(
-        key,
-        text,
-        override={f: lambda t, x=x: _log_values(t)[x] for f, x in _WRONG[key].items()},
-        by=_BY.get(key, tuple(_WRONG[key])),
-    )
-    for key, text in _MESSAGES.items()
-)
+_TRAPS = traps(_logm_slips, _MESSAGES, {k: tuple(w) for k, w in _WRONG.items()} | _BY)
 STEP = Step("12.5.9", _logm_task, _logm_solve, _ANSWER, _HINT, _logm_solution, _TRAPS)

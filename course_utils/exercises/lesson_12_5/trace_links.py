@@ -117,7 +117,7 @@ def _trace_values_cached(key: str) -> dict:
     }
 
 
-def _trace_table(rows: list[dict], cols: tuple) -> str:
+def _links_table(rows: list[dict], cols: tuple) -> str:
     def cell(x) -> str:  # None → «—», список — через запятую
         x = (", ".join(map(str, x)) or None) if isinstance(x, list) else x
         return "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
@@ -135,7 +135,7 @@ def _links_task(variant: int) -> dict:
         found = kept[0] and kept[0] != v["orphans"] and wrong[1] and (ref or variant >= 4)
         if found and ref not in wrong and all(w not in wrong[2:] for w in wrong[:2]):
             break
-    tables = "\n\n".join(f"**{k}**\n\n{_trace_table(data[k], c)}" for k, c in _TABLES.items())
+    tables = "\n\n".join(f"**{k}**\n\n{_links_table(data[k], c)}" for k, c in _TABLES.items())
     statement = f"**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер собирает из неё пакеты (допустимая задержка политики — до {fmt.count(data['max_lag'], 'версии', 'версий', 'версий')}, более старые роллауты отбрасываются как несвежие); посреди прогона верификатор обновили. Таблицы трассы — `task_12_5_8['rollouts']`, `task_12_5_8['batches']` (пакет шага k собран при версии тренера k) и `task_12_5_8['steps']`; время — секунды от старта, «—» — нет значения:\n\n{tables}\n\nНайдите `orphans` — роллауты, не попавшие ни в один пакет (их работа не дошла до шага оптимизатора), и `verifier_mismatches` — роллауты из пакетов, чья версия верификатора не та, что ждал шаг их пакета (`expected_verifier_version`)."
     return {"statement": statement, **data}
 

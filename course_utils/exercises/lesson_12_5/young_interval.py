@@ -5,8 +5,8 @@ import random
 
 from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
-from course_utils.exercises.common import AMOUNT
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import AMOUNT, traps
+from course_utils.exercises.step import Step
 
 _BAND = {"чаще": (1.6, 4.0), "реже": (0.2, 0.55), "так же": (0.95, 1.05)}  # I / I*
 _C = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
@@ -37,8 +37,8 @@ def _young_task(variant: int) -> dict:
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
-def _young_solve(task: dict, mistake: str = "ref") -> dict:
-    # верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах
+def _young_answers(task: dict) -> dict:
+    """Верный ответ (ключ "ref") и ответы типичных ошибок; в формулах всё в секундах."""
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
@@ -52,12 +52,16 @@ def _young_solve(task: dict, mistake: str = "ref") -> dict:
         "sqrt_cm_no_two": answer(math.sqrt(c * m), m),
         "units_mixed": answer(math.sqrt(2 * c * m_h), m_h),  # M в часах как секунды
         "overhead_one_term": {**answer(star, m), "H_current": c / i, "H_star": c / star},
-    }[mistake]
+    }
+
+
+def _young_solve(task: dict) -> dict:
+    return _young_answers(task)["ref"]
 
 
 def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* в секундах как минуты
-    wrong, kind = _young_solve(task, "units_mixed"), Number(**AMOUNT)
-    seconds = 60 * _young_solve(task)["I_star_min"]
+    answers, kind = _young_answers(task), Number(**AMOUNT)
+    wrong, seconds = answers["units_mixed"], 60 * answers["ref"]["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
     return any(hits) or kind.same(seconds, get(given, "I_star_min"))
 
@@ -79,19 +83,13 @@ _MESSAGES = {
     "sqrt_cm_no_two": "Вы взяли I* = √(C·M). Минимум H(I) = C/I + I/(2M) — из −C/I² + 1/(2M) = 0, то есть I* = √(2CM): без двойки интервал занижен в √2 раза.",
     "overhead_one_term": "Учтена только запись, H = C/I. Отказ ещё в среднем отнимает половину интервала на пересчёт: H(I) = C/I + I/(2M).",
 }
-_RULES = {  # как узнать ошибку: по любому из ключей или особым правилом
-    "units_mixed": {"matches": _units_mixed},
-    "sqrt_cm_no_two": {"by": ("I_star_min",)},
-    "overhead_one_term": {"by": ("H_current", "H_star")},
-}
+_RULES = {"units_mixed": _units_mixed, "sqrt_cm_no_two": ("I_star_min",)}
+_RULES["overhead_one_term"] = ("H_current", "H_star")
 _H = Number(unit="доля", **AMOUNT)
 _ANSWER = Fields(
     {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
     | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
 _HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
-_TRAPS = tuple(
-    Trap(key, text, wrong=lambda t, ref, key=key: _young_solve(t, key), **_RULES[key])
-    for key, text in _MESSAGES.items()
-)
+_TRAPS = traps(lambda t, r: _young_answers(t), _MESSAGES, _RULES)
 STEP = Step("12.5.7", _young_task, _young_solve, _ANSWER, _HINT, _young_solution, _TRAPS)
