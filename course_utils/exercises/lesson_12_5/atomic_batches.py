@@ -167,15 +167,11 @@ def _flip(key: str) -> Trap:
     return Trap(key, _FLIP_TEXT[key], wrong=wrong, matches=matches)
 
 
+def _atomic_solve(task: dict):  # верный ответ — функция курса
+    return crash_test.accept_batch
+
+
 _ANSWER = Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=60.0)
 _HINT = "Сравните rollout_id с expected_ids (ни лишних, ни недостающих, ни повторов), проверьте конечную награду у каждого роллаута и что все оценены именно verifier_version. Версия политики — не критерий: задержка в пределах допуска — норма."
 _TRAPS = tuple(_flip(key) for key in _FLIPS)
-STEP = Step(
-    "12.5.11",
-    _atomic_task,
-    lambda task: crash_test.accept_batch,
-    _ANSWER,
-    _HINT,
-    _atomic_solution,
-    _TRAPS,
-)
+STEP = Step("12.5.11", _atomic_task, _atomic_solve, _ANSWER, _HINT, _atomic_solution, _TRAPS)

@@ -199,15 +199,11 @@ def _resume_trap(key: str) -> Trap:
     )
 
 
+def _resume_solve(task: dict):  # верный ответ — функция курса
+    return checkpoint.resume_full
+
+
 _ANSWER = Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0)
 _HINT = "run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume))."
 _TRAPS = tuple(_resume_trap(key) for key in _FRESH)
-STEP = Step(
-    "12.5.10",
-    _resume_task,
-    lambda task: checkpoint.resume_full,
-    _ANSWER,
-    _HINT,
-    _resume_solution,
-    _TRAPS,
-)
+STEP = Step("12.5.10", _resume_task, _resume_solve, _ANSWER, _HINT, _resume_solution, _TRAPS)
