@@ -10,11 +10,6 @@ RTOL = 1e-2  # допуск 1 %
 SECONDS = Number(rtol=RTOL, unit="с")
 AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 TOLERANCE = {"rtol": RTOL, "atol": 2e-3}
-_FEATURE = {
-    "queue": "asynchronous",
-    "curriculum": "curriculum",
-    "normalizer": "running_reward_norm",
-}
 TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
 
 
@@ -37,6 +32,13 @@ def hits_any(answer, values, *pairs: tuple[str, str]):
 def listed(given: dict, key: str) -> set:
     """Нормализованные имена списка ответа по ключу."""
     return {norm(x) for x in get(given, key)}
+
+
+_FEATURE = {
+    "queue": "asynchronous",
+    "curriculum": "curriculum",
+    "normalizer": "running_reward_norm",
+}
 
 
 def has_state(component: str, run: dict) -> bool:
