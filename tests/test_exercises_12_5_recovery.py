@@ -4,7 +4,6 @@
 узнаваться своим ключом в каждом варианте 0–49.
 """
 
-import importlib
 import math
 
 import numpy as np
@@ -27,14 +26,6 @@ def test_lesson_12_5_registered():
 
     assert "lesson_12_5" in exercises.LOADED
     assert {"12.5.6", "12.5.7", "12.5.8", "12.5.9"} <= set(grading.exercise_ids())
-
-
-@pytest.mark.parametrize("name", ["manifest_gaps", "young_interval", "trace_links", "log_metrics"])
-def test_12_5_step_protocol_named_after_module(name):
-    """Функции шага называются <модуль>_task/_solve/_solution (имена уникальны в course_utils)."""
-    module = importlib.import_module(f"course_utils.exercises.lesson_12_5.{name}")
-    protocol = [getattr(module, f"{name}_{part}") for part in ("task", "solve", "solution")]
-    assert [module.STEP.make_task, module.STEP.solve, module.STEP.solution] == protocol
 
 
 def _by_hand_12_5_6(task):

@@ -125,8 +125,8 @@ def test_vocabulary_shared_with_exercise_12_1_7():
     assert set(ex.SETUPS.values()) == set(ex.SETUP_CLASSES)
     one_step = [cls for text, cls in ex.SETUPS.items() if "k + 1" in text]
     assert one_step == ["disaggregated/async"]  # «на шаг позади» — асинхронно
-    task = ex.loop_profile_task(0)
-    answer = {**ex.loop_profile_solve(task)}
+    task = ex.STEP.make_task(0)
+    answer = {**ex.STEP.solve(task)}
     answer["setups"] = {**answer["setups"], "A": "disaggregated/one_step_off"}
     message = ex.STEP.answer.problem(answer, task)
     assert "на шаг позади" in message and "async" in message

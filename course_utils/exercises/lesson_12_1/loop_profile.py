@@ -4,10 +4,11 @@ import random
 
 from course_utils import profile, stack_map
 from course_utils.exercises.answers import Choice, Fields, Keyed, Number, get, md_table, norm
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import traps
+from course_utils.exercises.step import Step
 
 SETUP_CLASSES = tuple(f"{p}/{s}" for p in stack_map.PLACEMENTS for s in stack_map.SYNCHRONY)
-CELL_WORDS = {c: ", ".join(stack_map.VALUE_LABELS[x] for x in c.split("/")) for c in SETUP_CLASSES}
+_CELL_WORDS = {c: ", ".join(stack_map.VALUE_LABELS[x] for x in c.split("/")) for c in SETUP_CLASSES}
 _CS, _CA, _DS, _DA = SETUP_CLASSES
 _KEYS = ("T_seq", "dominant", "speedup_bound", "setups")
 SETUPS: dict[str, str] = {  # схема → клетка; однозначно в терминах шага 12.1.3
@@ -21,7 +22,7 @@ SETUPS: dict[str, str] = {  # схема → клетка; однозначно 
     "Движки SGLang на отдельных узлах генерируют без пауз, веса берут раз в несколько шагов.": _DA,
     "Генератор на своих GPU собирает пакет k + 1, пока тренер на других учится на пакете k.": _DA,
 }
-SCENARIOS = (  # (множители медиан synthetic_profile, запуск); вариант v — сценарий v mod 4
+_SCENARIOS = (  # (множители медиан synthetic_profile, запуск); вариант v — сценарий v mod 4
     ({}, "длинные рассуждения, малые группы"),
     ({"reward": 25.0}, "верификатор запускает тесты в песочнице"),
     ({"decode": 0.25, "forward_backward": 2.0}, "короткие ответы, несколько эпох PPO на пакет"),
@@ -29,9 +30,9 @@ SCENARIOS = (  # (множители медиан synthetic_profile, запус�
 )
 
 
-def loop_profile_task(variant: int) -> dict:
+def _loop_task(variant: int) -> dict:
     rng = random.Random(12_1_7_000 + 7919 * variant)
-    scale, scenario = SCENARIOS[variant % len(SCENARIOS)]
+    scale, scenario = _SCENARIOS[variant % len(_SCENARIOS)]
     frame = profile.synthetic_profile(steps=8, seed=(12_170 + 7919 * variant) % 2**32, scale=scale)
     times = {stage: round(float(t), 2) for stage, t in profile.stage_medians(frame).items()}
     total = profile.sequential_time(times)
@@ -43,7 +44,7 @@ def loop_profile_task(variant: int) -> dict:
     rng.shuffle(chosen)  # separate_server_async держится: есть и disaggregated/sync, и /async
     setups = dict(zip("ABCD", chosen))
     rows = [(f"`{s}`", profile.STAGE_LABELS_RU.get(s, s), f"{t:.2f}") for s, t in times.items()]
-    cells = ", ".join(f"`{c}` ({w})" for c, w in CELL_WORDS.items())
+    cells = ", ".join(f"`{c}` ({w})" for c, w in _CELL_WORDS.items())
     statement = (
         f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага "
         f"(`task_12_1_7['stage_times']`):\n\n{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
@@ -56,17 +57,17 @@ def loop_profile_task(variant: int) -> dict:
     return {"statement": statement, **task, "setup_classes": list(SETUP_CLASSES)}
 
 
-def loop_profile_solve(task: dict) -> dict:
+def _loop_solve(task: dict) -> dict:
     """T_seq = Σ T_этапа, с; самый долгий этап; S_max = T_seq / (T_seq − T_этапа); клетки схем."""
     t, cells = task["stage_times"], {s: SETUPS[text] for s, text in task["setups"].items()}
     bound = profile.speedup_bound(t, task["accelerate"])
     return dict(zip(_KEYS, (profile.sequential_time(t), profile.dominant_stage(t), bound, cells)))
 
 
-def loop_profile_solution(task: dict, ref: dict) -> str:
+def _loop_solution(task: dict, ref: dict) -> str:
     times, accel, (total, dom, bound, cells) = task["stage_times"], task["accelerate"], ref.values()
     rest, terms = total - times[accel], " + ".join(f"{t:.2f}" for t in times.values())
-    rows = [(f"**{s}**", f"`{c}`", CELL_WORDS[c]) for s, c in cells.items()]
+    rows = [(f"**{s}**", f"`{c}`", _CELL_WORDS[c]) for s, c in cells.items()]
     answer = {**ref, "T_seq": round(total, 2), "speedup_bound": round(bound, 3)}
     return (
         f"**1.** Этапы идут по очереди: $T_{{seq}} = {terms} = {total:.2f}$ с.\n\n**2.** Дольше "
@@ -85,13 +86,18 @@ class _Cell(Choice):  # клетка карты; на «шаг позади» к
         return super().problem(given, task)
 
 
-def _inverse_share(task: dict) -> float:  # T_seq / T_этапа
-    return profile.sequential_time(t := task["stage_times"]) / t[task["accelerate"]]
-
-
 def _all_split_async(task: dict, given: dict) -> bool:  # раздельные — async, совместные — любые
-    split = {norm(s) for s, c in loop_profile_solve(task)["setups"].items() if c in (_DS, _DA)}
+    split = {norm(s) for s, c in _loop_solve(task)["setups"].items() if c in (_DS, _DA)}
     return split <= {norm(s) for s, c in get(given, "setups").items() if norm(c) == _DA}
+
+
+def _loop_slips(task: dict, ref: dict) -> dict[str, dict]:
+    t, total = task["stage_times"], ref["T_seq"]
+    return {
+        "amdahl_ratio": ref | {"speedup_bound": total / t[task["accelerate"]]},  # T_seq / T_этапа
+        "separate_server_async": ref | {"setups": dict.fromkeys(ref["setups"], _DA)},
+        "mean_not_sum": ref | {"T_seq": total / len(t)},
+    }
 
 
 _STAGE = Choice(lambda t: t["stage_times"])
@@ -101,22 +107,8 @@ _MESSAGES = {
     "separate_server_async": "Отдельный сервер не делает цикл асинхронным: тренер, ждущий пакет текущей версии, — sync (шаг 12.1.3).",
     "mean_not_sum": "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
 }
-_RULES = {  # ответ с ошибкой: заменой ключей верного или целиком (и своё правило)
-    "amdahl_ratio": {"override": {"speedup_bound": _inverse_share}},
-    "separate_server_async": {
-        "wrong": lambda t, ref: {**ref, "setups": dict.fromkeys(ref["setups"], _DA)},
-        "matches": _all_split_async,
-    },
-    "mean_not_sum": {
-        "override": {"T_seq": lambda t: profile.sequential_time(s := t["stage_times"]) / len(s)}
-    },
-}
-STEP = Step(
-    id="12.1.7",
-    make_task=loop_profile_task,
-    solve=loop_profile_solve,
-    solution=loop_profile_solution,
-    answer=Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES)))),
-    hint="T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов.",
-    traps=tuple(Trap(k, m, **_RULES[k]) for k, m in _MESSAGES.items()),
-)
+_BY = {"amdahl_ratio": ("speedup_bound",), "separate_server_async": _all_split_async}
+_ANSWER = Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES))))
+_HINT = "T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов."
+_TRAPS = traps(_loop_slips, _MESSAGES, _BY, default=("T_seq",))
+STEP = Step("12.1.7", _loop_task, _loop_solve, _ANSWER, _HINT, _loop_solution, _TRAPS)

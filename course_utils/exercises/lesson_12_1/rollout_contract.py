@@ -54,7 +54,7 @@ def _break(rng: random.Random, rec: dict, rule: str, version: int) -> dict:
     return rec
 
 
-def rollout_contract_task(variant: int) -> dict:
+def _contract_task(variant: int) -> dict:
     rng = random.Random(12_1_6_000 + 7919 * variant)
     n_total = rng.randint(8, 10)
     # mask_prompt и mixed_versions — в каждом пакете: на них держатся ловушки
@@ -83,7 +83,7 @@ def _sids(task: dict) -> list[str]:
     return [r["sample_id"] for r in task["records"]]
 
 
-def rollout_contract_solve(task: dict) -> dict:
+def _contract_solve(task: dict) -> dict:
     """{sample_id: нарушенное правило} для непригодных записей (contract.violated_rules)."""
     return {r["sample_id"]: v[0] for r in task["records"] if (v := contract.violated_rules(r))}
 
@@ -94,7 +94,7 @@ def _odd_sids(task: dict) -> tuple[str, str]:  # пригодные: нули м
     return multi["sample_id"], next(r["sample_id"] for r in ok if r["policy_version"] is None)
 
 
-def rollout_contract_solution(task: dict, ref: dict) -> str:
+def _contract_solution(task: dict, ref: dict) -> str:
     why = dict.fromkeys(_sids(task), "пригодна")
     notes = ("нули маски в ответе — токены среды", "версии записаны по токенам (шаг 12.1.4)")
     why |= {s: f"пригодна: {note}" for s, note in zip(_odd_sids(task), notes)}
@@ -110,33 +110,28 @@ def _rules(answer: dict, *drop: str) -> dict:  # без регистра; без
     return {norm(k): norm(v) for k, v in answer.items() if not skip & {norm(k), norm(v)}}
 
 
-STEP = Step(
-    id="12.1.6",
-    make_task=rollout_contract_task,
-    solve=rollout_contract_solve,
-    solution=rollout_contract_solution,
-    answer=Keyed(_sids, Choice(contract.RULES), False, "записей", "{sample_id: ключ_правила}"),
-    hint="Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды.",
-    traps=(
-        Trap(
-            "prompt_in_mask",
-            "Пропущена маска 1 на запросе: градиент по нему учил бы модель «писать» условие.",
-            wrong=lambda t, ref: {k: v for k, v in ref.items() if v != "mask_prompt"},
-        ),
-        Trap(
-            "env_tokens_flagged",
-            "Многоходовая запись пригодна: нули маски в ответе — токены среды, не политики.",
-            wrong=lambda t, ref: {**ref, _odd_sids(t)[0]: "logprob_count"},
-            matches=lambda t, g: _rules(g, _odd_sids(t)[0]) == _rules(rollout_contract_solve(t)),
-        ),
-        Trap(
-            "single_version_ok",
-            "Одна метка на токены разных версий — нарушение, а None при версиях токенов — норма.",
-            wrong=lambda t, ref: {k: v for k, v in ref.items() if v != "mixed_versions"},
-            matches=lambda t, g: (  # mixed_versions пропущена и/или отмечена пригодная
-                _rules(g, _odd_sids(t)[1])
-                in (_rules(ref := rollout_contract_solve(t)), _rules(ref, "mixed_versions"))
-            ),
+_ANSWER = Keyed(_sids, Choice(contract.RULES), False, "записей", "{sample_id: ключ_правила}")
+_HINT = "Сверьте длины маски, токенов и логарифмов (их — по единицам маски), маску на запросе, знаки логарифмов, версии и decoding. Нули маски в ответе — токены среды."
+_TRAPS = (
+    Trap(
+        "prompt_in_mask",
+        "Пропущена маска 1 на запросе: градиент по нему учил бы модель «писать» условие.",
+        wrong=lambda t, ref: {k: v for k, v in ref.items() if v != "mask_prompt"},
+    ),
+    Trap(
+        "env_tokens_flagged",
+        "Многоходовая запись пригодна: нули маски в ответе — токены среды, не политики.",
+        wrong=lambda t, ref: {**ref, _odd_sids(t)[0]: "logprob_count"},
+        matches=lambda t, g: _rules(g, _odd_sids(t)[0]) == _rules(_contract_solve(t)),
+    ),
+    Trap(
+        "single_version_ok",
+        "Одна метка на токены разных версий — нарушение, а None при версиях токенов — норма.",
+        wrong=lambda t, ref: {k: v for k, v in ref.items() if v != "mixed_versions"},
+        matches=lambda t, g: (  # mixed_versions пропущена и/или отмечена пригодная
+            _rules(g, _odd_sids(t)[1])
+            in (_rules(ref := _contract_solve(t)), _rules(ref, "mixed_versions"))
         ),
     ),
 )
+STEP = Step("12.1.6", _contract_task, _contract_solve, _ANSWER, _HINT, _contract_solution, _TRAPS)

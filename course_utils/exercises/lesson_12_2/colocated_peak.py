@@ -1,10 +1,10 @@
 """12.2.8 — пик памяти при совместном размещении фаз (и с LoRA); информативные группы в секунду."""
 
 import random
-from types import SimpleNamespace
 
-from course_utils import fmt, memory, throughput
+from course_utils import fmt, memory
 from course_utils.exercises.answers import Choice, Fields, Number, md_table
+from course_utils.exercises.common import group_share
 from course_utils.exercises.step import Step, Trap
 
 _COMPONENTS = ("веса движка", "KV-кэш", "веса тренера", "градиенты", "оптимизатор", "активации")
@@ -30,7 +30,7 @@ def _timeline(parts: dict, offload: bool) -> list:
     ]
 
 
-def colocated_peak_task(variant: int) -> dict:
+def _peak_task(variant: int) -> dict:
     rng = random.Random(12_2_8_000 + 7919 * variant)
     model = _MODELS[(variant + rng.randrange(5)) % 5]
     shape, gib = memory.ModelShape.from_name(model), lambda b: round(memory.to_unit(b, "GiB"), 3)
@@ -73,29 +73,19 @@ def colocated_peak_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def _group_stats(log: dict) -> tuple[int, float]:
-    """(число групп, доля вырожденных) — через throughput.degenerate_group_share."""
-    records = [
-        SimpleNamespace(group_id=q, reward={"correctness": float(r)})
-        for q, rewards in log["groups"].items()
-        for r in rewards
-    ]
-    return throughput.degenerate_group_share(records)
-
-
 def _groups_per_s(task: dict) -> float:
     return len(task["run_log"]["groups"]) / task["run_log"]["duration_s"]
 
 
-def colocated_peak_solve(task: dict) -> dict:
+def _peak_solve(task: dict) -> dict:
     """B_peak = max_t Σ статей фазы (memory); информативные группы/с = группы/с × (1 − доля)."""
     (peak, phase), (lora, _) = (memory.colocation_peak(task[k]) for k in ("phases", "phases_lora"))
-    share = _group_stats(task["run_log"])[1]
+    share = group_share(task["run_log"]["groups"].items())[1]
     return dict(zip(_KEYS, (peak, phase, lora, _groups_per_s(task) * (1 - share))))
 
 
-def colocated_peak_solution(task: dict, ref: dict) -> str:
-    log, (n, share) = task["run_log"], _group_stats(task["run_log"])
+def _peak_solution(task: dict, ref: dict) -> str:
+    log, (n, share) = task["run_log"], group_share(task["run_log"]["groups"].items())
     rows = [
         (f"`{ph}`", f"{sum(c.values()):.3f}", f"{sum(cl.values()):.3f}")
         for (ph, c), (_, cl) in zip(task["phases"], task["phases_lora"])
@@ -129,13 +119,7 @@ _MESSAGES = {
     "lora_no_base": "С LoRA убраны базовые веса, а они лишь заморожены: тренеру и движку они нужны.",
     "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
 }
-TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
-STEP = Step(
-    id="12.2.8",
-    make_task=colocated_peak_task,
-    solve=colocated_peak_solve,
-    solution=colocated_peak_solution,
-    answer=Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с"))))),
-    hint="Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами).",
-    traps=TRAPS,
-)
+_TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
+_ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
+_HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
+STEP = Step("12.2.8", _peak_task, _peak_solve, _ANSWER, _HINT, _peak_solution, _TRAPS)

@@ -18,7 +18,7 @@ _SHAPE = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidd
 _KEYS = ("kv_bytes_per_token", "max_sequences", "max_groups")
 
 
-def kv_budget_task(variant: int) -> dict:
+def _kv_task(variant: int) -> dict:
     rng = random.Random(12_2_7_000 + 7919 * variant)
     while True:  # заново, пока ошибки в max_sequences не разойдутся с верным и между собой
         model, gpu, budgets = _SETUPS[(variant + rng.randrange(6)) % 6]
@@ -31,7 +31,7 @@ def kv_budget_task(variant: int) -> dict:
         task |= {"weights_bytes": s.weights_bytes(2), "group_size": group, "prompt_tokens": prompt}
         task["response_tokens"] = response
         slips = [_misread(task, *m) for key, *m in _MISREAD.values() if key == _KEYS[1]]
-        seqs = [x["max_sequences"] for x in [kv_budget_solve(task), *slips]]
+        seqs = [x["max_sequences"] for x in [_kv_solve(task), *slips]]
         if len(set(seqs)) == len(seqs) and seqs[0] >= group:
             break
     statement = (
@@ -49,7 +49,7 @@ def kv_budget_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def kv_budget_solve(task: dict) -> dict:
+def _kv_solve(task: dict) -> dict:
     """Байт KV на токен, последовательностей в бюджете после весов, целых групп (memory)."""
     shape = (task[k] for k in ("num_layers", "num_kv_heads", "head_dim"))
     per_tok = memory.kv_cache_bytes(*shape, 1, task["bytes_per_value"])
@@ -59,7 +59,7 @@ def kv_budget_solve(task: dict) -> dict:
     return dict(zip(_KEYS, (per_tok, seqs, seqs // task["group_size"])))
 
 
-def kv_budget_solution(task: dict, ref: dict) -> str:
+def _kv_solution(task: dict, ref: dict) -> str:
     L, hkv, dh, b = (task[k] for k in ("num_layers", "num_kv_heads", "head_dim", "bytes_per_value"))
     (per_tok, seqs, groups), g, w = ref.values(), task["group_size"], task["weights_bytes"]
     h = task["num_attention_heads"]
@@ -94,18 +94,13 @@ _MESSAGES = {
 
 
 def _misread(task: dict, field: str, value) -> dict:  # ответ, если величину условия прочли не так
-    return kv_budget_solve({**task, field: value(task)})
+    return _kv_solve({**task, field: value(task)})
 
 
-STEP = Step(
-    id="12.2.7",
-    make_task=kv_budget_task,
-    solve=kv_budget_solve,
-    solution=kv_budget_solution,
-    answer=Fields(dict.fromkeys(_KEYS, Number(1e-9, integer=True))),
-    hint="Байт на токен: 2·L·H_kv·d_h·b. Бюджет (ГиБ × 2³⁰) минус веса разделите на байт одной последовательности (запрос + ответ) и округлите вниз; группы — ещё раз вниз после ÷ G.",
-    traps=tuple(
-        Trap(k, _MESSAGES[k], wrong=lambda t, ref, m=m: _misread(t, *m), by=(key,))
-        for k, (key, *m) in _MISREAD.items()
-    ),
+_ANSWER = Fields(dict.fromkeys(_KEYS, Number(1e-9, integer=True)))
+_HINT = "Байт на токен: 2·L·H_kv·d_h·b. Бюджет (ГиБ × 2³⁰) минус веса разделите на байт одной последовательности (запрос + ответ) и округлите вниз; группы — ещё раз вниз после ÷ G."
+_TRAPS = tuple(
+    Trap(k, _MESSAGES[k], wrong=lambda t, ref, m=m: _misread(t, *m), by=(key,))
+    for k, (key, *m) in _MISREAD.items()
 )
+STEP = Step("12.2.7", _kv_task, _kv_solve, _ANSWER, _HINT, _kv_solution, _TRAPS)

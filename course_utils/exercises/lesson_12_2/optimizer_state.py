@@ -14,7 +14,7 @@ _LABELS = ("веса", "градиенты", "первый момент Adam m1"
 _MODES = ("ddp", "zero1", "zero2", "zero3")  # индекс — стадия ZeRO
 
 
-def optimizer_state_task(variant: int) -> dict:
+def _zero_task(variant: int) -> dict:
     rng = random.Random(12_2_6_000 + 7919 * variant)
     recipe = _RECIPES[variant % len(_RECIPES)]
     model = rng.choice(memory.available_model_configs()) if variant % 2 == 0 else None
@@ -39,7 +39,7 @@ def optimizer_state_task(variant: int) -> dict:
     return {"statement": statement, **data, "world_size": world}
 
 
-def optimizer_state_solve(task: dict, recipe: str | None = None) -> dict:
+def _zero_solve(task: dict, recipe: str | None = None) -> dict:
     """B_state и байты на ранг при DDP и ZeRO-1/2/3, ГиБ (memory); recipe — подмена рецепта."""
     n, recipe, d = task["n_params"], recipe or task["recipe"], task["world_size"]
     per_rank = [memory.per_rank_state_bytes(n, recipe, d, stage) for stage in range(4)]
@@ -47,7 +47,7 @@ def optimizer_state_solve(task: dict, recipe: str | None = None) -> dict:
     return {k: memory.to_unit(v, "GiB") for k, v in zip(("B_state", *_MODES), state)}
 
 
-def optimizer_state_solution(task: dict, ref: dict) -> str:
+def _zero_solution(task: dict, ref: dict) -> str:
     n, d, b = task["n_params"], task["world_size"], task["bytes_per_param"]
     bp, bg, total = b["param_bytes"], b["grad_bytes"], sum(b.values())
     k = total - bp - bg
@@ -69,7 +69,7 @@ def optimizer_state_solution(task: dict, ref: dict) -> str:
 
 
 def _shard_all(task: dict) -> float:  # «ZeRO-1/2 делят всё»: B_state / D
-    return optimizer_state_solve(task)["zero3"]
+    return _zero_solve(task)["zero3"]
 
 
 _MESSAGES = {
@@ -78,17 +78,12 @@ _MESSAGES = {
     "ddp_divides": "DDP делит между рангами данные, а не модель: каждый ранг хранит всё B_state.",
 }
 _RULES = {  # ответ с ошибкой: целиком или заменой ключей; _BY — ключи, по любому из них видна
-    "sixteen_law": {"wrong": lambda t, ref: optimizer_state_solve(t, "bf16_mixed_adam")},
+    "sixteen_law": {"wrong": lambda t, ref: _zero_solve(t, "bf16_mixed_adam")},
     "shard_everything_at_zero1": {"override": {"zero1": _shard_all, "zero2": _shard_all}},
     "ddp_divides": {"override": {"ddp": _shard_all}},
 }
 _BY = {"sixteen_law": ("B_state",), "shard_everything_at_zero1": ("zero1",)}
-STEP = Step(
-    id="12.2.6",
-    make_task=optimizer_state_task,
-    solve=optimizer_state_solve,
-    solution=optimizer_state_solution,
-    answer=Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)}),
-    hint="B_state = N·Σb. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 + мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 — всё. ГиБ = Б / 2³⁰.",
-    traps=tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items()),
-)
+_ANSWER = Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)})
+_HINT = "B_state = N·Σb. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 + мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 — всё. ГиБ = Б / 2³⁰."
+_TRAPS = tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items())
+STEP = Step("12.2.6", _zero_task, _zero_solve, _ANSWER, _HINT, _zero_solution, _TRAPS)

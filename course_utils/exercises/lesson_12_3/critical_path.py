@@ -6,9 +6,8 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
+from course_utils.exercises.common import SECONDS, trace_table, traps
 from course_utils.exercises.step import Step
-
-from .pipeline_split import SECONDS, slip_traps
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
 _TRAIN_STAGES = ("logprob_recompute", "forward_backward", "optimizer_step", "weight_sync")
@@ -92,10 +91,10 @@ _UTIL = Share(rtol=1e-2)
 _POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
 _STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
 _TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
-ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
+_ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
 
 
-def critical_path_task(variant: int) -> dict:
+def _crit_task(variant: int) -> dict:
     rng = random.Random(12_3_9_000 + 7919 * variant)
     scenario, *ranges, decode = _SCENARIOS[variant % len(_SCENARIOS)]
     keys = ("logprob_recompute", "forward_backward", "weight_sync", "checkpoint")
@@ -111,25 +110,22 @@ def critical_path_task(variant: int) -> dict:
         off_path = a["biggest"] == "decode" and "decode" not in {st for _, st in a["chain"]}
         if off_path and waits and best >= 1.15 * second + 0.1:
             break
-    head = ("строка", "исполнитель", "этап", "начало, с", "конец, с", "зависит от строк")
-    cells = ("row", "worker", "stage", "start_s", "end_s")
-    rows = [[*(r[k] for k in cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in trace]
     pool_lines = "; ".join(f"`{p}` ({_POOL_NAMES[p]}) — {', '.join(ws)}" for p, ws in pools.items())
     task["statement"] = (
-        f"**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и `backpressure` — ожидание, а не работа):\n\n{md_table(head, rows)}\n\n"
+        f"**Трасса этапов и критический путь.** Три шага перекрытого конвейера (генерация отстаёт на версию весов; запуск: {scenario}); пакет 0 к началу окна сгенерирован, пакет b ≥ 2 — весами `weight_sync` шага b − 2. Интервалы (`task_12_3_9['trace']`; `queue_wait` и `backpressure` — ожидание, а не работа):\n\n{trace_table(trace)}\n\n"
         f"Интервал работы ждёт предыдущий интервал работы своего исполнителя и строки из последнего столбца. Пулы (`task_12_3_9['pools']`): {pool_lines}.\n\n"
         "Найдите `sum_of_work` — сумму работы, с; `critical_path` — длину самой длинной цепочки зависимых интервалов работы, с; `utilization` — загрузку каждого пула: работа его исполнителей / (их число × H), H — конец последнего интервала; `speed_up` — этап, ускорение которого вдвое сильнее всего сокращает критический путь. Допуск 1 %."
     )
     return task
 
 
-def critical_path_solve(task: dict) -> dict:
+def _crit_solve(task: dict) -> dict:
     a = _trace_analysis(task)
     best, util = max(a["gains"], key=a["gains"].get), dict(a["utilization"])
-    return dict(zip(ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
+    return dict(zip(_ANSWER.fields, (a["sum_of_work"], a["critical_path"], util, best)))
 
 
-def critical_path_solution(task: dict, ref: dict) -> str:
+def _crit_solution(task: dict, ref: dict) -> str:
     a, util = _trace_analysis(task), ref["utilization"]
     work, gains, biggest = a["work"], a["gains"], a["biggest"]
     on_path = {st for _, st in a["chain"]}
@@ -179,8 +175,6 @@ def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / 
 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}
 _TRAP_BY |= {"average_utilization": _gives_flat_utilization, "wait_as_work": ("sum_of_work",)}
-HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
-TRAPS = slip_traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
-STEP = Step(
-    "12.3.9", critical_path_task, critical_path_solve, ANSWER, HINT, critical_path_solution, TRAPS
-)
+_HINT = "Для критического пути идите по строкам в порядке окончания: лучшая цепочка до конца строки = её длительность + максимум по предшественникам (предыдущий интервал исполнителя и строки из «зависит от»). Ускорять стоит этап на пути."
+_TRAPS = traps(_trace_slips, _TRAP_TEXT, _TRAP_BY)
+STEP = Step("12.3.9", _crit_task, _crit_solve, _ANSWER, _HINT, _crit_solution, _TRAPS)

@@ -4,9 +4,9 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Fields, Number, get, md_table, sig, tex_num
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import SECONDS, traps
+from course_utils.exercises.step import Step
 
-SECONDS = Number(rtol=1e-2, unit="с")  # и в 12.3.7, 12.3.9
 _SCENARIOS = (  # (запуск; диапазоны G и T, с; r_g и r_t, токенов/с на устройство)
     ("долгая генерация (длинные рассуждения)", (60, 150), (8, 30), (800, 2000), (4000, 9000)),
     ("долгое обучение (несколько эпох PPO)", (15, 40), (45, 110), (3000, 6000), (1200, 2800)),
@@ -26,14 +26,14 @@ class _DeviceSplitFields(Fields):
 _RATES = ("gen_tokens_per_s_per_device", "train_tokens_per_s_per_device")  # токенов/с на устройство
 _TIMES = dict.fromkeys(("C_seq", "C_pipe", "T_n"), SECONDS)
 _DEVICES = dict.fromkeys(("k_gen", "k_train"), Number(integer=True))
-ANSWER = _DeviceSplitFields({**_TIMES, "speedup": Number(rtol=1e-2, unit="раз"), **_DEVICES})
+_ANSWER = _DeviceSplitFields({**_TIMES, "speedup": Number(rtol=1e-2, unit="раз"), **_DEVICES})
 
 
 def _proportional(K: int, r_g: float, r_t: float) -> int:  # ошибка: больше устройств быстрому
     return min(max(round(K * r_g / (r_g + r_t)), 1), K - 1)
 
 
-def pipeline_split_task(variant: int) -> dict:
+def _split_task(variant: int) -> dict:
     rng = random.Random(12_3_6_000 + 7919 * variant)
     scenario, g_range, t_range, rg_range, rt_range = _SCENARIOS[variant % 3]
     while True:  # «первый пакет бесплатно» должен заметно отличаться от верного T_n
@@ -60,15 +60,15 @@ def pipeline_split_task(variant: int) -> dict:
     return {**task, **dict(zip(_RATES, (r_g, r_t))), "statement": statement}
 
 
-def pipeline_split_solve(task: dict) -> dict:
+def _split_solve(task: dict) -> dict:
     G, T, n = task["G_s"], task["T_s"], task["n_batches"]
     k_gen, k_train, _ = pipeline.best_device_split(task["K"], *(task[k] for k in _RATES))
     seq, pipe = pipeline.sequential_cycle(G, T), pipeline.pipelined_period(G, T)
     total, speedup = pipeline.pipeline_total_time(G, T, n), pipeline.speedup(G, T, n)
-    return dict(zip(ANSWER.fields, (seq, pipe, total, speedup, k_gen, k_train)))
+    return dict(zip(_ANSWER.fields, (seq, pipe, total, speedup, k_gen, k_train)))
 
 
-def pipeline_split_solution(task: dict, ref: dict) -> str:
+def _split_solution(task: dict, ref: dict) -> str:
     G, T, n, K, r_g, r_t = (task[k] for k in ("G_s", "T_s", "n_batches", "K", *_RATES))
     C, P, Tn, k = tex_num(ref["C_seq"]), tex_num(ref["C_pipe"]), tex_num(ref["T_n"]), ref["k_gen"]
     rows = [
@@ -91,7 +91,7 @@ def pipeline_split_solution(task: dict, ref: dict) -> str:
     )
 
 
-def _pipeline_slips(task: dict, ref: dict) -> dict[str, dict]:
+def _split_slips(task: dict, ref: dict) -> dict[str, dict]:
     n, K, C, P = task["n_batches"], task["K"], ref["C_seq"], ref["C_pipe"]
     k_prop = _proportional(K, *(task[k] for k in _RATES))
     return {
@@ -102,30 +102,13 @@ def _pipeline_slips(task: dict, ref: dict) -> dict[str, dict]:
     }
 
 
-_TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с ней — _pipeline_slips
+_TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с ней — _split_slips
     "sum_not_max": "Период конвейера взят как G + T — это цикл без перекрытия; в конвейере этапы идут одновременно, и период задаёт медленный из них.",
     "first_batch_free": "Забыто заполнение конвейера: первый пакет проходит оба этапа подряд, а C_seq / C_pipe — лишь предел ускорения при n → ∞.",
     "equal_split": "Устройства поделены поровну, без учёта скоростей, а конвейер пропускает столько, сколько медленный этап.",
     "faster_gets_more": "Больше устройств получил более быстрый этап, а нужно медленному — пока k_gen·r_g и k_train·r_t не уравняются.",
 }
 _TRAP_BY = {"sum_not_max": ("C_pipe", "T_n"), "first_batch_free": ("T_n", "speedup")}
-
-
-def slip_traps(slips, texts: dict, rules: dict, default=()) -> tuple[Trap, ...]:  # и 12.3.7–9
-    # ответ ошибки k — slips(task, ref)[k]; узнаётся по полям rules[k] (любому) или правилу matches
-    kw = {k: {"matches" if callable(x) else "by": x} for k, x in rules.items()}
-    return tuple(
-        Trap(k, m, lambda t, r, k=k: slips(t, r)[k], **kw.get(k, {"by": default}))
-        for k, m in texts.items()
-    )
-
-
-STEP = Step(
-    id="12.3.6",
-    make_task=pipeline_split_task,
-    solve=pipeline_split_solve,
-    solution=pipeline_split_solution,
-    answer=ANSWER,
-    hint="Без перекрытия этапы складываются, в заполненном конвейере период — максимум этапов; первый пакет проходит оба этапа. Для разбиения переберите k_gen = 1…K−1: конвейер пропускает min(k_gen·r_g, k_train·r_t).",
-    traps=slip_traps(_pipeline_slips, _TRAP_TEXT, _TRAP_BY, default=("k_gen",)),
-)
+_HINT = "Без перекрытия этапы складываются, в заполненном конвейере период — максимум этапов; первый пакет проходит оба этапа. Для разбиения переберите k_gen = 1…K−1: конвейер пропускает min(k_gen·r_g, k_train·r_t)."
+_TRAPS = traps(_split_slips, _TRAP_TEXT, _TRAP_BY, default=("k_gen",))
+STEP = Step("12.3.6", _split_task, _split_solve, _ANSWER, _HINT, _split_solution, _TRAPS)

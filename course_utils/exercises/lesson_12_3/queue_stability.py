@@ -5,18 +5,17 @@ from fractions import Fraction
 
 from course_utils import fmt
 from course_utils.exercises.answers import Bool, Fields, Number, get, md_table, sig, tex_num
+from course_utils.exercises.common import traps
 from course_utils.exercises.step import Step
-
-from .pipeline_split import slip_traps
 
 _CONFIGS = ("A", "B", "C")
 _GROWTH = Number(rtol=1e-2, unit="токенов/с")
 _STABLE, _GROWTHS = (Fields(dict.fromkeys(_CONFIGS, t)) for t in (Bool(), _GROWTH))
 _THETA = Number(rtol=1e-2, unit="токенов", integer=True)
-ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_tokens": _THETA})
+_ANSWER = Fields({"stable": _STABLE, "growth_tokens_per_s": _GROWTHS, "threshold_tokens": _THETA})
 
 
-def queue_stability_task(variant: int) -> dict:
+def _queue_task(variant: int) -> dict:
     rng = random.Random(12_3_8_000 + 7919 * variant)
     while True:  # ρ — роллаутов/с на сборщика
         c_eq, mean_len = rng.choice([4, 5, 6, 8, 10]), rng.choice([256, 384, 512, 640, 768, 1024])
@@ -58,7 +57,7 @@ def _threshold(task: dict, in_flight: int) -> int:  # θ = L·B − C·ℓ, ℓ 
     return task["max_lag_steps"] * task["batch_tokens"] - C * in_flight
 
 
-def queue_stability_solve(task: dict) -> dict:
+def _queue_solve(task: dict) -> dict:
     growth = _queue_growth(task)
     return {
         "stable": {c: x < 0 for c, x in growth.items()},
@@ -67,7 +66,7 @@ def queue_stability_solve(task: dict) -> dict:
     }
 
 
-def queue_stability_solution(task: dict, ref: dict) -> str:
+def _queue_solution(task: dict, ref: dict) -> str:
     B, L, m = task["batch_tokens"], task["max_lag_steps"], task["max_tokens"]
     big = task["backpressure_config"]
     rho, ell, C = task["rollouts_per_s_per_collector"], task["mean_tokens"], task["collectors"][big]
@@ -109,13 +108,6 @@ _TRAP_MATCH = {  # ошибки устойчивости и роста — по 
         _queue_growth(t)[c := _config_with_sign(t, -1)], get(get(g, "growth_tokens_per_s"), c)
     ),
 }
-
-STEP = Step(
-    id="12.3.8",
-    make_task=queue_stability_task,
-    solve=queue_stability_solve,
-    solution=queue_stability_solution,
-    answer=ANSWER,
-    hint="Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика.",
-    traps=slip_traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",)),
-)
+_HINT = "Переведите обе скорости в токены/с: λ = сборщики × роллаутов/с × средняя длина, μ = B / t; устойчивость — строгое λ < μ. Порог закрывает только запуск новых роллаутов: к θ добавится по роллауту предельной длины от каждого сборщика."
+_TRAPS = traps(_queue_slips, _TRAP_TEXT, _TRAP_MATCH, default=("threshold_tokens",))
+STEP = Step("12.3.8", _queue_task, _queue_solve, _ANSWER, _HINT, _queue_solution, _TRAPS)

@@ -4,20 +4,19 @@ import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Fields, IdSet, Share, get, md_table, sig
+from course_utils.exercises.common import SECONDS, traps
 from course_utils.exercises.step import Step
-
-from .pipeline_split import SECONDS, slip_traps
 
 _SHARE = Share(rtol=1e-2)
 _CUT = IdSet(lambda t: range(len(t["rollouts"])), "номеров роллаутов i")
 _SHARES = ("hard_share_truncated", "easy_share_truncated")
 _FIELDS = {"T_group": SECONDS, "U": _SHARE, "U_timeout": _SHARE, "truncated": _CUT}
-ANSWER = Fields({**_FIELDS, **dict.fromkeys(_SHARES, _SHARE)})
+_ANSWER = Fields({**_FIELDS, **dict.fromkeys(_SHARES, _SHARE)})
 _RU = {"easy": "лёгкая", "hard": "сложная"}
 _SPANS = {"hard": (6.0, 13.0), "easy": (2.5, 7.5)}  # обычные времена, с
 
 
-def tails_timeout_task(variant: int) -> dict:
+def _tails_task(variant: int) -> dict:
     rng = random.Random(12_3_7_000 + 7919 * variant)
     timeout = rng.choice([14, 15, 16, 18, 20])
     kinds = ["hard"] * rng.choice([2, 3])
@@ -50,16 +49,16 @@ def tails_timeout_task(variant: int) -> dict:
     return {"statement": statement, "timeout_s": timeout, "rollouts": rows}
 
 
-def tails_timeout_solve(task: dict) -> dict:
+def _tails_solve(task: dict) -> dict:
     rows, d = task["rollouts"], [r["duration_s"] for r in task["rollouts"]]
     capped, mask = pipeline.truncate_durations(d, task["timeout_s"])
     cut = [[bool(m) for m, r in zip(mask, rows) if r["difficulty"] == k] for k in ("hard", "easy")]
     U, U_timeout = pipeline.group_utilization(d), pipeline.group_utilization(capped)
     truncated, shares = [i for i, m in enumerate(mask) if m], [sum(c) / len(c) for c in cut]
-    return dict(zip(ANSWER.fields, (max(d), U, U_timeout, truncated, *shares)))  # шаг ждёт max
+    return dict(zip(_ANSWER.fields, (max(d), U, U_timeout, truncated, *shares)))  # шаг ждёт max
 
 
-def tails_timeout_solution(task: dict, ref: dict) -> str:
+def _tails_solution(task: dict, ref: dict) -> str:
     tau, rows = task["timeout_s"], task["rollouts"]
     d = [r["duration_s"] for r in rows]
     n, T, total = len(d), sig(ref["T_group"]), sig(sum(d))
@@ -108,8 +107,6 @@ _TRAP_BY = {  # без обрезки — своё правило
     "old_max_denominator": ("U_timeout",),
 }
 
-HINT = "Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности."
-TRAPS = slip_traps(_tails_slips, _TRAP_TEXT, _TRAP_BY)
-STEP = Step(
-    "12.3.7", tails_timeout_task, tails_timeout_solve, ANSWER, HINT, tails_timeout_solution, TRAPS
-)
+_HINT = "Шаг длится столько, сколько самый медленный роллаут: U = Σ T_i / (n · max T_i). С тайм-аутом замените каждое время на min(T_i, τ) — и в сумме, и в максимуме. Доли обрезанных считайте внутри каждой группы сложности."
+_TRAPS = traps(_tails_slips, _TRAP_TEXT, _TRAP_BY)
+STEP = Step("12.3.7", _tails_task, _tails_solve, _ANSWER, _HINT, _tails_solution, _TRAPS)

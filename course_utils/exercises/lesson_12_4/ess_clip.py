@@ -7,12 +7,12 @@ import numpy as np
 
 from course_utils import offpolicy
 from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.lesson_12_4.token_ratios import TOL, TOLERANCE, hits_any, traps_from
+from course_utils.exercises.common import TOL, TOLERANCE, hits_any, traps
 from course_utils.exercises.step import Step
 
 _NN = Number(**TOLERANCE, low=0, bound="Величина неотрицательна")
 _NAT = Number(**TOLERANCE, low=0, bound="Величина неотрицательна", unit="нат")
-ANSWER = Fields(
+_ANSWER = Fields(
     {"ess": _NN, "ess_norm": _NN, "clip_fraction": Share(**TOLERANCE), "max_abs_log_w": _NAT}
 )
 
@@ -35,7 +35,7 @@ def _ess_values(task: dict) -> dict:
     }
 
 
-def ess_clip_task(variant: int) -> dict:
+def _ess_task(variant: int) -> dict:
     rng = random.Random(12_4_7_000 + 7919 * variant)
     el, eh, n = 0.2, rng.choice([0.2, 0.28]), rng.choice([8, 8, 10])
     lo, hi = 1 - el, 1 + eh
@@ -62,20 +62,20 @@ def ess_clip_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def ess_clip_solve(task: dict, trap: str = "") -> dict:
-    """Верный ответ (через offpolicy) или, если задан ключ ``trap``, ответ этой типичной ошибки."""
+def _ess_answers(task: dict) -> dict:
+    """Верный ответ (ключ "") и ответы типичных ошибок — через offpolicy."""
     v = _ess_values(task)
-    ref = {k: v[k] for k in ANSWER.fields}
+    ref = {k: v[k] for k in _ANSWER.fields}
     return {
         "": ref,
         "clip_ignores_sign": {**ref, "clip_fraction": v["clip_no_sign"]},
         "ess_mean_weight": {**ref, "ess": v["n"], "ess_norm": 1.0},
         "ess_not_normalized": {**ref, "ess_norm": v["ess"]},
         "mean_abs_not_max": {**ref, "max_abs_log_w": v["mean_abs_log_w"]},
-    }[trap]
+    }
 
 
-def ess_clip_solution(task: dict, ref: dict) -> str:
+def _ess_solution(task: dict, ref: dict) -> str:
     v, w, a = _ess_values(task), task["weights"], task["advantages"]
     low, high = 1 - task["eps_low"], 1 + task["eps_high"]
     rows = []
@@ -93,14 +93,16 @@ def ess_clip_solution(task: dict, ref: dict) -> str:
 
 
 _MEAN_WEIGHT = (("ess", "n"), ("ess", "mean_w"), ("ess", "sum_w"), ("ess_norm", "mean_w"))
-_MATCHES = {"ess_mean_weight": hits_any(ANSWER, _ess_values, *_MEAN_WEIGHT)}
 _MESSAGES = {
     "clip_ignores_sign": "Вы посчитали долю весов вне полосы без учёта знака преимущества: клиппирование срабатывает только при w > 1 + ε_high и A > 0 или w < 1 − ε_low и A < 0, иначе min(ρA, clip(ρ)A) берёт необрезанную ветвь.",
     "ess_mean_weight": "ESS — не число примеров и не средний (или суммарный) вес: ESS Киша = (Σw)²/Σw², он равен n только при равных весах.",
     "ess_not_normalized": "В ess_norm записан сам ESS, а нужна нормированная величина ESS/n ∈ (0, 1] — её сравнивают между пакетами разного размера.",
     "mean_abs_not_max": "Это среднее |log w|, а спрашивается максимум: среднее сглаживает выброс, а градиент тянет уже один ответ с большим |log w_i|.",
 }
-_BY = dict(zip(_MESSAGES, [("clip_fraction",), (), ("ess_norm",), ("max_abs_log_w",)]))
-HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
-TRAPS = traps_from(ess_clip_solve, _MESSAGES, _BY, matches=_MATCHES)
-STEP = Step("12.4.7", ess_clip_task, ess_clip_solve, ANSWER, HINT, ess_clip_solution, TRAPS)
+_BY = dict(zip(_MESSAGES, [("clip_fraction",), hits_any(_ANSWER, _ess_values, *_MEAN_WEIGHT)]))
+_BY |= {"ess_not_normalized": ("ess_norm",), "mean_abs_not_max": ("max_abs_log_w",)}
+_HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
+_TRAPS = traps(lambda t, r: _ess_answers(t), _MESSAGES, _BY)
+STEP = Step(
+    "12.4.7", _ess_task, lambda t: _ess_answers(t)[""], _ANSWER, _HINT, _ess_solution, _TRAPS
+)

@@ -8,7 +8,7 @@ import numpy as np
 
 from course_utils import fmt, offpolicy
 from course_utils.exercises.answers import Choice, Fields, Keyed, Number, far_apart, md_table
-from course_utils.exercises.lesson_12_4.token_ratios import TOL, TOLERANCE, hits_any, traps_from
+from course_utils.exercises.common import TOL, TOLERANCE, hits_any, traps
 from course_utils.exercises.step import Step
 
 _KINDS = ("llt", "ltl", "tll", "ttl", "tlt", "ltt")  # диагнозы A, B, C (l — lag, t — tim): есть оба
@@ -18,7 +18,7 @@ _COLS += ("mean_abs_log_w", "max_abs_log_w", "seq_log_w")
 _SD = {"lag": ((6e-3, 1e-2, 2e-2), (5e-4, 1e-3, 2e-3)), "tim": ((5e-4, 1e-3), (1e-2, 2e-2, 4e-2))}
 _DIAGNOSIS = Keyed(lambda t: t["logs"], Choice(("lag", "tim")), noun="журналов")
 _LOGP = Number(**TOLERANCE, high=0, unit="нат", bound="Логарифм вероятности ≤ 0")
-ANSWER = Fields({"diagnosis": _DIAGNOSIS, "behavior_logprob": _LOGP})
+_ANSWER = Fields({"diagnosis": _DIAGNOSIS, "behavior_logprob": _LOGP})
 
 
 def share_at_zero_lag(rows: list[dict]) -> float:
@@ -64,7 +64,7 @@ def _lag_logprobs(task: dict) -> dict:
     return dict(zip(("behavior", "raw", "no_temp", "no_temp_raw"), map(float, values)))
 
 
-def lag_or_mismatch_task(variant: int) -> dict:
+def _lag_task(variant: int) -> dict:
     rng = random.Random(12_4_8_000 + 7919 * variant)
     kinds = zip("ABC", ["lag" if c == "l" else "tim" for c in _KINDS[variant % len(_KINDS)]])
     logs = {k: _lag_log(rng, kind, k, 1000 * variant + 10 * i) for i, (k, kind) in enumerate(kinds)}
@@ -93,8 +93,8 @@ def lag_or_mismatch_task(variant: int) -> dict:
     return {"statement": statement, "logs": logs, "vocab": vocab, **task}
 
 
-def lag_or_mismatch_solve(task: dict, trap: str = "") -> dict:
-    """Верный ответ (через offpolicy) или, если задан ключ ``trap``, ответ этой типичной ошибки."""
+def _lag_answers(task: dict) -> dict:
+    """Верный ответ (ключ "") и ответы типичных ошибок — через offpolicy."""
     lp, logs = _lag_logprobs(task), task["logs"]
     diagnosis = {k: "tim" if share_at_zero_lag(rows) >= 0.5 else "lag" for k, rows in logs.items()}
     ref = {"diagnosis": diagnosis, "behavior_logprob": lp["behavior"]}
@@ -104,10 +104,10 @@ def lag_or_mismatch_solve(task: dict, trap: str = "") -> dict:
         "no_temperature": {**ref, "behavior_logprob": lp["no_temp"]},
         "staleness_everywhere": {**ref, "diagnosis": dict.fromkeys(logs, "lag")},
         "probe_nonzero_is_tim": {**ref, "diagnosis": dict.fromkeys(logs, "tim")},
-    }[trap]
+    }
 
 
-def lag_or_mismatch_solution(task: dict, ref: dict) -> str:
+def _lag_solution(task: dict, ref: dict) -> str:
     lp, rows = _lag_logprobs(task), []
     for k, log in task["logs"].items():
         lag = log[0]["trainer_version"] - log[0]["behavior_version"]
@@ -130,21 +130,17 @@ def lag_or_mismatch_solution(task: dict, ref: dict) -> str:
     )
 
 
-_BY = {"raw_softmax_under_top_p": ("behavior_logprob",)}
 _NO_TEMPERATURE = (("behavior_logprob", "no_temp"), ("behavior_logprob", "no_temp_raw"))
-_MATCHES = {"no_temperature": hits_any(ANSWER, _lag_logprobs, *_NO_TEMPERATURE)}
+_BY = {"raw_softmax_under_top_p": ("behavior_logprob",)}
+_BY["no_temperature"] = hits_any(_ANSWER, _lag_logprobs, *_NO_TEMPERATURE)
 _MESSAGES = {
     "raw_softmax_under_top_p": "Это log softmax(z/T) без усечения, а движок семплировал из ядра top-p, перенормированного до суммы 1: вычтите log массы ядра.",
     "no_temperature": "Вы забыли температуру: движок делит логиты на T до softmax и до отбора ядра top-p (от T зависит и само ядро).",
     "staleness_everywhere": "Диагноз по версиям не ставится: v < u во всех строках. Сравните с пробой на нулевой задержке — если расхождение там почти то же, его даёт TIM.",
     "probe_nonzero_is_tim": "Немного TIM есть всегда, проба почти никогда не даёт ровно 0. Диагноз — по доле: если без задержки остаётся малая часть расхождения, основную часть даёт задержка.",
 }
+_HINT = "Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру)."
+_TRAPS = traps(lambda t, r: _lag_answers(t), _MESSAGES, _BY, default=("diagnosis",))
 STEP = Step(
-    id="12.4.8",
-    make_task=lag_or_mismatch_task,
-    solve=lag_or_mismatch_solve,
-    solution=lag_or_mismatch_solution,
-    answer=ANSWER,
-    hint="Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру).",
-    traps=traps_from(lag_or_mismatch_solve, _MESSAGES, _BY, ("diagnosis",), _MATCHES),
+    "12.4.8", _lag_task, lambda t: _lag_answers(t)[""], _ANSWER, _HINT, _lag_solution, _TRAPS
 )

@@ -10,7 +10,7 @@ from course_utils.exercises.answers import IdSet, md_table, norm
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import _plain
 
-INJECTIONS = {  # внедряемое нарушение → коды, которые оно вызывает (тесты сверяют с audit_log)
+_INJECTIONS = {  # внедряемое нарушение → коды, которые оно вызывает (тесты сверяют с audit_log)
     "commit_no_wait": ("commit_before_barrier", "serve_before_barrier"),
     "serve_from_staging": ("serve_before_barrier", "serve_uncommitted"),  # до любого commit
     "early_commit": ("commit_before_barrier", "serve_before_barrier", "replicas_diverged"),
@@ -35,7 +35,7 @@ def plan(variant: int) -> dict:
     replicas, n_pub = [f"replica-{i}" for i in range(rng.choice([2, 3]))], rng.choice([1, 2])
     kinds = [rng.choice(_BARRIER_KINDS), rng.choice(_CHECKSUM_KINDS)]
     if n_pub * len(replicas) > 2 and rng.random() < 0.6:
-        kinds.append(rng.choice(sorted(set(INJECTIONS) - {*_BARRIER_KINDS, *_CHECKSUM_KINDS})))
+        kinds.append(rng.choice(sorted(set(_INJECTIONS) - {*_BARRIER_KINDS, *_CHECKSUM_KINDS})))
     pubs: list[dict[str, str]] = [{} for _ in range(n_pub)]
     for kind in kinds:
         free = [(i, r) for i in range(n_pub) for r in replicas if r not in pubs[i].values()]
@@ -47,7 +47,7 @@ def plan(variant: int) -> dict:
 
 
 def expected_codes(p: dict) -> set[str]:
-    return {code for pub in p["publications"] for kind in pub for code in INJECTIONS[kind]}
+    return {code for pub in p["publications"] for kind in pub for code in _INJECTIONS[kind]}
 
 
 def _sync_events(p: dict) -> list[dict]:
@@ -126,29 +126,25 @@ def _sync_events(p: dict) -> list[dict]:
     return log.to_list()
 
 
-def sync_audit_task(variant: int) -> dict:
-    ws, p = import_module(_WEIGHT_SYNC), plan(variant)
+def _audit_task(variant: int) -> dict:
+    ws, audit, p = import_module(_WEIGHT_SYNC), import_module(_AUDIT), plan(variant)
     events, cols = _sync_events(p), tuple(ws.EVENT_FIELDS)
     rows = [["—" if e[c] in (None, "") else e[c] for c in cols] for e in events]
     types = "\n".join(f"- `{k}` — {text}" for k, text in ws.EVENT_TYPES.items())
-    rules = "\n".join(f"- `{k}` — {text}" for k, text in import_module(_AUDIT).AUDIT_RULES.items())
+    rules = "\n".join(f"- `{k}` — {text}" for k, text in audit.AUDIT_RULES.items())
     statement = (
         f"**Аудит журнала синхронизации весов.** Публикатор (`publisher`) раздаёт новые версии весов {len(p['replicas'])} репликам движка генерации. Протокол шага 12.4.5: реплика пишет версию во второй (staging) буфер, проверяет её контрольной суммой (`checksum` против присланной `expected_checksum`) и сообщает `ready`; когда готовы все, публикатор записывает `barrier`, и только после него реплики переключаются (`commit`) и обслуживают новую версию. Запрос (`serve`) закрепляет за собой версию активного буфера; `checksum` у `serve` и `commit` — сумма активных весов.\n\nЖурнал (событий: {len(events)}, по времени; он же — `task_12_4_9['events']`, удобно `pd.DataFrame(task_12_4_9['events'])`):\n\n"
         f"{md_table(cols, rows)}\n\nТипы событий:\n{types}\n\nПравила аудита (`task_12_4_9['rules']`):\n{rules}\n\nКакие правила нарушены в этом журнале? Ответ — список кодов, например `[\"inplace_update\"]`, или `[]` для чистого журнала. Ищите сами; после проверки можно сверить с `weight_sync.audit_log(task_12_4_9['events'])`."
     )
-    return {
-        "statement": statement,
-        "events": events,
-        "rules": dict(import_module(_AUDIT).AUDIT_RULES),
-    }
+    return {"statement": statement, "events": events, "rules": dict(audit.AUDIT_RULES)}
 
 
-def sync_audit_solve(task: dict) -> list[str]:
+def _audit_solve(task: dict) -> list[str]:
     found = {m[1 : m.index("]")] for m in import_module(_AUDIT).audit_log(task["events"])}
     return [code for code in task["rules"] if code in found]
 
 
-def sync_audit_solution(task: dict, ref: list[str]) -> str:
+def _audit_solution(task: dict, ref: list[str]) -> str:
     events = task["events"]
     found = "\n".join(f"- {m}" for m in import_module(_AUDIT).audit_log(events))
     aborted = ", ".join(map(str, sorted({e["version"] for e in events if e["event"] == "abort"})))
@@ -162,21 +158,21 @@ def _audit_wrong(dropped: set[str] | None, task: dict, ref: list[str]) -> list[s
 
 def _audit_rule(dropped: set[str] | None, task: dict, given: Any) -> bool:
     """Trap.matches: названы (почти) все правила (dropped=None) или верный ответ без части dropped."""
-    ref, got = set(sync_audit_solve(task)), {norm(x) for x in _plain(given)}
+    ref, got = set(_audit_solve(task)), {norm(x) for x in _plain(given)}
     if dropped is None:
         return got != ref and len(got) >= len(task["rules"]) - 1
     return got < ref and ref - got <= dropped
 
 
-ANSWER = IdSet(lambda t: t["rules"], noun="кодов нарушений", repeats=True)
-HINT = "Для каждой версии: были ли у всех реплик verify_ok с checksum = expected_checksum и ready до barrier? Не было ли commit или serve новой версии до barrier? Совпадает ли сумма commit/serve с эталоном? Писались ли веса в staging? Одна ли версия у всех реплик после переключений и не убывает ли она?"
+_ANSWER = IdSet(lambda t: t["rules"], noun="кодов нарушений", repeats=True)
+_HINT = "Для каждой версии: были ли у всех реплик verify_ok с checksum = expected_checksum и ready до barrier? Не было ли commit или serve новой версии до barrier? Совпадает ли сумма commit/serve с эталоном? Писались ли веса в staging? Одна ли версия у всех реплик после переключений и не убывает ли она?"
 _MESSAGES = {
     "everything_wrong": "Вы перечислили (почти) все правила. Аудит — поиск конкретных нарушений: для каждого названного кода найдите нарушающее его событие.",
     "commit_is_enough": "Вы пропустили нарушения барьера готовности: commit и проверка одной реплики не делают версию доступной — обслуживать её можно только после barrier, когда ready прислали все.",
     "checksum_ignored": "Вы не сверили контрольные суммы: verify_ok ещё не значит, что checksum равна expected_checksum, а commit и serve должны нести сумму той же версии.",
 }
-TRAPS = tuple(  # пропущенные коды ошибки: None — названы все правила
+_TRAPS = tuple(  # пропущенные коды ошибки: None — названы все правила
     Trap(k, text, partial(_audit_wrong, d), matches=partial(_audit_rule, d))
     for (k, text), d in zip(_MESSAGES.items(), (None, BARRIER_CODES, {"checksum_mismatch"}))
 )
-STEP = Step("12.4.9", sync_audit_task, sync_audit_solve, ANSWER, HINT, sync_audit_solution, TRAPS)
+STEP = Step("12.4.9", _audit_task, _audit_solve, _ANSWER, _HINT, _audit_solution, _TRAPS)

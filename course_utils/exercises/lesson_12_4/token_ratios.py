@@ -1,4 +1,4 @@
-"""12.4.6 — отношения токенов и log w_seq; общие для 12.4.6–12.4.8 допуск и правила ловушек."""
+"""12.4.6 — отношения токенов π_θ/μ и log w_seq = Σ m_t (log π_θ − log μ), нат."""
 
 import math
 import random
@@ -6,31 +6,16 @@ import random
 import numpy as np
 
 from course_utils import offpolicy
-from course_utils.exercises.answers import Fields, Number, Numbers, far_apart, get, md_table
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.answers import Fields, Number, Numbers, far_apart, md_table
+from course_utils.exercises.common import TOL, TOLERANCE, traps
+from course_utils.exercises.step import Step
 
-TOLERANCE = {"rtol": 1e-2, "atol": 2e-3}
-TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
 _SEQ = Number(**TOLERANCE, unit="нат")
 _RATIOS = Numbers(Number(**TOLERANCE), noun="токену политики")
-ANSWER = Fields({"ratios": _RATIOS, "seq_log_ratio": _SEQ})
+_ANSWER = Fields({"ratios": _RATIOS, "seq_log_ratio": _SEQ})
 
 
-def hits_any(answer: Fields, values, *pairs: tuple[str, str]):
-    """Trap.matches: поле ответа совпало хоть с одной величиной values(task) — пары (поле, имя)."""
-    return lambda t, g: any(answer.fields[f].same(values(t)[n], get(g, f)) for f, n in pairs)
-
-
-def traps_from(solve, messages: dict, by: dict, default=(), matches=None) -> tuple[Trap, ...]:
-    """Ловушки: ответ ошибки — solve(task, ключ); узнаётся по любому из полей by[ключ]."""
-    special, wrong = matches or {}, {k: lambda t, ref, k=k: solve(t, k) for k in messages}
-    return tuple(
-        Trap(k, text, wrong[k], by=by.get(k, default), matches=special.get(k))
-        for k, text in messages.items()
-    )
-
-
-def token_ratios_task(variant: int) -> dict:
+def _ratios_task(variant: int) -> dict:
     rng = random.Random(12_4_6_000 + 7919 * variant)
     while True:  # многоходовой ответ модели с вызовами калькулятора
         x, y, rows = rng.randint(12, 89), rng.randint(3, 29), []
@@ -55,7 +40,7 @@ def token_ratios_task(variant: int) -> dict:
                     b = min(a + rng.choice([-1, 1]) * rng.uniform(0.3, 1.5), -0.01)
                 rows.append((word, k, round(a, 3), round(b, 3)))
         task = dict(zip(("tokens", "mask", "logp_target", "logp_behavior"), map(list, zip(*rows))))
-        seqs = [token_ratios_solve(task, k)["seq_log_ratio"] for k in ("", *_MESSAGES)]
+        seqs = [a["seq_log_ratio"] for a in _ratios_answers(task).values()]
         gap = max(abs(a - b) for _, k, a, b in rows if k)
         if abs(seqs[0]) >= 0.15 and gap >= 0.05 and far_apart([*seqs, -seqs[1]]):  # и −(со средой)
             break
@@ -71,8 +56,8 @@ def token_ratios_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def token_ratios_solve(task: dict, trap: str = "") -> dict:
-    """Верный ответ (через offpolicy) или, если задан ключ ``trap``, ответ этой типичной ошибки."""
+def _ratios_answers(task: dict) -> dict:
+    """Верный ответ (ключ "") и ответы типичных ошибок — через offpolicy."""
     lt, lb = np.array(task["logp_target"]), np.array(task["logp_behavior"])
     m = np.array(task["mask"], dtype=bool)
     seq, ratios = float(offpolicy.sequence_log_ratio(lt, lb, m)), offpolicy.importance_ratios
@@ -84,10 +69,14 @@ def token_ratios_solve(task: dict, trap: str = "") -> dict:
         "ratio_inverted": {"ratios": ratios(lb[m], lt[m]).tolist(), "seq_log_ratio": -seq},
         "mean_not_sum": {**ref, "seq_log_ratio": seq / int(m.sum())},
         "w_seq_not_log": {**ref, "seq_log_ratio": math.exp(seq)},
-    }[trap]
+    }
 
 
-def token_ratios_solution(task: dict, ref: dict) -> str:
+def _ratios_solve(task: dict) -> dict:
+    return _ratios_answers(task)[""]
+
+
+def _ratios_solution(task: dict, ref: dict) -> str:
     seq = ref["seq_log_ratio"]
     cols = list(zip(*(task[c] for c in ("tokens", "mask", "logp_target", "logp_behavior"))))
     rows = [
@@ -111,8 +100,6 @@ _MESSAGES = {
     "w_seq_not_log": "Это само отношение w_seq, а спрашивается его логарифм log w_seq — сумма разностей в натах, без экспоненты.",
 }
 _BY = dict.fromkeys(("env_tokens_included", "ratio_inverted"), ("ratios", "seq_log_ratio"))
-HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
-TRAPS = traps_from(token_ratios_solve, _MESSAGES, _BY, default=("seq_log_ratio",))
-STEP = Step(
-    "12.4.6", token_ratios_task, token_ratios_solve, ANSWER, HINT, token_ratios_solution, TRAPS
-)
+_HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
+_TRAPS = traps(lambda t, r: _ratios_answers(t), _MESSAGES, _BY, default=("seq_log_ratio",))
+STEP = Step("12.4.6", _ratios_task, _ratios_solve, _ANSWER, _HINT, _ratios_solution, _TRAPS)

@@ -71,7 +71,7 @@ def _hidden_batches(task: dict) -> list[dict]:
     return _build_batches(rng, kinds, task)
 
 
-def atomic_batches_task(variant: int) -> dict:
+def _atomic_task(variant: int) -> dict:
     rng = random.Random(12_5_11_000 + 7919 * variant)
     base = rng.randint(2, 6)
     current, old, lag = f"verifier-{base + 1}", f"verifier-{base}", rng.choice([1, 2])
@@ -118,7 +118,7 @@ def accept(batch, expected_ids, verifier_version):
 ```"""
 
 
-def atomic_batches_solution(task: dict, ref: Callable) -> str:
+def _atomic_solution(task: dict, ref: Callable) -> str:
     current, rows = task["verifier_version"], []
     for b in _hidden_batches(task):
         verdict = ref(b["rollouts"], b["expected_ids"], current)
@@ -167,12 +167,11 @@ def _flip(key: str) -> Trap:
     return Trap(key, _FLIP_TEXT[key], wrong=wrong, matches=matches)
 
 
-STEP = Step(
-    id="12.5.11",
-    make_task=atomic_batches_task,
-    solve=lambda task: crash_test.accept_batch,
-    solution=atomic_batches_solution,
-    answer=Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=60.0),
-    hint="Сравните rollout_id с expected_ids (ни лишних, ни недостающих, ни повторов), проверьте конечную награду у каждого роллаута и что все оценены именно verifier_version. Версия политики — не критерий: задержка в пределах допуска — норма.",
-    traps=tuple(_flip(key) for key in _FLIPS),
-)
+def _atomic_solve(task: dict):  # верный ответ — функция курса
+    return crash_test.accept_batch
+
+
+_ANSWER = Function(_accept_outcome, _Verdicts(), arity=3, signature=_SIG, deadline_s=60.0)
+_HINT = "Сравните rollout_id с expected_ids (ни лишних, ни недостающих, ни повторов), проверьте конечную награду у каждого роллаута и что все оценены именно verifier_version. Версия политики — не критерий: задержка в пределах допуска — норма."
+_TRAPS = tuple(_flip(key) for key in _FLIPS)
+STEP = Step("12.5.11", _atomic_task, _atomic_solve, _ANSWER, _HINT, _atomic_solution, _TRAPS)

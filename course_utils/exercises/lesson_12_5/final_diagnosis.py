@@ -5,10 +5,10 @@ import random
 
 from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
-from course_utils.exercises.lesson_12_5.manifest_gaps import has_state
+from course_utils.exercises.common import has_state, trace_table
 from course_utils.exercises.step import Step, Trap
 
-STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
+_STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
 _ESS_FLOOR, _CRASH, _RISKS = 0.5, "crash_test", ("высокий", "низкий")
 _MODELS = ("Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
 
@@ -30,7 +30,7 @@ def _diag_path(trace: list[dict]) -> dict:
     on_path: dict[str, float] = {}
     for stage, a, b in zip(chain["stage"], chain["start_s"], chain["end_s"]):
         on_path[stage] = on_path.get(stage, 0.0) + float(b - a)
-    work = {st: sum(r["end_s"] - r["start_s"] for r in trace if r["stage"] == st) for st in STAGES}
+    work = {st: sum(r["end_s"] - r["start_s"] for r in trace if r["stage"] == st) for st in _STAGES}
     return {"length": float(length), "on_path": on_path, "work": work, "chain": list(chain.index)}
 
 
@@ -44,7 +44,7 @@ def _draw_trace(rng: random.Random, target: str) -> list[dict]:
         gen_chain, train_chain = max(gens) + r, f + t + s
         if max(gen_chain, train_chain) < 1.1 * min(gen_chain, train_chain):
             continue
-        work = dict(zip(STAGES, (sum(gens), r, f, t, s)))
+        work = dict(zip(_STAGES, (sum(gens), r, f, t, s)))
         gen_path = {"generation": max(gens), "reward": r}
         on_path = gen_path if gen_chain > train_chain else dict(list(work.items())[2:])
         top, most = max(on_path, key=on_path.get), max(work, key=work.get)
@@ -105,7 +105,7 @@ def _draw_queue(rng: random.Random, mode: str) -> dict:
             return {"max_lag": bound, "lag_counts": lags, "batches": batches}
 
 
-def final_diagnosis_task(variant: int) -> dict:
+def _diag_task(variant: int) -> dict:
     rng = random.Random(12_5_13_000 + 7919 * variant)
     # каждая ошибка меняет ответ; поэтому генерация не бывает узким местом
     if variant < 4:
@@ -113,7 +113,7 @@ def final_diagnosis_task(variant: int) -> dict:
         recipe = ("adam8bit_mixed", "fp32_adam", "bf16_pure_adam", "fp32_adam")[variant]
         mode = ("lag", "ess", "lag", "ess")[variant]
     else:
-        target, recipe, mode = rng.choice(STAGES[1:]), None, rng.choice(["lag", "ess", "both"])
+        target, recipe, mode = rng.choice(_STAGES[1:]), None, rng.choice(["lag", "ess", "both"])
     task = {"stages": _draw_trace(rng, target), "memory": _draw_memory(rng, recipe)}
     task["queue"] = _draw_queue(rng, mode)
     run = {"curriculum": rng.random() < 0.5, "running_reward_norm": rng.random() < 0.5}
@@ -128,10 +128,6 @@ def final_diagnosis_task(variant: int) -> dict:
 def _diag_statement(d: dict) -> str:
     mem, queue, ck = d["memory"], d["queue"], d["checkpoint"]
     shape, recipe = memory.ModelShape.from_name(mem["model"]), memory.recipe(mem["recipe"])
-    cells = ("row", "worker", "stage", "start_s", "end_s")
-    rows = [[*map(r.get, cells), ", ".join(map(str, r["depends_on"])) or "—"] for r in d["stages"]]
-    head = "строка|исполнитель|этап|начало, с|конец, с|зависит от строк".split("|")
-    stages = md_table(head, rows)
     ess_rows = [[b["batch"], b["n"], f"{b['ess']:.1f}"] for b in queue["batches"]]
     lags = " · ".join(f"{x['lag']}: {x['rollouts']}" for x in queue["lag_counts"])
     zero = "DDP (ZeRO-0)" if mem["zero_stage"] == 0 else f"ZeRO-{mem['zero_stage']}"
@@ -139,11 +135,11 @@ def _diag_statement(d: dict) -> str:
     extras += ["скользящая нормировка наград"] if ck["running_reward_norm"] else []
     extras = ", ".join(extras) or "нет ни учебной программы, ни скользящей нормировки наград"
     return (
-        f"**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, `['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{stages}\n\n"
+        f"**Итоговый диагноз.** Асинхронный GRPO «на шаг позади»: пока тренер учится на пакете k, сборщики генерируют пакет k + 1. Данные — `task_12_5_13['stages']`, `['memory']`, `['queue']`, `['checkpoint']`.\n\n**1. Стадии шага** (время — с от начала шага; интервал ждёт предыдущий интервал своего исполнителя и строки последнего столбца):\n\n{trace_table(d['stages'])}\n\n"
         f"**2. Память одной GPU** (обучение и генерация на одних GPU). {mem['model']}: N = {fmt.num(shape.num_params)}, L = {shape.num_layers}, H_kv = {shape.num_kv_heads}, d_h = {shape.head_dim}; рецепт `{mem['recipe']}`: {recipe.describe()}; D = {mem['world_size']} GPU, {zero}. KV-кэш в bf16 (2 Б): {mem['sequences']} последовательностей по {mem['tokens_per_sequence']} токенов. Резерв — {mem['reserve_gib']} ГиБ, память GPU — {mem['gpu_gb']} ГБ ({mem['gpu_gb']}·10⁹ Б).\n\n"
         f"**3. Очередь.** Предел задержки политики — {queue['max_lag']}; роллаутов по задержке: {lags}. ESS по пакетам:\n\n{md_table(['пакет', 'n', 'ESS'], ess_rows)}\n\n"
         f"**4. Восстановление.** У запуска: {extras}. Манифест содержит {', '.join(f'`{c}`' for c in ck['components'])} (все компоненты — `checkpoint.COMPONENTS`, шаг 12.5.6); проверку аварией не проводили.\n\n"
-        f'Ответ: `bottleneck` — этап с наибольшим вкладом (суммой длительностей) в **критический путь** — самую длинную цепочку зависимых интервалов, одно из {", ".join(STAGES)}; `memory_fits` — помещаются ли состояние на ранг (`memory.per_rank_state_bytes`) + KV (2·L·H_kv·d_h·токены·2 Б) + резерв; `staleness_risk` — `"высокий"`, если наибольшая задержка выше предела или ESS/n какого-либо пакета < {_ESS_FLOOR}, иначе `"низкий"`; `recovery_gaps` — нужные запуску компоненты, которых нет в манифесте, и `"crash_test"`, если восстановление не проверено аварией.'
+        f'Ответ: `bottleneck` — этап с наибольшим вкладом (суммой длительностей) в **критический путь** — самую длинную цепочку зависимых интервалов, одно из {", ".join(_STAGES)}; `memory_fits` — помещаются ли состояние на ранг (`memory.per_rank_state_bytes`) + KV (2·L·H_kv·d_h·токены·2 Б) + резерв; `staleness_risk` — `"высокий"`, если наибольшая задержка выше предела или ESS/n какого-либо пакета < {_ESS_FLOOR}, иначе `"низкий"`; `recovery_gaps` — нужные запуску компоненты, которых нет в манифесте, и `"crash_test"`, если восстановление не проверено аварией.'
     )
 
 
@@ -167,16 +163,16 @@ def _diagnosis(task: dict) -> dict:
     return v
 
 
-def final_diagnosis_solve(task: dict) -> dict:
+def _diag_solve(task: dict) -> dict:
     v = _diagnosis(task)
     return dict(zip(_DIAG_ANSWER.fields, (v["bottleneck"], v["fits"], v["risk"], v["gaps"])))
 
 
-def final_diagnosis_solution(task: dict, ref: dict) -> str:
+def _diag_solution(task: dict, ref: dict) -> str:
     v, mem, q, ck = _diagnosis(task), task["memory"], task["queue"], task["checkpoint"]
     path, m, gib = v["path"], v["mem"], memory.GIB
     chain = " → ".join("{stage} ({worker})".format(**task["stages"][i]) for i in path["chain"])
-    rows = [[s, f"{path['on_path'].get(s, 0.0):.1f}", f"{path['work'][s]:.1f}"] for s in STAGES]
+    rows = [[s, f"{path['on_path'].get(s, 0.0):.1f}", f"{path['work'][s]:.1f}"] for s in _STAGES]
     contrib = md_table(["этап", "вклад в критический путь, с", "вся работа, с"], rows)
     b, shape = m["breakdown"], m["shape"]
     fits = ("помещается" if v["fits"] else "**не** помещается", "да" if v["fits16"] else "нет")
@@ -201,20 +197,14 @@ _DIAG_TEXT = {
     "no_crash_test": "Недостающие компоненты названы, но восстановление не проверено аварией: каталог контрольной точки на месте ещё не доказывает, что запуск можно продолжить.",
 }
 _ALLOWED_GAPS = (*checkpoint.COMPONENTS, _CRASH)
-_DIAG_FIELDS = {"bottleneck": Choice(STAGES), "memory_fits": Bool()}
+_DIAG_FIELDS = {"bottleneck": Choice(_STAGES), "memory_fits": Bool()}
 _DIAG_FIELDS["staleness_risk"] = Choice(_RISKS, {"high": "высокий", "low": "низкий"})
 _DIAG_FIELDS["recovery_gaps"] = IdSet(lambda t: _ALLOWED_GAPS, "имён компонентов (или crash_test)")
 _DIAG_ANSWER = Fields(_DIAG_FIELDS)
 
-STEP = Step(
-    id="12.5.13",
-    make_task=final_diagnosis_task,
-    solve=final_diagnosis_solve,
-    solution=final_diagnosis_solution,
-    answer=_DIAG_ANSWER,
-    hint="Узкое место — этап с наибольшим вкладом в длиннейшую цепочку зависимых интервалов. Память — per_rank_state_bytes по рецепту задачи (не 16 Б/параметр) + KV + резерв. Риск — по максимуму задержки и минимуму ESS/n, не по средним; пробелы — недостающие нужные компоненты и crash_test.",
-    traps=tuple(
-        Trap(k, _DIAG_TEXT[k], override={key: lambda t, f=f: f(_diagnosis(t))})
-        for k, (key, f) in _DIAG_SLIPS.items()
-    ),
+_HINT = "Узкое место — этап с наибольшим вкладом в длиннейшую цепочку зависимых интервалов. Память — per_rank_state_bytes по рецепту задачи (не 16 Б/параметр) + KV + резерв. Риск — по максимуму задержки и минимуму ESS/n, не по средним; пробелы — недостающие нужные компоненты и crash_test."
+_TRAPS = tuple(
+    Trap(k, _DIAG_TEXT[k], override={key: lambda t, f=f: f(_diagnosis(t))})
+    for k, (key, f) in _DIAG_SLIPS.items()
 )
+STEP = Step("12.5.13", _diag_task, _diag_solve, _DIAG_ANSWER, _HINT, _diag_solution, _TRAPS)

@@ -2,24 +2,21 @@
 
 import math
 import random
-from types import SimpleNamespace
 
-from course_utils import fmt, throughput, tracing
+from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.lesson_12_5.young_interval import AMOUNT, RTOL
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import AMOUNT, RTOL, group_share, traps
+from course_utils.exercises.step import Step
 
 _Q = ("p50", "p95", "p99")
 
 
-def log_values(task: dict) -> dict:  # верные величины и величины типичных ошибок
+def _log_values(task: dict) -> dict:  # верные величины и величины типичных ошибок
     groups, per = task["groups"], {}
     for g in groups:
         per.setdefault(g["collector"], []).extend(g["durations_s"])
     per = {c: tracing.percentiles(d) for c, d in per.items()}
-    rewards = [(g["group_id"], float(r)) for g in groups for r in g["rewards"]]
-    records = [SimpleNamespace(group_id=q, reward={"correctness": r}) for q, r in rewards]
-    n, share = throughput.degenerate_group_share(records)
+    n, share = group_share((g["group_id"], g["rewards"]) for g in groups)
     durations, rate = [d for g in groups for d in g["durations_s"]], n / task["wall_s"]
     zeros = sum(set(g["rewards"]) == {0} for g in groups) / n  # вырождены только «все 0»
     out = {**tracing.percentiles(durations), "degenerate_share": share}
@@ -28,7 +25,7 @@ def log_values(task: dict) -> dict:  # верные величины и вели
     return out | {f"avg_{q}": sum(p[q] for p in per.values()) / len(per) for q in _Q}
 
 
-def log_metrics_task(variant: int) -> dict:
+def _logm_task(variant: int) -> dict:
     rng = random.Random(12_5_9_000 + 7919 * variant)
     while True:
         k, size = rng.choice([3, 4]), rng.choice([4, 6, 8])
@@ -53,7 +50,7 @@ def log_metrics_task(variant: int) -> dict:
         groups = [{"group_id": f"g{i + 1:02d}", **g} for i, g in enumerate(raw)]
         wall = round(max(busy) * rng.uniform(1.05, 1.25))
         task = {"groups": groups, "wall_s": wall, "group_size": size}
-        v = log_values(task)  # ловушки различимы: среднее ≠ p50, среднее перцентилей ≠ перцентиль
+        v = _log_values(task)  # ловушки различимы: среднее ≠ p50, среднее перцентилей ≠ перцентиль
         ok = n - n0 - n1 >= 2 and far_apart([v["p50"], v["mean"], v["avg_p50"]], 0.03, 0)
         if ok and all(far_apart([v[q], v[f"avg_{q}"]], 0.05, 0) for q in _Q[1:]):
             break
@@ -67,13 +64,13 @@ def log_metrics_task(variant: int) -> dict:
     return {"statement": statement, **task}
 
 
-def log_metrics_solve(task: dict) -> dict:
-    v = log_values(task)
+def _logm_solve(task: dict) -> dict:
+    v = _log_values(task)
     return {k: v[k] for k in (*_Q, "degenerate_share", "informative_groups_per_s")}
 
 
-def log_metrics_solution(task: dict, ref: dict) -> str:
-    v, n = log_values(task), len(task["groups"])
+def _logm_solution(task: dict, ref: dict) -> str:
+    v, n = _log_values(task), len(task["groups"])
     xs, rows = sorted(d for g in task["groups"] for d in g["durations_s"]), []
     for q in (50, 95, 99):
         h = (len(xs) - 1) * q / 100
@@ -93,7 +90,7 @@ _MESSAGES = {
     "groups_not_informative": "Это все группы в секунду. Вырожденная группа (все награды равны) даёт нулевое преимущество и не учит политику: информативные группы/с = группы/с × (1 − доля вырожденных).",
     "all_correct_not_degenerate": "Вы посчитали вырожденными только группы, где все ответы неверны. Группа, где все ответы верны, тоже вырождена: награды равны, преимущество нулевое, градиента нет.",
 }
-_WRONG = {  # ошибка → {ключ ответа: величина из log_values}
+_WRONG = {  # ошибка → {ключ ответа: величина из _log_values}
     "average_of_percentiles": {q: f"avg_{q}" for q in _Q},
     "mean_as_p50": {"p50": "mean"},
     "groups_not_informative": {"informative_groups_per_s": "groups_per_s"},
@@ -103,21 +100,18 @@ _WRONG = {  # ошибка → {ключ ответа: величина из log
     },
 }
 _BY = {"average_of_percentiles": _Q[1:]}  # узнаётся по любому из ключей (по умолчанию — _WRONG)
-ANSWER = Fields(
+
+
+def _logm_slips(task: dict, ref: dict) -> dict[str, dict]:
+    v = _log_values(task)
+    return {k: ref | {f: v[x] for f, x in w.items()} for k, w in _WRONG.items()}
+
+
+_ANSWER = Fields(
     dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
     | {"degenerate_share": Share(rtol=RTOL)}
     | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
 )
-HINT = "Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных)."
-TRAPS = tuple(
-    Trap(
-        key,
-        text,
-        override={f: lambda t, x=x: log_values(t)[x] for f, x in _WRONG[key].items()},
-        by=_BY.get(key, tuple(_WRONG[key])),
-    )
-    for key, text in _MESSAGES.items()
-)
-STEP = Step(
-    "12.5.9", log_metrics_task, log_metrics_solve, ANSWER, HINT, log_metrics_solution, TRAPS
-)
+_HINT = "Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных)."
+_TRAPS = traps(_logm_slips, _MESSAGES, {k: tuple(w) for k, w in _WRONG.items()} | _BY)
+STEP = Step("12.5.9", _logm_task, _logm_solve, _ANSWER, _HINT, _logm_solution, _TRAPS)

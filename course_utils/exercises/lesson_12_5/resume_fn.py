@@ -44,7 +44,7 @@ def _resume_with_fresh(fresh: set) -> Callable:
     return resume
 
 
-WRONG = {key: _resume_with_fresh(fresh) for key, fresh in _FRESH.items()}
+_WRONG = {key: _resume_with_fresh(fresh) for key, fresh in _FRESH.items()}
 
 
 def _state_same(a: Any, b: Any) -> bool:
@@ -104,7 +104,7 @@ def _resume_cached(fn: Callable, params_json: str) -> dict:
 
 def _resume_outcome(fn: Callable, task: dict) -> dict:
     """Итог проверки аварией; у эталона и наших неверных resume он детерминирован — из кэша."""
-    if fn is checkpoint.resume_full or any(fn is f for f in WRONG.values()):
+    if fn is checkpoint.resume_full or any(fn is f for f in _WRONG.values()):
         return _resume_cached(fn, json.dumps(task["crash_test"], sort_keys=True))
     return _resume_crash(fn, task["crash_test"])
 
@@ -120,7 +120,7 @@ def _state_at(params_json: str) -> tuple[int, str]:
     return run.curriculum["level"], run.verifier_version
 
 
-def resume_fn_task(variant: int) -> dict:
+def _resume_task(variant: int) -> dict:
     rng = random.Random(12_5_10_000 + 7919 * variant)
     while True:  # в контрольной точке уже новый верификатор и уровень программы выше первого
         every = rng.choice([2, 3, 4])
@@ -149,11 +149,11 @@ def resume(run_factory, checkpoint_path):
 ```"""
 
 
-def resume_fn_solution(task: dict, ref: Callable) -> str:
+def _resume_solution(task: dict, ref: Callable) -> str:
     p, s0 = task["crash_test"], task["restored_step"]
     level, verifier = _state_at(json.dumps(p, sort_keys=True))
     good, rows = _resume_outcome(ref, task), []
-    labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in WRONG.items()}
+    labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in _WRONG.items()}
     for fn, label in {ref: "`resume_full` (эталон)", **labels}.items():
         rec = _resume_outcome(fn, task)
         step, fields = rec["diverges"], ", ".join(rec["fields"])
@@ -192,16 +192,18 @@ def _resume_trap(key: str) -> Trap:
     diffs = [_FRESH[key], {"queue", "counters"}] if queue else [_FRESH[key]]
     text = _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else "")
     return Trap(
-        key, text, wrong=lambda t, ref: WRONG[key], matches=lambda t, rec: set(rec["diff"]) in diffs
+        key,
+        text,
+        wrong=lambda t, ref: _WRONG[key],
+        matches=lambda t, rec: set(rec["diff"]) in diffs,
     )
 
 
-STEP = Step(
-    id="12.5.10",
-    make_task=resume_fn_task,
-    solve=lambda task: checkpoint.resume_full,
-    solution=resume_fn_solution,
-    answer=Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0),
-    hint="run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume)).",
-    traps=tuple(_resume_trap(key) for key in _FRESH),
-)
+def _resume_solve(task: dict):  # верный ответ — функция курса
+    return checkpoint.resume_full
+
+
+_ANSWER = Function(_resume_outcome, _CrashOutcome(), arity=2, signature=_SIG, deadline_s=60.0)
+_HINT = "run = run_factory(); state = checkpoint.load_checkpoint(checkpoint_path, config=run.config); восстановите ВСЁ состояние через run.load_state_dict(state), а не только веса, и верните run. Проверить себя: print(crash_test.run_crash_test(**task_12_5_10['crash_test'], resume=resume))."
+_TRAPS = tuple(_resume_trap(key) for key in _FRESH)
+STEP = Step("12.5.10", _resume_task, _resume_solve, _ANSWER, _HINT, _resume_solution, _TRAPS)

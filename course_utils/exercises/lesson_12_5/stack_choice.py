@@ -119,7 +119,7 @@ def _stack_rules(req: dict) -> list[str]:
     return rules
 
 
-def stack_choice_task(variant: int) -> dict:
+def _stack_task(variant: int) -> dict:
     rng = random.Random(12_5_12_000 + 7919 * variant)
     today, fastest = max(_stack_frame()["snapshot_date"]).isoformat(), _fastest_stacks()
     # обе ошибки меняют ответ: есть неподтверждённые кандидаты, а ответ — не «самый быстрый»
@@ -150,7 +150,7 @@ def stack_choice_task(variant: int) -> dict:
     return task
 
 
-def stack_choice_solution(task: dict, ref: list) -> str:
+def _stack_solution(task: dict, ref: list) -> str:
     loose = dict(zip(*(_stack_table(task, True)[c] for c in ("stack", "matches"))))
     rows = []
     for _, r in _stack_table(task).iterrows():
@@ -184,12 +184,7 @@ _STACK_SLIPS = {  # ошибка → (ответ с ней, правило, уз
     "fastest_number": (lambda t, ref: _fastest_stacks()[:1], _fastest_matches),
     "unconfirmed_as_fact": (lambda t, ref: _matching(t, True), _unconfirmed_matches),
 }
-STEP = Step(
-    id="12.5.12",
-    make_task=stack_choice_task,
-    solve=_matching,
-    solution=stack_choice_solution,
-    answer=_Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков", repeats=True),
-    hint="Пройдите по стекам и по каждому требованию: ячейка или элемент списка должны подтверждать его без «?» и без пометки в unconfirmed; затем проверьте ограничения сочетаний (STACK_LIMITS). Опубликованные ускорения в выборе не участвуют.",
-    traps=tuple(Trap(k, _STACK_TEXT[k], wrong=w, matches=m) for k, (w, m) in _STACK_SLIPS.items()),
-)
+_ANSWER = _Stacks(lambda t: list(_stack_frame()["stack"]), "имён стеков", repeats=True)
+_HINT = "Пройдите по стекам и по каждому требованию: ячейка или элемент списка должны подтверждать его без «?» и без пометки в unconfirmed; затем проверьте ограничения сочетаний (STACK_LIMITS). Опубликованные ускорения в выборе не участвуют."
+_TRAPS = tuple(Trap(k, _STACK_TEXT[k], wrong=w, matches=m) for k, (w, m) in _STACK_SLIPS.items())
+STEP = Step("12.5.12", _stack_task, _matching, _ANSWER, _HINT, _stack_solution, _TRAPS)

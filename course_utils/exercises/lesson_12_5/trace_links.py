@@ -7,16 +7,16 @@ import random
 
 from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, IdSet, md_table
-from course_utils.exercises.lesson_12_5.manifest_gaps import listed
+from course_utils.exercises.common import listed
 from course_utils.exercises.step import Step, Trap
 
-ROLLOUT_COLS = ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version", "reward")
-ROLLOUT_COLS += ("tokens", "enqueue_time", "dequeue_time", "dropped", "training_batch_id")
-BATCH_COLS = ("training_batch_id", "optimizer_step", "trainer_policy_version", "n_rollouts")
-BATCH_COLS += ("tokens", "rollout_ids", "complete")
-STEP_COLS = ("optimizer_step", "resulting_policy_version", "expected_verifier_version")
-_TABLES = {"rollouts": ROLLOUT_COLS, "batches": BATCH_COLS, "steps": STEP_COLS}
-VM = "verifier_mismatches"  # ключ ответа
+_ROLLOUT_COLS = ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version", "reward")
+_ROLLOUT_COLS += ("tokens", "enqueue_time", "dequeue_time", "dropped", "training_batch_id")
+_BATCH_COLS = ("training_batch_id", "optimizer_step", "trainer_policy_version", "n_rollouts")
+_BATCH_COLS += ("tokens", "rollout_ids", "complete")
+_STEP_COLS = ("optimizer_step", "resulting_policy_version", "expected_verifier_version")
+_TABLES = {"rollouts": _ROLLOUT_COLS, "batches": _BATCH_COLS, "steps": _STEP_COLS}
+_VM = "verifier_mismatches"  # ключ ответа
 
 
 def _trace_build(rng: random.Random, variant: int) -> dict:
@@ -33,7 +33,7 @@ def _trace_build(rng: random.Random, variant: int) -> dict:
     def add(version, verifier, enq, deq, dropped=False, step=None) -> None:
         reward = None if verifier is None else float(rng.random() < 0.5)
         values = (version, verifier, reward, rng.randint(40, 900), enq, deq, dropped)
-        rows.append({**dict(zip(ROLLOUT_COLS[2:9], values)), "_step": step})
+        rows.append({**dict(zip(_ROLLOUT_COLS[2:9], values)), "_step": step})
 
     for k in steps:
         for _ in range(size):
@@ -65,9 +65,9 @@ def _trace_build(rng: random.Random, variant: int) -> dict:
     for k in steps:
         m = [r for r in rows if r["_step"] == k]
         row = (f"b{k:04d}", k, k, len(m), sum(r["tokens"] for r in m), [r["rollout_id"] for r in m])
-        batches.append(dict(zip(BATCH_COLS, (*row, True))))
-    rollouts = [{c: r[c] for c in ROLLOUT_COLS} for r in rows]
-    steps = [dict(zip(STEP_COLS, (k, k + 1, expected[k]))) for k in steps]
+        batches.append(dict(zip(_BATCH_COLS, (*row, True))))
+    rollouts = [{c: r[c] for c in _ROLLOUT_COLS} for r in rows]
+    steps = [dict(zip(_STEP_COLS, (k, k + 1, expected[k]))) for k in steps]
     horizon = round(dequeue[last] + period, 1)
     return dict(rollouts=rollouts, batches=batches, steps=steps, max_lag=max_lag, horizon_s=horizon)
 
@@ -75,16 +75,16 @@ def _trace_build(rng: random.Random, variant: int) -> dict:
 def trace_tables(task: dict) -> tracing.TraceTables:  # prompts — по запросам роллаутов
     import pandas as pd
 
-    rollouts = pd.DataFrame(task["rollouts"], columns=list(ROLLOUT_COLS))
+    rollouts = pd.DataFrame(task["rollouts"], columns=list(_ROLLOUT_COLS))
     rollouts["training_batch_id"] = rollouts["training_batch_id"].astype(object)
     counts = rollouts.groupby("prompt_id", sort=False).size()
     prompts = pd.DataFrame({"prompt_id": counts.index.astype(object), "n_rollouts": counts.values})
-    batches = pd.DataFrame(task["batches"], columns=list(BATCH_COLS))
-    steps = pd.DataFrame(task["steps"], columns=list(STEP_COLS))
+    batches = pd.DataFrame(task["batches"], columns=list(_BATCH_COLS))
+    steps = pd.DataFrame(task["steps"], columns=list(_STEP_COLS))
     return tracing.TraceTables(prompts, rollouts, batches, steps, "12.5.8", task["horizon_s"])
 
 
-def trace_values(task: dict) -> dict:  # верные списки и списки ошибок в порядке rollouts
+def _trace_values(task: dict) -> dict:  # верные списки и списки ошибок в порядке rollouts
     key = json.dumps({k: task[k] for k in ("rollouts", "batches", "steps", "horizon_s")})
     return copy.deepcopy(_trace_values_cached(key))
 
@@ -117,7 +117,7 @@ def _trace_values_cached(key: str) -> dict:
     }
 
 
-def _trace_table(rows: list[dict], cols: tuple) -> str:
+def _links_table(rows: list[dict], cols: tuple) -> str:
     def cell(x) -> str:  # None → «—», список — через запятую
         x = (", ".join(map(str, x)) or None) if isinstance(x, list) else x
         return "—" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
@@ -125,31 +125,31 @@ def _trace_table(rows: list[dict], cols: tuple) -> str:
     return md_table([f"`{c}`" for c in cols], [[cell(r[c]) for c in cols] for r in rows])
 
 
-def trace_links_task(variant: int) -> dict:
+def _links_task(variant: int) -> dict:
     rng = random.Random(12_5_8_000 + 7919 * variant)
     while True:
         data = _trace_build(rng, variant)
-        v = trace_values(data)
+        v = _trace_values(data)
         kept, stale, latest = (v[k] for k in _FIELD)
         ref, wrong = set(v["verifier_mismatches"]), [set(x) for x in stale + latest]
         found = kept[0] and kept[0] != v["orphans"] and wrong[1] and (ref or variant >= 4)
         if found and ref not in wrong and all(w not in wrong[2:] for w in wrong[:2]):
             break
-    tables = "\n\n".join(f"**{k}**\n\n{_trace_table(data[k], c)}" for k, c in _TABLES.items())
+    tables = "\n\n".join(f"**{k}**\n\n{_links_table(data[k], c)}" for k, c in _TABLES.items())
     statement = f"**Связки трасс.** Последние шаги асинхронного запуска: сборщики пишут роллауты в очередь, тренер собирает из неё пакеты (допустимая задержка политики — до {fmt.count(data['max_lag'], 'версии', 'версий', 'версий')}, более старые роллауты отбрасываются как несвежие); посреди прогона верификатор обновили. Таблицы трассы — `task_12_5_8['rollouts']`, `task_12_5_8['batches']` (пакет шага k собран при версии тренера k) и `task_12_5_8['steps']`; время — секунды от старта, «—» — нет значения:\n\n{tables}\n\nНайдите `orphans` — роллауты, не попавшие ни в один пакет (их работа не дошла до шага оптимизатора), и `verifier_mismatches` — роллауты из пакетов, чья версия верификатора не та, что ждал шаг их пакета (`expected_verifier_version`)."
     return {"statement": statement, **data}
 
 
-def trace_links_solve(task: dict) -> dict:
-    v = trace_values(task)
+def _links_solve(task: dict) -> dict:
+    v = _trace_values(task)
     return {"orphans": v["orphans"], "verifier_mismatches": v["verifier_mismatches"]}
 
 
 _CODE = "```python\nimport pandas as pd\nr, b, s = (pd.DataFrame(task_12_5_8[k]) for k in ('rollouts', 'batches', 'steps'))\nchain = r.merge(b[['training_batch_id', 'optimizer_step']], how='left').merge(s, how='left')\norphans = chain.loc[chain.training_batch_id.isna(), 'rollout_id']\nused = chain[chain.optimizer_step.notna()]\nbad = used.loc[used.verifier_version != used.expected_verifier_version, 'rollout_id']\n```"
 
 
-def trace_links_solution(task: dict, ref: dict) -> str:
-    v = trace_values(task)
+def _links_solution(task: dict, ref: dict) -> str:
+    v = _trace_values(task)
     mism = [[f"`{x}`", k, f"`{got}`", f"`{want}`"] for x, k, got, want in v["mismatch_rows"]]
     head = ["`rollout_id`", "шаг", "`verifier_version`", "ждал шаг"]
     stale = len(set(v["mismatch_all_versions"][1]) - set(ref["verifier_mismatches"]))
@@ -163,22 +163,17 @@ _MESSAGES = {
     "mismatch_all_versions": "Вы отметили роллауты, чья версия политики поведения отличается от версии тренера. Это задержка политики (другая ось версий), а не ошибка верификатора: сравнивайте verifier_version с expected_verifier_version шага.",
     "latest_verifier_everywhere": "Вы сравнили все роллауты с последней версией верификатора. Каждый роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг.",
 }
-_FIELD = dict.fromkeys(_MESSAGES, VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
+_FIELD = dict.fromkeys(_MESSAGES, _VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
 _IDS = IdSet(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентификаторов rollout_id")
-STEP = Step(
-    id="12.5.8",
-    make_task=trace_links_task,
-    solve=trace_links_solve,
-    solution=trace_links_solution,
-    answer=Fields({"orphans": _IDS, "verifier_mismatches": _IDS}),
-    hint="Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём.",
-    traps=tuple(
-        Trap(
-            key,
-            text,
-            override={_FIELD[key]: lambda t, key=key: trace_values(t)[key][0]},
-            matches=lambda t, g, key=key: listed(g, _FIELD[key]) in map(set, trace_values(t)[key]),
-        )
-        for key, text in _MESSAGES.items()
-    ),
+_ANSWER = Fields({"orphans": _IDS, "verifier_mismatches": _IDS})
+_HINT = "Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём."
+_TRAPS = tuple(
+    Trap(
+        key,
+        text,
+        override={_FIELD[key]: lambda t, key=key: _trace_values(t)[key][0]},
+        matches=lambda t, g, key=key: listed(g, _FIELD[key]) in map(set, _trace_values(t)[key]),
+    )
+    for key, text in _MESSAGES.items()
 )
+STEP = Step("12.5.8", _links_task, _links_solve, _ANSWER, _HINT, _links_solution, _TRAPS)

@@ -5,21 +5,20 @@ import random
 
 from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
-from course_utils.exercises.step import Step, Trap
+from course_utils.exercises.common import AMOUNT, traps
+from course_utils.exercises.step import Step
 
-RTOL = 1e-2  # и для 12.5.9
-AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 _BAND = {"чаще": (1.6, 4.0), "реже": (0.2, 0.55), "так же": (0.95, 1.05)}  # I / I*
 _C = (20, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600)
 _M_H = (3, 4, 6, 8, 12, 18, 24, 36, 48, 72)
 
 
-def recommend_interval(interval_s: float, optimum_s: float) -> str:  # допуск «так же» — 10 %
+def _recommend_interval(interval_s: float, optimum_s: float) -> str:  # допуск «так же» — 10 %
     ratio = interval_s / optimum_s
     return "так же" if abs(ratio - 1) <= 0.10 else "чаще" if ratio > 1 else "реже"
 
 
-def young_interval_task(variant: int) -> dict:
+def _young_task(variant: int) -> dict:
     rng = random.Random(12_5_7_000 + 7919 * variant)
     target = ("чаще", "реже", "так же")[variant % 3]
     while True:
@@ -31,21 +30,21 @@ def young_interval_task(variant: int) -> dict:
         i_min = round(raw / 5) * 5 if raw > 40 else round(raw)
         ratio = i_min * 60 / i_star  # вдали от границы 10 %: «так же» — до 7 %, иначе — дальше 25 %
         margin = abs(ratio - 1) <= 0.07 if target == "так же" else not 0.75 < ratio < 1.3
-        good = margin and recommend_interval(i_min * 60, i_star) == target
+        good = margin and _recommend_interval(i_min * 60, i_star) == target
         if i_min >= 1 and i_min * 60 >= 3 * c and good:
             break
     statement = f"**Интервал Янга.** Полная контрольная точка пишется C = {c} с (обучение в это время стоит), среднее время между отказами M = {m_h} ч, сейчас точка пишется каждые I = {i_min} мин (`task_12_5_7['write_s']`, `task_12_5_7['mtbf_h']`, `task_12_5_7['interval_min']`). Доля потерянного времени (шаг 12.5.1; все величины в одних единицах, C ≪ I ≪ M):\n\n$$H(I) \\approx \\frac{{C}}{{I}} + \\frac{{I}}{{2M}},\\qquad I^* = \\sqrt{{2CM}}.$$\n\nНайдите `I_star_min` — I* **в минутах**, `H_current` = H(I) и `H_star` = H(I*) — доли (0.05, а не 5 %), и `recommend`: `\"чаще\"` (I больше I*), `\"реже\"` (меньше) или `\"так же\"` (|I/I* − 1| ≤ 10 %). Допуск 1 %: I* не округляйте до целых минут."
     return {"statement": statement, "write_s": c, "mtbf_h": m_h, "interval_min": i_min}
 
 
-def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
-    # верный ответ (mistake="ref") или ответ типичной ошибки; в формулах всё в секундах
+def _young_answers(task: dict) -> dict:
+    """Верный ответ (ключ "ref") и ответы типичных ошибок; в формулах всё в секундах."""
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
     def answer(s: float, mtbf: float) -> dict:
         h_i, h_s = checkpoint_overhead(i, c, mtbf), checkpoint_overhead(s, c, mtbf)
-        rec = recommend_interval(i, s)
+        rec = _recommend_interval(i, s)
         return {"I_star_min": s / 60, "H_current": h_i, "H_star": h_s, "recommend": rec}
 
     return {
@@ -53,12 +52,16 @@ def young_interval_solve(task: dict, mistake: str = "ref") -> dict:
         "sqrt_cm_no_two": answer(math.sqrt(c * m), m),
         "units_mixed": answer(math.sqrt(2 * c * m_h), m_h),  # M в часах как секунды
         "overhead_one_term": {**answer(star, m), "H_current": c / i, "H_star": c / star},
-    }[mistake]
+    }
+
+
+def _young_solve(task: dict) -> dict:
+    return _young_answers(task)["ref"]
 
 
 def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* в секундах как минуты
-    wrong, kind = young_interval_solve(task, "units_mixed"), Number(**AMOUNT)
-    seconds = 60 * young_interval_solve(task)["I_star_min"]
+    answers, kind = _young_answers(task), Number(**AMOUNT)
+    wrong, seconds = answers["units_mixed"], 60 * answers["ref"]["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
     return any(hits) or kind.same(seconds, get(given, "I_star_min"))
 
@@ -66,7 +69,7 @@ def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* 
 _VERDICT = {"чаще": "после отказа теряется много работы", "реже": "запись съедает много времени"}
 
 
-def young_interval_solution(task: dict, ref: dict) -> str:
+def _young_solution(task: dict, ref: dict) -> str:
     c, m_h, i_min = task["write_s"], task["mtbf_h"], task["interval_min"]
     m, i, star = m_h * 3600, i_min * 60, ref["I_star_min"] * 60
     lost = (ref["H_current"] - ref["H_star"]) * 24 * 60  # мин в сутки
@@ -80,24 +83,13 @@ _MESSAGES = {
     "sqrt_cm_no_two": "Вы взяли I* = √(C·M). Минимум H(I) = C/I + I/(2M) — из −C/I² + 1/(2M) = 0, то есть I* = √(2CM): без двойки интервал занижен в √2 раза.",
     "overhead_one_term": "Учтена только запись, H = C/I. Отказ ещё в среднем отнимает половину интервала на пересчёт: H(I) = C/I + I/(2M).",
 }
-_RULES = {  # как узнать ошибку: по любому из ключей или особым правилом
-    "units_mixed": {"matches": _units_mixed},
-    "sqrt_cm_no_two": {"by": ("I_star_min",)},
-    "overhead_one_term": {"by": ("H_current", "H_star")},
-}
+_RULES = {"units_mixed": _units_mixed, "sqrt_cm_no_two": ("I_star_min",)}
+_RULES["overhead_one_term"] = ("H_current", "H_star")
 _H = Number(unit="доля", **AMOUNT)
-STEP = Step(
-    id="12.5.7",
-    make_task=young_interval_task,
-    solve=young_interval_solve,
-    solution=young_interval_solution,
-    answer=Fields(
-        {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
-        | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
-    ),
-    hint="Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же».",
-    traps=tuple(
-        Trap(key, text, wrong=lambda t, ref, key=key: young_interval_solve(t, key), **_RULES[key])
-        for key, text in _MESSAGES.items()
-    ),
+_ANSWER = Fields(
+    {"I_star_min": Number(unit="мин", **AMOUNT), "H_current": _H, "H_star": _H}
+    | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
+_HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
+_TRAPS = traps(lambda t, r: _young_answers(t), _MESSAGES, _RULES)
+STEP = Step("12.5.7", _young_task, _young_solve, _ANSWER, _HINT, _young_solution, _TRAPS)
