@@ -28,14 +28,14 @@ from course_utils.multiproc.transport import state_checksum
 from course_utils.toy_run import ToyRLRun
 
 
-def _append_event(log: Path, record: dict) -> None:
+def append_event(log: Path, record: dict) -> None:
     with open(log, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def _kill_self_once(run_dir: Path, tag: str) -> None:
+def kill_self_once(run_dir: Path, tag: str) -> None:
     """kill -9 самого себя, но один раз на run_dir: метка-файл не даёт повторно убить перезапуск."""
     marker = run_dir / f".killed-{tag}"
     if marker.exists():
@@ -93,7 +93,7 @@ def checkpointed_trainer(
     while run.global_step < total_steps:
         event = run.step()
         t = event["step"]
-        _append_event(log, {"pid": os.getpid(), "event": event})
+        append_event(log, {"pid": os.getpid(), "event": event})
         events.append(event)
         if t % checkpoint_every == 0:
             files: list[str] = []  # SIGKILL после второго записанного файла данных
@@ -101,7 +101,7 @@ def checkpointed_trainer(
             def hook(fname: str, files=files, tag=f"write-{t}") -> None:
                 files.append(fname)
                 if len(files) == 2:
-                    _kill_self_once(run_dir_p, tag)
+                    kill_self_once(run_dir_p, tag)
 
             target = run_dir_p / checkpoint_name(t)
             hook_or_none = hook if t == kill_write else None
@@ -110,7 +110,7 @@ def checkpointed_trainer(
             )
             written.append(target.name)
         if t == kill_at_step:
-            _kill_self_once(run_dir_p, f"step-{t}")
+            kill_self_once(run_dir_p, f"step-{t}")
     return {
         "rank": rank,
         "pid": os.getpid(),

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from course_utils.args import integer, nonnegative, positive, text
-from course_utils.multiproc import sync_loop, transport
+from course_utils.multiproc import transport
 from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER
 
 QUEUE_EXPERIMENT = "queue_generators_trainer"
@@ -89,7 +89,7 @@ def queue_generators_trainer(
     # Управляющие сообщения — на CPU: на NCCL через отдельную группу gloo (NCCL не умеет
     # «принять от любого»); веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
-    r = sync_loop._start(QUEUE_EXPERIMENT, cfg)
+    r = transport.start_rank(QUEUE_EXPERIMENT, cfg)
     is_trainer = rank == QUEUE_TRAINER_RANK
     worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
     head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
@@ -111,7 +111,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         return transport.recv_object(trainer, "cpu", control)[0]
 
     with stages.stage("handshake"):
-        hello = {"type": "hello", **sync_loop._model_card(r.info)}
+        hello = {"type": "hello", **transport.model_card(r.info)}
         transport.send_object(hello, trainer, "cpu", control)
     version, k, staging, requests, fetches = 0, 0, None, [], []
     denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
@@ -123,7 +123,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
             wall0 = stages.clock()
             meta, staging, rs = transport.recv_tensors(trainer, r.device, staging)
             stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
-            load_s = sync_loop._load_weights(engine, staging, stages, k)
+            load_s = transport.load_engine_weights(engine, staging, stages, k)
             if int(meta["version"]) <= version:
                 raise RuntimeError(
                     f"генератор {rank}: пришли веса версии {meta['version']}, а у него уже "
@@ -147,7 +147,9 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         req_seed = cfg["seed"] * 1_000_000 + rank * 100_000 + k
         with stages.stage("generate", k) as gen:
             n_prompts, run_id = cfg["prompts_per_request"], f"q{cfg['seed']}r{rank}"
-            batch = sync_loop._generate(engine, r.tok, cfg, n_prompts, version, req_seed, run_id)
+            batch = transport.sample_rollouts(
+                engine, r.tok, cfg, n_prompts, version, req_seed, run_id
+            )
         gen_end, tokens = stages.now(), _tokens(batch.records)
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
@@ -181,7 +183,7 @@ class _QueueTrainer:
         self.info, self.device, self.control = r.info, r.device, control
         self.stages, self.cfg = r.stages, cfg
         self.trainer, self.wire_dtype, self.amp, self.scaler, self.optimizer = (
-            sync_loop._fp32_trainer(r.net, r.device, cfg["lr"])
+            transport.fp32_trainer(r.net, r.device, cfg["lr"])
         )
         self.cond = threading.Condition()
         self.queue: deque = deque()
@@ -293,7 +295,7 @@ class _QueueTrainer:
     def _on_rollouts(self, src: int, msg: Mapping) -> None:
         """Проверяет группу (контракт, токены, версия) и ставит её в конец очереди."""
         key = (src, int(msg["request_id"]))
-        records = sync_loop._records_from(msg["records"], f"группа генератора {src}")
+        records = transport.records_from(msg["records"], f"группа генератора {src}")
         tokens, version = _tokens(records), int(msg["version"])
         if tokens != msg.get("tokens"):
             raise RuntimeError(
@@ -332,7 +334,7 @@ class _QueueTrainer:
         with self.stages.stage("handshake"):
             for g in QUEUE_GENERATOR_RANKS:
                 hello, _ = transport.recv_object(g, "cpu", self.control)
-                sync_loop._same_model(hello, self.info, f"генератора {g}")
+                transport.check_same_model(hello, self.info, f"генератора {g}")
         with self.cond:
             start_s = self._mark("start")["time_s"]
         worker = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
