@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils import atomic
+from course_utils import atomic, multiproc
 from course_utils.args import choice, flag, integer, optional_integer, path, positive, real, text
 from course_utils.checkpoint import (
     EVENTS_FILE,
@@ -38,6 +38,7 @@ from course_utils.multiproc.checkpointed_trainer import (
     append_event,
     events_from_run_dir,
     kill_self_once,
+    step_lines,
 )
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"
@@ -388,14 +389,7 @@ class _Trainer:
 
 def _step_lines(out: Path) -> list[dict]:
     """Строки events.jsonl, последняя запись каждого шага (по шагам); недописанные пропущены."""
-    by_step: dict[int, dict] = {}
-    for raw in (out / EVENTS_FILE).read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(raw)
-            by_step[int(line["event"]["step"])] = line
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return [by_step[k] for k in sorted(by_step)]
+    return [runs[-1] for runs in step_lines(out)[0].values()]
 
 
 def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
@@ -406,7 +400,6 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     пиковый RSS процессов, байт; медиана периода шага и время записи каждой точки (C), с.
     """
     from course_utils.contract import RolloutRecord, write_parquet
-    from course_utils.multiproc import launch
 
     out = path("out", out)
     if out.exists() and any(out.iterdir()):
@@ -416,9 +409,8 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     t0, launches = time.perf_counter(), []
     for _ in range(2 if spec.kill_trainer_at else 1):
         args = {"run_dir": str(out.resolve()), "spec": spec.to_dict()}
-        res = launch(
-            _ENTRY, 1 + spec.n_generators, args, timeout_s, "gloo", run_dir=out / "processes"
-        )
+        n = 1 + spec.n_generators
+        res = multiproc.launch(_ENTRY, n, args, timeout_s, "gloo", run_dir=out / "processes")
         launches.append({k: getattr(res, k) for k in ("status", "pids", "exitcodes", "wall_s")})
         if not (res.ok or (len(launches) == 1 and spec.kill_trainer_at and res.exitcodes[0] == -9)):
             raise RuntimeError(f"прогон {spec.description!r} не удался:\n{res.summary()}")
@@ -429,29 +421,14 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     for line in lines:
         ev = line["event"]
         toks = [len(d["prompt_tokens"]) + len(d["response_tokens"]) for d in line["records"]]
-        rows += [
-            {
-                "rollout_id": rid,
-                "training_batch_id": ev["training_batch_id"],
-                "optimizer_step": ev["step"],
-            }
-            for rid in ev["rollout_ids"]
-        ]
-        steps.append(
-            {
-                "optimizer_step": ev["step"],
-                "training_batch_id": ev["training_batch_id"],
-                "trainer_policy_version": ev["trainer_policy_version"],
-                "resulting_policy_version": ev["resulting_policy_version"],
-                "n_rollouts": len(toks),
-                "tokens": sum(toks),
-                "rollout_ids": json.dumps(ev["rollout_ids"]),
-                **{k: line[k] for k in ("ess_norm", "clip_fraction", "loss", "reward_mean")},
-                **{k: line[k] for k in ("reserved_tokens", "train_s", "generate_s", "pid")},
-                "end_unix": line["end_unix"],
-                "weights_sha256": ev["weights_sha256"],
-            }
-        )
+        step = {"optimizer_step": ev["step"], "training_batch_id": ev["training_batch_id"]}
+        rows += [{"rollout_id": rid, **step} for rid in ev["rollout_ids"]]
+        step |= {k: ev[k] for k in ("trainer_policy_version", "resulting_policy_version")}
+        step |= {"n_rollouts": len(toks), "tokens": sum(toks)}
+        step["rollout_ids"] = json.dumps(ev["rollout_ids"])
+        step |= {k: line[k] for k in ("ess_norm", "clip_fraction", "loss", "reward_mean")}
+        step |= {k: line[k] for k in ("reserved_tokens", "train_s", "generate_s", "pid")}
+        steps.append(step | {"end_unix": line["end_unix"], "weights_sha256": ev["weights_sha256"]})
     for name, frame in ((TRACE_ROLLOUTS, rows), (TRACE_STEPS, steps)):
         atomic.write_text(out / name, pd.DataFrame(frame).to_csv(index=False))
     rss = [v for line in lines for v in line["peak_rss_bytes"].values()]
@@ -581,22 +558,14 @@ class _Audit:
         s, st = self.spec, self.steps
         fig = {"min_ess_norm": round(float(st["ess_norm"].min()), 4)}
         fig["max_clip_fraction"] = round(float(st["clip_fraction"].max()), 4)
-        bad = _violations(
-            *[
-                (f"шаг {k}: ESS/n", x, s.min_ess_norm, False)
-                for k, x in zip(st.optimizer_step, st.ess_norm)
-            ],
-            *[
-                (f"шаг {k}: доля клиппирования", x, s.max_clip_fraction, True)
-                for k, x in zip(st.optimizer_step, st.clip_fraction)
-            ],
-        )
-        return (
-            not bad,
-            fig,
-            {"min_ess_norm": s.min_ess_norm, "max_clip_fraction": s.max_clip_fraction},
-            bad,
-        )
+        rows = list(zip(st.optimizer_step, st.ess_norm, st.clip_fraction))
+        checks = [(f"шаг {k}: ESS/n", e, s.min_ess_norm, False) for k, e, _ in rows]
+        checks += [
+            (f"шаг {k}: доля клиппирования", c, s.max_clip_fraction, True) for k, _, c in rows
+        ]
+        bound = {"min_ess_norm": s.min_ess_norm, "max_clip_fraction": s.max_clip_fraction}
+        bad = _violations(*checks)
+        return not bad, fig, bound, bad
 
     def atomic_sync(self):
         """audit_log журнала чист, и каждому commit предшествует barrier версии — отдельно для
@@ -623,26 +592,14 @@ class _Audit:
         процессами тренера, совпали (событие шага: пакет, роллауты, версии, SHA-256 весов).
         Без аварии (trainer_killed_at_step = null) проверяется только полнота точек."""
         manifests = sorted((self.dir / CHECKPOINTS).glob(f"*/{MANIFEST}"))
-        missing = sorted(
-            {
-                c
-                for m in manifests
-                for c in FULL_COMPONENTS
-                if c not in json.loads(m.read_text())["components"]
-            }
-        )
+        stored = [set(json.loads(m.read_text())["components"]) for m in manifests]
+        missing = sorted({c for have in stored for c in FULL_COMPONENTS if c not in have})
         frame = events_from_run_dir(self.dir)
         a, steps = frame.attrs, frame["step"].tolist()
-        fig = {
-            "checkpoints": len(manifests),
-            "missing_components": missing,
-            "trainer_processes": a["processes"],
-            "trainer_killed_at_step": self.spec.kill_trainer_at,
-        }
-        fig |= {
-            "recomputed_steps": a["recomputed_steps"],
-            "recomputed_identical": a["recomputed_identical"],
-        }
+        fig = {"checkpoints": len(manifests), "missing_components": missing}
+        fig |= {"trainer_processes": a["processes"]}
+        fig |= {"trainer_killed_at_step": self.spec.kill_trainer_at}
+        fig |= {k: a[k] for k in ("recomputed_steps", "recomputed_identical")}
         bad = [f"контрольная точка не хранит {c}" for c in missing]
         if steps != list(range(1, self.spec.total_steps + 1)):
             bad.append(f"журнал шагов неполон: {steps}")
@@ -661,20 +618,15 @@ class _Audit:
         from course_utils.arith_task import VERIFIER_VERSION, scalar_reward
         from course_utils.tracing import TraceTables, check_chain, find_orphans
 
+        cols = ["rollout_id", "prompt_id", "reward", "behavior_policy_version"]
+        cols += ["verifier_version", "tokens"]
         recs = pd.DataFrame(
             [
-                {
-                    "rollout_id": r.sample_id,
-                    "prompt_id": r.prompt_id,
-                    "reward": scalar_reward(r.reward),
-                }
-                | {
-                    "behavior_policy_version": r.policy_version,
-                    "verifier_version": r.verifier_version,
-                }
-                | {"tokens": len(r.prompt_tokens) + len(r.response_tokens)}
+                (r.sample_id, r.prompt_id, scalar_reward(r.reward), r.policy_version)
+                + (r.verifier_version, len(r.prompt_tokens) + len(r.response_tokens))
                 for r in self.records
-            ]
+            ],
+            columns=cols,
         )  # связь роллаута с пакетом — только из trace_rollouts.csv
         links = self.trace[["rollout_id", "training_batch_id", "optimizer_step"]]
         rollouts = recs.merge(links, on="rollout_id", how="left")
@@ -686,12 +638,8 @@ class _Audit:
         bad = check_chain(tables)
         orphans = find_orphans(tables)["rollout_id"].tolist()
         bad += [f"роллаут {x} не связан с шагом оптимизатора" for x in orphans]
-        fig = {
-            "rollouts": len(rollouts),
-            "steps": len(steps),
-            "orphans": len(orphans),
-            "breaks": len(bad),
-        }
+        fig = {"rollouts": len(rollouts), "steps": len(steps)}
+        fig |= {"orphans": len(orphans), "breaks": len(bad)}
         return not bad, fig, {"orphans": 0, "breaks": 0}, bad
 
 

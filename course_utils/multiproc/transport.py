@@ -29,11 +29,12 @@ CLOCK_NOTE = (
 
 @dataclass
 class _RecvStats:
-    """Замер приёма: байты нагрузки; ожидание первого сообщения и приём остального, с."""
+    """Замер приёма: байты нагрузки; ожидание первого сообщения и приём остального, с; отправитель."""
 
     nbytes: int
     wait_s: float
     transfer_s: float
+    src: int = -1
 
 
 def _check_peer(name: str, peer: Any) -> int:
@@ -76,22 +77,23 @@ def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> i
     return len(data)
 
 
-def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, _RecvStats]:
-    """Объект от ``send_object`` ранга src → (объект, _RecvStats)."""
+def recv_object(src: int | None, device: Any = "cpu", group: Any = None):
+    """Объект от ``send_object`` ранга src → (объект, _RecvStats); src=None — от любого ранга
+    (только gloo), отправитель — в _RecvStats.src."""
     import torch
     import torch.distributed as dist
 
-    src = _check_peer("src", src)
+    src = None if src is None else _check_peer("src", src)
     dev = torch.device(device)
     t0 = time.perf_counter()
     size = torch.zeros(1, dtype=torch.int64, device=dev)
-    dist.recv(size, src=src, group=group)
+    src = int(dist.recv(size, src=src, group=group))
     n = int(size.item())  # .item() ждёт данные и на GPU
     t1 = time.perf_counter()
     payload = torch.empty(n, dtype=torch.uint8, device=dev)
     dist.recv(payload, src=src, group=group)
     obj = json.loads(payload.cpu().numpy().tobytes().decode("utf-8"))
-    return obj, _RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=time.perf_counter() - t1)
+    return obj, _RecvStats(n, t1 - t0, time.perf_counter() - t1, src)
 
 
 def named_tensors(tensors: Any, name: str) -> dict:
