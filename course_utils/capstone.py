@@ -1,7 +1,7 @@
 """Итоговый прогон модуля: RL-цикл уровня C по спецификации и аудит семи гарантий по его файлам.
 
 ``python -m course_utils.capstone run --spec SPEC.json --out DIR [--kill-trainer-at STEP]`` —
-прогон (``multiproc.capstone_loop``) и его артефакты в DIR; ``python -m course_utils.capstone
+прогон (ранги — ``capstone_trainer``) и его артефакты в DIR; ``python -m course_utils.capstone
 audit DIR [--json]`` — семь гарантий шага 12.5.5, измеренные только по файлам DIR (код 0 —
 все выполнены). Эталон и сломанные спецификации — data/capstone/*.json.
 """
@@ -12,30 +12,43 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from course_utils import atomic
+from course_utils import atomic, multiproc
 from course_utils.args import choice, flag, integer, optional_integer, path, positive, real, text
-from course_utils.checkpoint import EVENTS_FILE, MANIFEST
+from course_utils.checkpoint import (
+    EVENTS_FILE,
+    MANIFEST,
+    checkpoint_name,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_incomplete,
+    save_checkpoint,
+)
 from course_utils.fmt import count, num
 from course_utils.guarantees import GUARANTEES
 from course_utils.memory import MIB
-from course_utils.multiproc.capstone_loop import (
-    CHECKPOINT_LOG,
-    CHECKPOINTS,
-    FULL_COMPONENTS,
-    SYNC_LOG,
+from course_utils.multiproc import transport
+from course_utils.multiproc.checkpointed_trainer import (
+    append_event,
+    events_from_run_dir,
+    kill_self_once,
+    step_lines,
 )
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"
-ENTRY = "course_utils.multiproc.capstone_loop:capstone_trainer"
+_ENTRY = "course_utils.capstone:capstone_trainer"
+SYNC_LOG, CHECKPOINT_LOG, CHECKPOINTS = "sync_log.jsonl", "checkpoint_log.jsonl", "checkpoints"
+# Полная контрольная точка итогового прогона; «только веса» — первые два компонента.
+FULL_COMPONENTS = ("policy", "counters", "optimizer", "rng", "data_cursor", "versions", "queue")
 ROLLOUTS, TRACE_ROLLOUTS, TRACE_STEPS = "rollouts.parquet", "trace_rollouts.csv", "trace_steps.csv"
-METRICS, SPEC_FILE = "metrics.json", "spec.json"
-MEMORY_KIND = "пиковый RSS процесса ОС (ru_maxrss), максимум по тренеру и генераторам"
+METRICS, _SPEC_FILE = "metrics.json", "spec.json"
+_MEMORY_KIND = "пиковый RSS процесса ОС (ru_maxrss), максимум по тренеру и генераторам"
 
 
 @dataclasses.dataclass
@@ -117,19 +130,266 @@ class Spec:
         return cls(**(data | {k: v for k, v in override.items() if v is not None}))
 
 
+# ----------------------------------------------------------------------------- ранги прогона
+
+
+def _batch_id(b: int) -> str:
+    """Идентификатор пакета b (он же запрос генератору): "b0003"."""
+    return f"b{b:04d}"
+
+
+def _peak_rss() -> int:
+    """Пиковый RSS этого процесса, байт (``policy.peak_memory`` на CPU)."""
+    import torch
+
+    from course_utils.policy import peak_memory
+
+    return int(peak_memory(torch.device("cpu"))[0])
+
+
+def capstone_trainer(rank: int, world_size: int, backend: str, run_dir: str, spec: dict) -> dict:
+    """Точка входа ``launch``: асинхронный RL-цикл spec (словарь ``Spec``), ранг 0 — тренер.
+
+    Пакет b — задачи ``make_tasks(prompts_per_step, seed·10⁵ + b)`` по group_size ответов,
+    генерирует ранг 1 + b mod G. Запрос b допускается, когда Σ бюджетов токенов заказанных и не
+    обученных пакетов + бюджет b ≤ queue_tokens (бюджет = роллауты · max_new_tokens) и — при
+    stale_strategy "wait" — версия тренера u ≥ b − 1 − max_policy_lag (тогда задержка
+    L = (b − 1) − v ≤ max_policy_lag). Всё решается в точках цикла тренера, а не по времени,
+    поэтому прогон детерминирован: продолжение после kill -9 повторяет те же события.
+    Пишет только ранг 0, в run_dir: events.jsonl, sync_log.jsonl, checkpoints/, checkpoint_log.jsonl.
+    """
+    s = Spec(**spec)
+    cfg = {"rank": rank, "world_size": world_size, "backend": backend}
+    cfg.update(seed=s.seed, model=s.model, group_size=s.group_size, temperature=s.temperature)
+    cfg.update(max_new_tokens=s.max_new_tokens)
+    r = transport.start_rank("capstone", cfg)
+    if rank == 0:
+        out = _Trainer(r, s, Path(run_dir), world_size - 1).run()
+    else:
+        out = _generator(r, cfg)
+    return {**r.head, "role": "тренер" if rank == 0 else "генератор", **out}
+
+
+def _generator(r, cfg: dict) -> dict:
+    """Сервер запросов тренера: weights (запись во второй буфер и проверка суммы), commit,
+    generate (ответ копится до collect), collect, stop. События журнала уходят с ответом."""
+    engine, replica = r.net.eval(), f"gen{cfg['rank']}-pid{os.getpid()}"
+    log, staging, active, done = [], None, 0, {}
+
+    def ev(kind: str, version: int, **fields) -> None:
+        log.append({"t": time.time(), "replica": replica, "event": kind, "version": version})
+        log[-1].update(fields)
+
+    def reply(obj: dict) -> None:
+        transport.send_object({**obj, "events": log[:], "peak_rss_bytes": _peak_rss()}, 0)
+        log.clear()
+
+    ev("init", 0, checksum=transport.state_checksum(engine))
+    while True:
+        msg, _ = transport.recv_object(0)
+        kind = msg["type"]
+        if kind == "weights":
+            ev("stage_start", msg["version"], buffer="staging")
+            meta, staging, _ = transport.recv_tensors(0, r.device, staging)
+            got = transport.state_checksum(staging)
+            ev("stage_done", meta["version"], checksum=got, buffer="staging")
+            ok = got == meta["checksum"]
+            verdict = "verify_ok" if ok else "verify_fail"
+            ev(verdict, meta["version"], checksum=got, expected_checksum=meta["checksum"])
+            if ok:
+                ev("ready", meta["version"])
+            reply({"ok": ok})
+        elif kind == "commit":
+            transport.load_engine_weights(engine, staging, r.stages, msg["version"])
+            active = msg["version"]
+            ev("commit", active, checksum=transport.state_checksum(engine), buffer="staging")
+            reply({})
+        elif kind == "generate":
+            if msg["version"] != active:
+                raise RuntimeError(f"{replica}: запрос версии {msg['version']}, активна {active}")
+            ev("serve", active, request_id=_batch_id(msg["batch"]))
+            seed, bid = cfg["seed"] * 100_000 + msg["batch"], _batch_id(msg["batch"])
+            t0 = time.perf_counter()
+            n = msg["prompts"]
+            batch = transport.sample_rollouts(engine, r.tok, cfg, n, active, seed, bid)
+            done[msg["batch"]] = ([x.to_dict() for x in batch.records], time.perf_counter() - t0)
+        elif kind == "collect":
+            records, gen_s = done.pop(msg["batch"])
+            reply({"records": records, "replica": replica, "generate_s": gen_s})
+        else:  # stop
+            reply({})
+            return {"replica": replica, "peak_rss_bytes": _peak_rss()}
+
+
+class _Trainer:
+    def __init__(self, r, s: Spec, run_dir: Path, n_gen: int) -> None:
+        self.r, self.s, self.dir, self.n_gen = r, s, run_dir, n_gen
+        self.ckpt = run_dir / CHECKPOINTS
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        self.config = {"spec": s.to_dict()}  # точка чужой спецификации — CheckpointError
+        self.net, self.wire, self.amp, self.scaler, self.opt = transport.fp32_trainer(
+            r.net, r.device, s.lr
+        )
+        self.version, self.next_batch = 0, 1
+        self.queue: dict[int, dict] = {}  # пакет → {"version", "records" (None — в полёте)}
+        self.gen_version, self.gen_rss = 0, {}
+        self.budget = s.prompts_per_step * s.group_size * s.max_new_tokens  # токенов на пакет
+
+    def _sync(self, events: list[dict]) -> None:
+        with open(self.dir / SYNC_LOG, "a", encoding="utf-8") as f:
+            for e in events:
+                f.write(json.dumps({**e, "writer_pid": os.getpid()}, ensure_ascii=False) + "\n")
+
+    def _ask(self, g: int, msg: dict | None) -> dict:
+        """Запрос генератору g (None — только ответ): его события — в журнал, RSS — в замер."""
+        if msg is not None:
+            transport.send_object(msg, g)
+        out, _ = transport.recv_object(g)
+        self._sync(out.pop("events"))
+        self.gen_rss[g] = out.pop("peak_rss_bytes")
+        return out
+
+    def _publish(self) -> None:
+        """Веса версии v на все реплики с проверкой суммы; с барьером — commit после всех."""
+        v, gens = self.version, range(1, self.n_gen + 1)
+        snap = {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
+        meta = {"version": v, "checksum": transport.state_checksum(snap)}
+        for g in gens:
+            transport.send_object({"type": "weights", "version": v}, g)
+            transport.send_tensors(snap, g, self.r.device, meta, self.wire)
+            if not self._ask(g, None)["ok"]:
+                raise RuntimeError(f"генератор {g}: сумма весов версии {v} не совпала")
+            if not self.s.readiness_barrier:  # сломанный протокол: переключаем сразу
+                self._ask(g, {"type": "commit", "version": v})
+        if self.s.readiness_barrier:
+            t = time.time()
+            self._sync([{"t": t, "replica": "publisher", "event": "barrier", "version": v}])
+            for g in gens:
+                self._ask(g, {"type": "commit", "version": v})
+        self.gen_version = v
+
+    def _admit(self) -> None:
+        s = self.s
+        while self.next_batch <= s.total_steps:
+            b = self.next_batch
+            if s.stale_strategy == "wait" and self.version < b - 1 - s.max_policy_lag:
+                return
+            if self.budget * (len(self.queue) + 1) > s.queue_tokens:
+                return
+            if self.gen_version != self.version:
+                self._publish()
+            msg = {"type": "generate", "batch": b, "version": self.version}
+            transport.send_object(msg | {"prompts": s.prompts_per_step}, 1 + b % self.n_gen)
+            self.queue[b] = {"version": self.version, "records": None}
+            self.next_batch += 1
+
+    def _collect(self, b: int) -> None:
+        if self.queue[b]["records"] is None:
+            out = self._ask(1 + b % self.n_gen, {"type": "collect", "batch": b})
+            self.queue[b].update(records=out["records"], replica=out["replica"])
+            self.queue[b]["generate_s"] = out["generate_s"]
+
+    def _state(self) -> dict:
+        import torch
+
+        from course_utils.arith_task import VERIFIER_VERSION
+
+        state = {
+            "policy": self.net.state_dict(),
+            "counters": {"global_step": self.version, "policy_version": self.version},
+        }
+        if self.s.checkpoint == "weights":
+            return state
+        return state | {
+            "optimizer": self.opt.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "data_cursor": {"next_batch": self.next_batch},
+            "versions": {"verifier_version": VERIFIER_VERSION, "decoding": self.s.decoding()},
+            "queue": {"batches": [[b, q] for b, q in sorted(self.queue.items())]},
+        }
+
+    def _restore(self) -> int | None:
+        import torch
+
+        remove_incomplete(self.ckpt)
+        need = FULL_COMPONENTS if self.s.checkpoint == "full" else FULL_COMPONENTS[:2]
+        ckpt = latest_checkpoint(self.ckpt, self.config, components=need)
+        if ckpt is None:
+            return None
+        state = load_checkpoint(ckpt, self.config, components=need)
+        self.net.load_state_dict(state["policy"])
+        self.version = int(state["counters"]["policy_version"])
+        self.next_batch = self.version + 1  # без курсора и очереди — заказать заново
+        if self.s.checkpoint == "full":
+            self.opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if self.s.queue_on_restart == "checkpoint":
+                self.queue = {int(b): q for b, q in state["queue"]["batches"]}
+                self.next_batch = int(state["data_cursor"]["next_batch"])
+        return self.version
+
+    def _step(self, t: int) -> dict:
+        """Шаг t на пакете t: строка events.jsonl (сравниваемое событие, записи, замеры)."""
+        import torch
+
+        from course_utils.offpolicy import normalized_ess
+        from course_utils.policy import grpo_step, recompute_logprobs
+
+        self._collect(t)
+        q = self.queue[t]
+        records = transport.records_from(q["records"], f"пакет {_batch_id(t)}")
+        t0 = time.perf_counter()
+        new = recompute_logprobs(self.net, records, autocast_dtype=self.amp)
+        log_w = [float((n - torch.tensor(x.behavior_logprobs)).sum()) for n, x in zip(new, records)]
+        stats = grpo_step(self.net, self.opt, records, autocast_dtype=self.amp, scaler=self.scaler)
+        if self.s.train_delay_s:
+            time.sleep(self.s.train_delay_s)  # медленный тренер
+        train_s = time.perf_counter() - t0
+        reserved = self.budget * len(self.queue)
+        del self.queue[t]
+        self.version = t
+        event = {"step": t, "training_batch_id": _batch_id(t)}  # без времени и pid
+        event |= {"rollout_ids": [x.sample_id for x in records]}
+        event |= {"behavior_versions": [x.policy_version for x in records]}
+        event |= {"trainer_policy_version": t - 1, "resulting_policy_version": t}
+        event["weights_sha256"] = transport.state_checksum(self.net)
+        line = {"pid": os.getpid(), "event": event, "records": q["records"]}
+        line |= {"replica": q["replica"], "ess_norm": normalized_ess(log_w, log=True)}  # ESS/n
+        line |= {"clip_fraction": stats["clip_fraction"], "loss": stats["loss"]}
+        line |= {"reward_mean": stats["mean_reward"], "reserved_tokens": reserved}
+        line |= {"train_s": train_s, "generate_s": q["generate_s"]}
+        rss = {"0": _peak_rss(), **{str(g): v for g, v in self.gen_rss.items()}}
+        return line | {"peak_rss_bytes": rss, "end_unix": time.time()}  # конец шага, с
+
+    def run(self) -> dict:
+        resumed, s = self._restore(), self.s
+        while True:
+            self._admit()
+            if self.version >= s.total_steps:
+                break
+            line = self._step(self.version + 1)
+            t = self.version
+            append_event(self.dir / EVENTS_FILE, line)
+            if t % s.checkpoint_every == 0:
+                for b in sorted(self.queue):
+                    self._collect(b)  # очередь в точке — полученные записи, а не запросы
+                target, t0 = self.ckpt / checkpoint_name(t), time.perf_counter()
+                save_checkpoint(self._state(), target, self.config, overwrite=True)
+                write_s = time.perf_counter() - t0  # C этой точки, с (с fsync)
+                append_event(self.dir / CHECKPOINT_LOG, {"step": t, "write_s": write_s})
+            if t == s.kill_trainer_at:
+                kill_self_once(self.dir, f"step-{t}")
+        for g in range(1, self.n_gen + 1):
+            self._ask(g, {"type": "stop"})
+        return {"resumed_from": resumed, "final_version": self.version}
+
+
 # ----------------------------------------------------------------------------- прогон
 
 
 def _step_lines(out: Path) -> list[dict]:
     """Строки events.jsonl, последняя запись каждого шага (по шагам); недописанные пропущены."""
-    by_step: dict[int, dict] = {}
-    for raw in (out / EVENTS_FILE).read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(raw)
-            by_step[int(line["event"]["step"])] = line
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return [by_step[k] for k in sorted(by_step)]
+    return [runs[-1] for runs in step_lines(out)[0].values()]
 
 
 def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
@@ -140,19 +400,17 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     пиковый RSS процессов, байт; медиана периода шага и время записи каждой точки (C), с.
     """
     from course_utils.contract import RolloutRecord, write_parquet
-    from course_utils.multiproc import launch
 
     out = path("out", out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"out: каталог {out} не пуст — прогон пишет в пустой каталог")
     out.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out / SPEC_FILE, json.dumps(spec.to_dict(), ensure_ascii=False, indent=1))
+    atomic.write_text(out / _SPEC_FILE, json.dumps(spec.to_dict(), ensure_ascii=False, indent=1))
     t0, launches = time.perf_counter(), []
     for _ in range(2 if spec.kill_trainer_at else 1):
         args = {"run_dir": str(out.resolve()), "spec": spec.to_dict()}
-        res = launch(
-            ENTRY, 1 + spec.n_generators, args, timeout_s, "gloo", run_dir=out / "processes"
-        )
+        n = 1 + spec.n_generators
+        res = multiproc.launch(_ENTRY, n, args, timeout_s, "gloo", run_dir=out / "processes")
         launches.append({k: getattr(res, k) for k in ("status", "pids", "exitcodes", "wall_s")})
         if not (res.ok or (len(launches) == 1 and spec.kill_trainer_at and res.exitcodes[0] == -9)):
             raise RuntimeError(f"прогон {spec.description!r} не удался:\n{res.summary()}")
@@ -163,29 +421,14 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
     for line in lines:
         ev = line["event"]
         toks = [len(d["prompt_tokens"]) + len(d["response_tokens"]) for d in line["records"]]
-        rows += [
-            {
-                "rollout_id": rid,
-                "training_batch_id": ev["training_batch_id"],
-                "optimizer_step": ev["step"],
-            }
-            for rid in ev["rollout_ids"]
-        ]
-        steps.append(
-            {
-                "optimizer_step": ev["step"],
-                "training_batch_id": ev["training_batch_id"],
-                "trainer_policy_version": ev["trainer_policy_version"],
-                "resulting_policy_version": ev["resulting_policy_version"],
-                "n_rollouts": len(toks),
-                "tokens": sum(toks),
-                "rollout_ids": json.dumps(ev["rollout_ids"]),
-                **{k: line[k] for k in ("ess_norm", "clip_fraction", "loss", "reward_mean")},
-                **{k: line[k] for k in ("reserved_tokens", "train_s", "generate_s", "pid")},
-                "end_unix": line["end_unix"],
-                "weights_sha256": ev["weights_sha256"],
-            }
-        )
+        step = {"optimizer_step": ev["step"], "training_batch_id": ev["training_batch_id"]}
+        rows += [{"rollout_id": rid, **step} for rid in ev["rollout_ids"]]
+        step |= {k: ev[k] for k in ("trainer_policy_version", "resulting_policy_version")}
+        step |= {"n_rollouts": len(toks), "tokens": sum(toks)}
+        step["rollout_ids"] = json.dumps(ev["rollout_ids"])
+        step |= {k: line[k] for k in ("ess_norm", "clip_fraction", "loss", "reward_mean")}
+        step |= {k: line[k] for k in ("reserved_tokens", "train_s", "generate_s", "pid")}
+        steps.append(step | {"end_unix": line["end_unix"], "weights_sha256": ev["weights_sha256"]})
     for name, frame in ((TRACE_ROLLOUTS, rows), (TRACE_STEPS, steps)):
         atomic.write_text(out / name, pd.DataFrame(frame).to_csv(index=False))
     rss = [v for line in lines for v in line["peak_rss_bytes"].values()]
@@ -196,7 +439,7 @@ def run(spec: Spec, out: str | Path, timeout_s: float = 600) -> dict:
         "steps": len(lines),
         "launches": launches,
         "peak_rss_bytes": max(rss),
-        "memory_kind": MEMORY_KIND,
+        "memory_kind": _MEMORY_KIND,
         "processes": 1 + spec.n_generators,
         "step_period_s": float(ends.median()) if len(ends) else None,  # медиана между шагами
         "checkpoint_write_s": [x["write_s"] for x in _jsonl(ckpt)] if ckpt.is_file() else [],
@@ -231,13 +474,13 @@ class _Audit:
     def __init__(self, run_dir: Path) -> None:
         from course_utils.contract import read_parquet
 
-        files = (SPEC_FILE, METRICS, EVENTS_FILE, SYNC_LOG, TRACE_ROLLOUTS, TRACE_STEPS, ROLLOUTS)
+        files = (_SPEC_FILE, METRICS, EVENTS_FILE, SYNC_LOG, TRACE_ROLLOUTS, TRACE_STEPS, ROLLOUTS)
         if missing := [f for f in files if not (run_dir / f).is_file()]:
             raise ValueError(
                 f"run_dir: в {run_dir} нет {', '.join(missing)} — это не каталог прогона"
             )
         self.dir = run_dir
-        self.spec = Spec.from_json(run_dir / SPEC_FILE)
+        self.spec = Spec.from_json(run_dir / _SPEC_FILE)
         self.metrics = json.loads((run_dir / METRICS).read_text(encoding="utf-8"))
         self.lines = _step_lines(run_dir)
         self.trace = pd.read_csv(run_dir / TRACE_ROLLOUTS)
@@ -306,7 +549,7 @@ class _Audit:
         bad = _violations(
             ("задержка политики, версий", fig["max_lag_versions"], s.max_policy_lag, True),
             ("пик очереди, токенов", fig["peak_queue_tokens"], s.queue_tokens, True),
-            (f"пик памяти, МиБ ({MEMORY_KIND})", rss, s.memory_budget_mib, True),
+            (f"пик памяти, МиБ ({_MEMORY_KIND})", rss, s.memory_budget_mib, True),
         )
         return not bad, fig, bound, bad
 
@@ -315,22 +558,14 @@ class _Audit:
         s, st = self.spec, self.steps
         fig = {"min_ess_norm": round(float(st["ess_norm"].min()), 4)}
         fig["max_clip_fraction"] = round(float(st["clip_fraction"].max()), 4)
-        bad = _violations(
-            *[
-                (f"шаг {k}: ESS/n", x, s.min_ess_norm, False)
-                for k, x in zip(st.optimizer_step, st.ess_norm)
-            ],
-            *[
-                (f"шаг {k}: доля клиппирования", x, s.max_clip_fraction, True)
-                for k, x in zip(st.optimizer_step, st.clip_fraction)
-            ],
-        )
-        return (
-            not bad,
-            fig,
-            {"min_ess_norm": s.min_ess_norm, "max_clip_fraction": s.max_clip_fraction},
-            bad,
-        )
+        rows = list(zip(st.optimizer_step, st.ess_norm, st.clip_fraction))
+        checks = [(f"шаг {k}: ESS/n", e, s.min_ess_norm, False) for k, e, _ in rows]
+        checks += [
+            (f"шаг {k}: доля клиппирования", c, s.max_clip_fraction, True) for k, _, c in rows
+        ]
+        bound = {"min_ess_norm": s.min_ess_norm, "max_clip_fraction": s.max_clip_fraction}
+        bad = _violations(*checks)
+        return not bad, fig, bound, bad
 
     def atomic_sync(self):
         """audit_log журнала чист, и каждому commit предшествует barrier версии — отдельно для
@@ -356,29 +591,15 @@ class _Audit:
         """Точки полные и журнал шагов без пропусков; после kill -9 шаги, посчитанные обоими
         процессами тренера, совпали (событие шага: пакет, роллауты, версии, SHA-256 весов).
         Без аварии (trainer_killed_at_step = null) проверяется только полнота точек."""
-        from course_utils.multiproc.checkpointed_trainer import events_from_run_dir
-
         manifests = sorted((self.dir / CHECKPOINTS).glob(f"*/{MANIFEST}"))
-        missing = sorted(
-            {
-                c
-                for m in manifests
-                for c in FULL_COMPONENTS
-                if c not in json.loads(m.read_text())["components"]
-            }
-        )
+        stored = [set(json.loads(m.read_text())["components"]) for m in manifests]
+        missing = sorted({c for have in stored for c in FULL_COMPONENTS if c not in have})
         frame = events_from_run_dir(self.dir)
         a, steps = frame.attrs, frame["step"].tolist()
-        fig = {
-            "checkpoints": len(manifests),
-            "missing_components": missing,
-            "trainer_processes": a["processes"],
-            "trainer_killed_at_step": self.spec.kill_trainer_at,
-        }
-        fig |= {
-            "recomputed_steps": a["recomputed_steps"],
-            "recomputed_identical": a["recomputed_identical"],
-        }
+        fig = {"checkpoints": len(manifests), "missing_components": missing}
+        fig |= {"trainer_processes": a["processes"]}
+        fig |= {"trainer_killed_at_step": self.spec.kill_trainer_at}
+        fig |= {k: a[k] for k in ("recomputed_steps", "recomputed_identical")}
         bad = [f"контрольная точка не хранит {c}" for c in missing]
         if steps != list(range(1, self.spec.total_steps + 1)):
             bad.append(f"журнал шагов неполон: {steps}")
@@ -397,20 +618,15 @@ class _Audit:
         from course_utils.arith_task import VERIFIER_VERSION, scalar_reward
         from course_utils.tracing import TraceTables, check_chain, find_orphans
 
+        cols = ["rollout_id", "prompt_id", "reward", "behavior_policy_version"]
+        cols += ["verifier_version", "tokens"]
         recs = pd.DataFrame(
             [
-                {
-                    "rollout_id": r.sample_id,
-                    "prompt_id": r.prompt_id,
-                    "reward": scalar_reward(r.reward),
-                }
-                | {
-                    "behavior_policy_version": r.policy_version,
-                    "verifier_version": r.verifier_version,
-                }
-                | {"tokens": len(r.prompt_tokens) + len(r.response_tokens)}
+                (r.sample_id, r.prompt_id, scalar_reward(r.reward), r.policy_version)
+                + (r.verifier_version, len(r.prompt_tokens) + len(r.response_tokens))
                 for r in self.records
-            ]
+            ],
+            columns=cols,
         )  # связь роллаута с пакетом — только из trace_rollouts.csv
         links = self.trace[["rollout_id", "training_batch_id", "optimizer_step"]]
         rollouts = recs.merge(links, on="rollout_id", how="left")
@@ -422,12 +638,8 @@ class _Audit:
         bad = check_chain(tables)
         orphans = find_orphans(tables)["rollout_id"].tolist()
         bad += [f"роллаут {x} не связан с шагом оптимизатора" for x in orphans]
-        fig = {
-            "rollouts": len(rollouts),
-            "steps": len(steps),
-            "orphans": len(orphans),
-            "breaks": len(bad),
-        }
+        fig = {"rollouts": len(rollouts), "steps": len(steps)}
+        fig |= {"orphans": len(orphans), "breaks": len(bad)}
         return not bad, fig, {"orphans": 0, "breaks": 0}, bad
 
 

@@ -32,7 +32,7 @@ METRICS = {
     "queue_tokens_p95": ("relative", None),
     "policy_lag_mean": ("absolute", 0.5),
 }
-SERIES_POINTS = 200  # точек ряда глубины очереди в JSON
+_SERIES_POINTS = 200  # точек ряда глубины очереди в JSON
 
 
 @dataclasses.dataclass
@@ -197,7 +197,7 @@ def _case(cfg: SimConfig, sim_seeds: int, launch) -> dict:
     """Сначала предсказание симулятора, потом launch() — настоящий прогон; величины и ряды."""
     predicted, sim_trace = _predict(cfg, sim_seeds)
     real = measured_trace(launch(), cfg.duration_s)
-    grid = np.linspace(0, cfg.duration_s, SERIES_POINTS, endpoint=False)
+    grid = np.linspace(0, cfg.duration_s, _SERIES_POINTS, endpoint=False)
     series = {"time_s": grid.round(4).tolist(), "predicted_tokens": _series(sim_trace, grid)}
     series["measured_tokens"] = _series(real, grid)
     return {"metrics": _compare(predicted, trace_metrics(real)), "series": series}

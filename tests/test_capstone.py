@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from course_utils import capstone
+from course_utils.capstone import SYNC_LOG
 from course_utils.contract import read_parquet, write_parquet
 from course_utils.guarantees import GUARANTEES
-from course_utils.multiproc.capstone_loop import SYNC_LOG
 
 SPECS = capstone.SPECS_DIR
 

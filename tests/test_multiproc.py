@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import multiproc_entries as entries
 import pytest
 
 from course_utils import multiproc
@@ -20,6 +21,11 @@ from course_utils.fmt import NBSP
 from course_utils.multiproc import LaunchResult, RankFailure, launch, launcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS = str(
+    Path(__file__).resolve().parent
+)  # здесь multiproc_entries: ранги находят его по PYTHONPATH
+ENTRIES = "multiproc_entries"
+SMOKE = f"{ENTRIES}:smoke_allreduce"
 
 try:
     import psutil
@@ -67,7 +73,7 @@ def test_smoke_allreduce_two_processes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     res = launch(
-        "course_utils.multiproc:smoke_allreduce",
+        SMOKE,
         nprocs=2,
         args={"numel": 256, "repeats": 3},
         timeout_s=60,
@@ -100,7 +106,7 @@ def test_smoke_allreduce_two_processes(tmp_path, monkeypatch):
 def test_failing_rank_is_reported_and_others_stopped(tmp_path):
     start = time.monotonic()
     res = launch(
-        "course_utils.multiproc:fail_on_rank",
+        f"{ENTRIES}:fail_on_rank",
         nprocs=2,
         args={"bad_rank": 1},
         timeout_s=40,
@@ -129,7 +135,7 @@ def test_timeout_kills_whole_process_tree(tmp_path):
     timeout_s = 8.0  # дочерним процессам нужно ~3 с на импорт torch, чтобы успеть породить «внуков»
     start = time.monotonic()
     res = launch(
-        "course_utils.multiproc:sleep_forever",
+        f"{ENTRIES}:sleep_forever",
         nprocs=2,
         args={"spawn_grandchild": True},
         timeout_s=timeout_s,
@@ -154,7 +160,7 @@ def test_rank_that_vanishes_without_result_is_reported_at_once(tmp_path, mode, e
     # Сбой должен быть виден сразу, а не по общему дедлайну в 120 с.
     start = time.monotonic()
     res = launch(
-        "course_utils.multiproc:fail_on_rank",
+        f"{ENTRIES}:fail_on_rank",
         nprocs=2,
         args={"bad_rank": 1, "mode": mode},
         timeout_s=120,
@@ -177,7 +183,7 @@ def test_rank_that_vanishes_without_result_is_reported_at_once(tmp_path, mode, e
 _LAUNCHER = """
 import sys
 from course_utils.multiproc import launch
-launch("course_utils.multiproc:sleep_forever", nprocs=2, args={"spawn_grandchild": True},
+launch("multiproc_entries:sleep_forever", nprocs=2, args={"spawn_grandchild": True},
        timeout_s=300, run_dir=sys.argv[1])
 """
 
@@ -189,7 +195,7 @@ def test_launcher_killed_takes_ranks_and_grandchildren_down(tmp_path):
     launcher = subprocess.Popen(
         [sys.executable, "-c", _LAUNCHER, str(run_dir)],
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), TESTS])},
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -223,6 +229,7 @@ def test_launcher_killed_takes_ranks_and_grandchildren_down(tmp_path):
 def test_torchrun_runs_the_same_entry(tmp_path):
     result_dir = tmp_path / "torchrun"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), TESTS])
     cmd = [
         sys.executable,
         "-m",
@@ -232,7 +239,7 @@ def test_torchrun_runs_the_same_entry(tmp_path):
         "-m",
         "course_utils.multiproc",
         "--entry",
-        "course_utils.multiproc:smoke_allreduce",
+        SMOKE,
         "--result-dir",
         str(result_dir),
         "--args",
@@ -268,7 +275,7 @@ def test_cli_without_rank_acts_as_launcher(tmp_path, monkeypatch, capsys):
     rc = multiproc.main(
         [
             "--entry",
-            "course_utils.multiproc:smoke_allreduce",
+            SMOKE,
             "--nprocs",
             "2",
             "--backend",
@@ -296,23 +303,21 @@ def test_cli_without_rank_acts_as_launcher(tmp_path, monkeypatch, capsys):
         ({"entry": "a:b:c"}, "двоеточие"),
         ({"entry": 42}, "entry"),
         ({"entry": "course_utils.no_such_module_xyz:f"}, "не удалось импортировать"),
-        ({"entry": "course_utils.multiproc:no_such_function"}, "нет функции"),
+        ({"entry": f"{ENTRIES}:no_such_function"}, "нет функции"),
         ({"entry": "course_utils.multiproc:BACKENDS"}, "не является функцией"),
         ({"entry": "__main__:f"}, "ноутбука"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "nprocs": 0}, "nprocs"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "nprocs": 65}, "nprocs"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "nprocs": 2.0}, "nprocs"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "timeout_s": -1}, "timeout_s"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "timeout_s": 0}, "timeout_s"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "timeout_s": float("inf")}, "timeout"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "args": {"numel": object()}}, "JSON"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "args": {"x": float("nan")}}, "JSON"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "args": [1]}, "args"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "args": {"rank": 1}}, "args"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "args": {"bogus": 1}}, "bogus"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "backend": "mpi"}, "backend"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "env": {"RANK": "3"}}, "RANK"),
-        ({"entry": "course_utils.multiproc:smoke_allreduce", "env": {"X": None}}, "env"),
+        ({"entry": SMOKE, "nprocs": 0}, "nprocs"),
+        ({"entry": SMOKE, "nprocs": 65}, "nprocs"),
+        ({"entry": SMOKE, "nprocs": 2.0}, "nprocs"),
+        ({"entry": SMOKE, "timeout_s": -1}, "timeout_s"),
+        ({"entry": SMOKE, "timeout_s": 0}, "timeout_s"),
+        ({"entry": SMOKE, "timeout_s": float("inf")}, "timeout"),
+        ({"entry": SMOKE, "args": {"numel": object()}}, "JSON"),
+        ({"entry": SMOKE, "args": {"x": float("nan")}}, "JSON"),
+        ({"entry": SMOKE, "args": [1]}, "args"),
+        ({"entry": SMOKE, "args": {"rank": 1}}, "args"),
+        ({"entry": SMOKE, "args": {"bogus": 1}}, "bogus"),
+        ({"entry": SMOKE, "backend": "mpi"}, "backend"),
     ],
 )
 def test_bad_input_rejected_before_any_process_starts(tmp_path, kwargs, fragment):
@@ -329,7 +334,7 @@ def test_nccl_without_enough_gpus_is_rejected(tmp_path):
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match="nccl"):
         launch(
-            "course_utils.multiproc:smoke_allreduce",
+            SMOKE,
             nprocs=n_gpu + 1,
             backend="nccl",
             run_dir=tmp_path / "run",
@@ -338,13 +343,13 @@ def test_nccl_without_enough_gpus_is_rejected(tmp_path):
 
 def test_entry_point_arguments_validated():
     with pytest.raises(ValueError, match="numel"):
-        multiproc.smoke_allreduce(0, 2, "gloo", numel=0)
+        entries.smoke_allreduce(0, 2, "gloo", numel=0)
     with pytest.raises(ValueError, match="repeats"):
-        multiproc.smoke_allreduce(0, 2, "gloo", repeats=0)
+        entries.smoke_allreduce(0, 2, "gloo", repeats=0)
     with pytest.raises(ValueError, match="bad_rank"):
-        multiproc.fail_on_rank(0, 2, "gloo", bad_rank=2)
+        entries.fail_on_rank(0, 2, "gloo", bad_rank=2)
     with pytest.raises(ValueError, match="mode"):
-        multiproc.fail_on_rank(0, 2, "gloo", mode="segfault")
+        entries.fail_on_rank(0, 2, "gloo", mode="segfault")
     with pytest.raises(ValueError, match="backend"):
         multiproc.local_device("mpi")
 

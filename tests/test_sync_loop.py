@@ -190,7 +190,6 @@ def test_three_processes_fail_with_russian_error(tmp_path):
         ({"lr": float("nan")}, "lr"),
         ({"seed": -1}, "seed"),
         ({"temperature": 0.0}, "temperature"),
-        ({"verify": "да"}, "verify"),
         ({"model": ""}, "model"),
         ({"rank": 2}, "rank"),
     ],

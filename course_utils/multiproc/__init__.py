@@ -3,8 +3,8 @@
 ``launch("модуль:функция", nprocs, args)`` запускает ранги как отдельные процессы (окружение как у
 ``torchrun``), ждёт их с дедлайном, убивает всю группу при сбое и возвращает ``LaunchResult``.
 Точки входа: ``sync_loop`` (12.1), ``zero_state`` (12.2), ``queue_loop`` (12.3),
-``weight_broadcast`` (12.4), ``checkpointed_trainer`` (12.5), ``smoke`` (проверка связи); обмен
-между рангами — ``transport``.
+``weight_broadcast`` (12.4), ``checkpointed_trainer`` (12.5); итоговый прогон —
+``course_utils.capstone``; обмен между рангами и общие части циклов — ``transport``.
 Те же точки входа без изменений работают под ``torchrun -m course_utils.multiproc --entry …``.
 """
 
@@ -18,7 +18,6 @@ from course_utils.multiproc.launcher import (
     local_device,
     main,
 )
-from course_utils.multiproc.smoke import fail_on_rank, sleep_forever, smoke_allreduce
 
 __all__ = [
     "BACKENDS",
@@ -26,10 +25,7 @@ __all__ = [
     "LaunchResult",
     "RankFailure",
     "default_backend",
-    "fail_on_rank",
     "launch",
     "local_device",
     "main",
-    "sleep_forever",
-    "smoke_allreduce",
 ]

@@ -28,14 +28,14 @@ from course_utils.multiproc.transport import state_checksum
 from course_utils.toy_run import ToyRLRun
 
 
-def _append_event(log: Path, record: dict) -> None:
+def append_event(log: Path, record: dict) -> None:
     with open(log, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def _kill_self_once(run_dir: Path, tag: str) -> None:
+def kill_self_once(run_dir: Path, tag: str) -> None:
     """kill -9 самого себя, но один раз на run_dir: метка-файл не даёт повторно убить перезапуск."""
     marker = run_dir / f".killed-{tag}"
     if marker.exists():
@@ -93,7 +93,7 @@ def checkpointed_trainer(
     while run.global_step < total_steps:
         event = run.step()
         t = event["step"]
-        _append_event(log, {"pid": os.getpid(), "event": event})
+        append_event(log, {"pid": os.getpid(), "event": event})
         events.append(event)
         if t % checkpoint_every == 0:
             files: list[str] = []  # SIGKILL после второго записанного файла данных
@@ -101,7 +101,7 @@ def checkpointed_trainer(
             def hook(fname: str, files=files, tag=f"write-{t}") -> None:
                 files.append(fname)
                 if len(files) == 2:
-                    _kill_self_once(run_dir_p, tag)
+                    kill_self_once(run_dir_p, tag)
 
             target = run_dir_p / checkpoint_name(t)
             hook_or_none = hook if t == kill_write else None
@@ -110,7 +110,7 @@ def checkpointed_trainer(
             )
             written.append(target.name)
         if t == kill_at_step:
-            _kill_self_once(run_dir_p, f"step-{t}")
+            kill_self_once(run_dir_p, f"step-{t}")
     return {
         "rank": rank,
         "pid": os.getpid(),
@@ -123,6 +123,24 @@ def checkpointed_trainer(
     }
 
 
+def step_lines(run_dir: str | os.PathLike) -> tuple[dict[int, list[dict]], int, int]:
+    """Строки run_dir/events.jsonl по шагам (в порядке записи), число непустых строк, недописанных."""
+    log = path("run_dir", run_dir) / EVENTS_FILE
+    if not log.is_file():
+        raise ValueError(f"в {run_dir} нет журнала {EVENTS_FILE}")
+    text = log.read_text(encoding="utf-8", errors="replace")
+    lines = [raw for raw in text.splitlines() if raw.strip()]
+    by_step: dict[int, list[dict]] = {}
+    for raw in lines:
+        try:
+            rec = json.loads(raw)
+            by_step.setdefault(int(rec["event"]["step"]), []).append(rec)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            pass
+    n_ok = sum(len(runs) for runs in by_step.values())
+    return dict(sorted(by_step.items())), len(lines), len(lines) - n_ok
+
+
 def events_from_run_dir(run_dir: str | os.PathLike):
     """Журнал run_dir/events.jsonl (pandas): строка на шаг — его последнее вычисление.
 
@@ -132,34 +150,20 @@ def events_from_run_dir(run_dir: str | os.PathLike):
     """
     import pandas as pd
 
-    log = path("run_dir", run_dir) / EVENTS_FILE
-    if not log.is_file():
-        raise ValueError(f"в {run_dir} нет журнала {EVENTS_FILE}")
-    text = log.read_text(encoding="utf-8", errors="replace")
-    lines = [raw for raw in text.splitlines() if raw.strip()]
-    records, torn = [], 0  # (шаг, pid, событие) целых строк
-    for raw in lines:
-        try:
-            rec = json.loads(raw)
-            records.append((int(rec["event"]["step"]), rec.get("pid"), rec["event"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            torn += 1
-    by_step: dict[int, list[tuple]] = {}
-    for step, pid, ev in sorted(records, key=lambda x: x[0]):
-        by_step.setdefault(step, []).append((pid, ev))
-    again = [step for step, runs in by_step.items() if len(runs) > 1]
+    by_step, n_lines, torn = step_lines(run_dir)
+    runs = list(by_step.values())
+    again = [step for step, rs in by_step.items() if len(rs) > 1]
     frame = pd.DataFrame(
-        [
-            {**runs[-1][1], "pid": runs[-1][0], "computations": len(runs)}
-            for runs in by_step.values()
-        ]
+        [{**rs[-1]["event"], "pid": rs[-1].get("pid"), "computations": len(rs)} for rs in runs]
     )
     frame.attrs.update(
-        lines=len(lines),
-        processes=len({pid for _, pid, _ in records}),
-        recomputed=len(records) - len(by_step),
+        lines=n_lines,
+        processes=len({r.get("pid") for rs in runs for r in rs}),
+        recomputed=sum(map(len, runs)) - len(runs),
         recomputed_steps=again,
-        recomputed_identical=all(ev == by_step[s][0][1] for s in again for _, ev in by_step[s]),
+        recomputed_identical=all(
+            r["event"] == by_step[s][0]["event"] for s in again for r in by_step[s]
+        ),
         torn_lines=torn,
     )
     return frame

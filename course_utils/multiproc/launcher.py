@@ -32,18 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
-from course_utils.args import choice, integer, path, positive, text
+from course_utils.args import choice, integer, path, positive
 from course_utils.fmt import count
 
 BACKENDS = ("gloo", "nccl")
-MAX_NPROCS = 64
 STDERR_TAIL_LINES = 30
-FAILURE_GRACE_S = 1.0  # сколько ждать остальные ранги после первого сбоя, прежде чем убить, с
-STACK_DUMP_WAIT_S = 0.3  # сколько ждать стек зависших процессов (SIGUSR1) перед SIGKILL, с
-GROUP_EXIT_WAIT_S = 5.0  # сколько ждать, пока убитые группы процессов исчезнут, с
+_FAILURE_GRACE_S = 1.0  # сколько ждать остальные ранги после первого сбоя, прежде чем убить, с
+_STACK_DUMP_WAIT_S = 0.3  # сколько ждать стек зависших процессов (SIGUSR1) перед SIGKILL, с
+_GROUP_EXIT_WAIT_S = 5.0  # сколько ждать, пока убитые группы процессов исчезнут, с
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-_RESERVED_ENV = "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT".split()
-_RESERVED_ENV.append("COURSE_RUN_DIR")
 _RESERVED_ARGS = ("rank", "world_size", "backend")
 
 
@@ -199,16 +196,6 @@ def _check_args(args: Any) -> dict:
     return dict(args)
 
 
-def _check_env(env: Any) -> dict[str, str]:
-    if env is not None and not isinstance(env, dict):
-        raise ValueError(f"env должно быть словарём строк или None, получено {type(env)}")
-    for key, value in (env or {}).items():
-        bad = isinstance(value, bool) or not isinstance(value, str | int | float)
-        if text("env: имя переменной", key) in _RESERVED_ENV or bad:
-            raise ValueError(f"env: {key} задаёт запускатель, или значение не строка: {value!r}")
-    return {key: str(value) for key, value in (env or {}).items()}
-
-
 def default_backend(nprocs: int) -> str:
     """Бэкенд по умолчанию: "nccl", если CUDA доступна и GPU ≥ nprocs, иначе "gloo"."""
     nprocs = integer("nprocs", nprocs, 1, strict=True)
@@ -274,14 +261,14 @@ def _stop_all(procs: list[subprocess.Popen], dump_stacks: bool) -> list[int]:
         for r in alive:  # стек зависшего процесса попадёт в его stderr (faulthandler)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(procs[r].pid, signal.SIGUSR1)
-        time.sleep(STACK_DUMP_WAIT_S)
+        time.sleep(_STACK_DUMP_WAIT_S)
     for p in procs:  # и живые, и завершившиеся: в группе могли остаться их дочерние процессы
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGKILL)
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=10)
-    deadline = time.monotonic() + GROUP_EXIT_WAIT_S  # SIGKILL доходит не мгновенно
+    deadline = time.monotonic() + _GROUP_EXIT_WAIT_S  # SIGKILL доходит не мгновенно
     for p in procs:
         while _group_exists(p.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -347,7 +334,7 @@ def _run_once(
             )
             if failed and first_failure_at is None:
                 first_failure_at = now
-            if first_failure_at is not None and now >= first_failure_at + FAILURE_GRACE_S:
+            if first_failure_at is not None and now >= first_failure_at + _FAILURE_GRACE_S:
                 status, killed = "failed", _stop_all(procs, dump_stacks=True)
                 break
             if now >= deadline:
@@ -386,19 +373,18 @@ def launch(
     args: dict | None = None,
     timeout_s: float = 120,
     backend: str | None = None,
-    env: dict | None = None,
     run_dir: str | os.PathLike | None = None,
 ) -> LaunchResult:
     """Запускает fn из entry в nprocs процессах ОС под torch.distributed; время wall_s — с.
 
     entry — "пакет.модуль:функция", вызов fn(rank=, world_size=, backend=, **args) возвращает
     JSON-словарь. 1 ≤ nprocs ≤ 64, timeout_s > 0 — общий дедлайн, с; backend — "gloo", "nccl"
-    или None (по наличию GPU); env — добавочные переменные; run_dir — каталог результатов и
-    журналов (по умолчанию временный). Занятый порт — одна повторная попытка.
+    или None (по наличию GPU); run_dir — каталог результатов и журналов (по умолчанию
+    временный). Занятый порт — одна повторная попытка.
     """
-    nprocs = integer("nprocs", nprocs, 1, MAX_NPROCS, strict=True)
+    nprocs = integer("nprocs", nprocs, 1, 64, strict=True)
     timeout_s = positive("timeout_s", timeout_s)
-    args, env = _check_args(args), _check_env(env)
+    args = _check_args(args)
     module, fn = _resolve_entry(entry)
     backend = _check_backend(backend, nprocs)
     try:
@@ -422,7 +408,7 @@ def launch(
         _module_root(module),
         *os.environ.get("PYTHONPATH", "").split(os.pathsep),
     ]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}
     result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path)
     tails = " ".join(f.stderr_tail for f in result.failures).lower()
     if result.status == "failed" and ("eaddrinuse" in tails or "address already in use" in tails):

@@ -7,42 +7,29 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
-import json
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from course_utils.args import integer, nonnegative, positive, text
-from course_utils.multiproc import sync_loop, transport
+from course_utils.multiproc import transport
 from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER
 
 QUEUE_EXPERIMENT = "queue_generators_trainer"
-QUEUE_TRAINER_RANK = 0
-QUEUE_GENERATOR_RANKS = (1, 2)
+_TRAINER, _GENERATORS = 0, (1, 2)  # ранги
 WORKER_QUEUE_RU = "очередь (ранг 0)"
 _BATCH_STATS = ("loss", "clip_fraction", "grad_norm")  # итоги grpo_step в строке пакета
-QUEUE_RETRY_S = 0.02  # пауза генератора после отказа, прежде чем снова спросить разрешение, с
 
 
 def _tokens(records) -> int:
     """Вес группы в очереди, токенов: Σ (запрос + ответ) по записям."""
     return sum(len(r.prompt_tokens) + len(r.response_tokens) for r in records)
-
-
-def _recv_object_any(group) -> tuple[int, Any]:
-    """(ранг отправителя, объект) ``send_object`` от любого ранга: recv(src=None), только gloo."""
-    import torch
-    import torch.distributed as dist
-
-    size = torch.zeros(1, dtype=torch.int64)
-    src = int(dist.recv(size, src=None, group=group))
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(payload, src=src, group=group)
-    return src, json.loads(payload.numpy().tobytes().decode("utf-8"))
 
 
 def queue_generators_trainer(
@@ -60,7 +47,7 @@ def queue_generators_trainer(
     model: str = "tiny",
     temperature: float = 1.0,
     lr: float = 1e-5,
-    retry_s: float = QUEUE_RETRY_S,
+    retry_s: float = 0.02,  # пауза генератора после отказа, с
 ) -> dict:
     """Асинхронный RL-цикл с очередью в токенах: ранг 0 — тренер и очередь, ранги 1, 2 — генераторы.
 
@@ -89,21 +76,20 @@ def queue_generators_trainer(
     # Управляющие сообщения — на CPU: на NCCL через отдельную группу gloo (NCCL не умеет
     # «принять от любого»); веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
-    r = sync_loop._start(QUEUE_EXPERIMENT, cfg)
-    is_trainer = rank == QUEUE_TRAINER_RANK
+    r = transport.start_rank(QUEUE_EXPERIMENT, cfg)
+    is_trainer = rank == _TRAINER
     worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
     head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
     head["config"] = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
-    out = (
-        _QueueTrainer(r, control, cfg).run()
-        if is_trainer
-        else _run_queue_generator(r, control, cfg)
-    )
+    if is_trainer:
+        out = _QueueTrainer(r, control, cfg).run()
+    else:
+        out = _run_queue_generator(r, control, cfg)
     return {**head, **out, "events": r.stages.events}
 
 
 def _run_queue_generator(r, control, cfg: dict) -> dict:
-    rank, stages, trainer = cfg["rank"], r.stages, QUEUE_TRAINER_RANK
+    rank, stages, trainer = cfg["rank"], r.stages, _TRAINER
     engine = r.net.eval()
 
     def ask(msg: dict) -> dict:
@@ -111,7 +97,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         return transport.recv_object(trainer, "cpu", control)[0]
 
     with stages.stage("handshake"):
-        hello = {"type": "hello", **sync_loop._model_card(r.info)}
+        hello = {"type": "hello", **transport.model_card(r.info)}
         transport.send_object(hello, trainer, "cpu", control)
     version, k, staging, requests, fetches = 0, 0, None, [], []
     denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
@@ -123,7 +109,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
             wall0 = stages.clock()
             meta, staging, rs = transport.recv_tensors(trainer, r.device, staging)
             stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
-            load_s = sync_loop._load_weights(engine, staging, stages, k)
+            load_s = transport.load_engine_weights(engine, staging, stages, k)
             if int(meta["version"]) <= version:
                 raise RuntimeError(
                     f"генератор {rank}: пришли веса версии {meta['version']}, а у него уже "
@@ -147,7 +133,9 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         req_seed = cfg["seed"] * 1_000_000 + rank * 100_000 + k
         with stages.stage("generate", k) as gen:
             n_prompts, run_id = cfg["prompts_per_request"], f"q{cfg['seed']}r{rank}"
-            batch = sync_loop._generate(engine, r.tok, cfg, n_prompts, version, req_seed, run_id)
+            batch = transport.sample_rollouts(
+                engine, r.tok, cfg, n_prompts, version, req_seed, run_id
+            )
         gen_end, tokens = stages.now(), _tokens(batch.records)
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
@@ -181,7 +169,7 @@ class _QueueTrainer:
         self.info, self.device, self.control = r.info, r.device, control
         self.stages, self.cfg = r.stages, cfg
         self.trainer, self.wire_dtype, self.amp, self.scaler, self.optimizer = (
-            sync_loop._fp32_trainer(r.net, r.device, cfg["lr"])
+            transport.fp32_trainer(r.net, r.device, cfg["lr"])
         )
         self.cond = threading.Condition()
         self.queue: deque = deque()
@@ -293,7 +281,7 @@ class _QueueTrainer:
     def _on_rollouts(self, src: int, msg: Mapping) -> None:
         """Проверяет группу (контракт, токены, версия) и ставит её в конец очереди."""
         key = (src, int(msg["request_id"]))
-        records = sync_loop._records_from(msg["records"], f"группа генератора {src}")
+        records = transport.records_from(msg["records"], f"группа генератора {src}")
         tokens, version = _tokens(records), int(msg["version"])
         if tokens != msg.get("tokens"):
             raise RuntimeError(
@@ -330,23 +318,24 @@ class _QueueTrainer:
 
     def run(self) -> dict:
         with self.stages.stage("handshake"):
-            for g in QUEUE_GENERATOR_RANKS:
+            for g in _GENERATORS:
                 hello, _ = transport.recv_object(g, "cpu", self.control)
-                sync_loop._same_model(hello, self.info, f"генератора {g}")
+                transport.check_same_model(hello, self.info, f"генератора {g}")
         with self.cond:
             start_s = self._mark("start")["time_s"]
         worker = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
         worker.start()
         stopped: set[int] = set()
         stop_s = None
-        while len(stopped) < len(QUEUE_GENERATOR_RANKS):
-            src, msg = _recv_object_any(self.control)
+        while len(stopped) < len(_GENERATORS):
+            msg, rs = transport.recv_object(None, "cpu", self.control)  # от любого ранга
+            src = rs.src
             self._raise_if_failed()
             if stop_s is None and self.now() >= start_s + self.cfg["duration_s"]:
                 self._stop()
                 stop_s = self.now()
             kind = msg.get("type") if isinstance(msg, Mapping) else None
-            if src not in QUEUE_GENERATOR_RANKS or src in stopped:
+            if src not in _GENERATORS or src in stopped:
                 raise RuntimeError(f"тренер: неожиданное сообщение от ранга {src}: {kind!r}")
             if kind == "request":
                 if self._on_request(src, msg) == "stop":
@@ -375,7 +364,7 @@ class _QueueTrainer:
         consumed = sum(b["tokens"] for b in self.batches)
         busy = sum(b["train_s"] + b["delay_s"] for b in self.batches)
         offered = 0.0  # λ_предл = Σ_g токены_g / время генерации_g, токенов/с
-        for g in QUEUE_GENERATOR_RANKS:
+        for g in _GENERATORS:
             mine = [a for a in self.arrivals if a["generator"] == g]
             gen_s = sum(a["generate_s"] for a in mine)
             offered += sum(a["tokens"] for a in mine) / gen_s if gen_s > 0 else 0.0
@@ -469,36 +458,11 @@ def queue_requests_frame(launch_result: Any):
 
 
 # Ключ сводки → (подпись, единица, знаков после запятой; None — целое); порядок строк текста.
-QUEUE_SUMMARY_RU = {
-    "offered_lambda_tokens_per_s": (
-        "λ_предл, предложенная нагрузка генераторов",
-        "токенов/с",
-        None,
-    ),
-    "mu_tokens_per_s": ("μ, скорость тренера, пока он занят", "токенов/с", None),
-    "rho": ("ρ = λ_предл / μ", "раз", 2),
-    "lambda_tokens_per_s": ("λ, принятый приток в очередь (после допуска)", "токенов/с", None),
-    "consumed_tokens_per_s": ("из него съел тренер: μ × доля занятости", "токенов/с", None),
-    "accumulated_tokens_per_s": ("из него накопилось в очереди к концу", "токенов/с", None),
-    "window_s": ("окно W: от старта до конца последнего шага", "с", 1),
-    "duration_s": ("длительность приёма запросов", "с", 1),
-    "grants": ("разрешений", "шт.", None),
-    "denials": ("отказов (обратное давление)", "шт.", None),
-    "generator_blocked_s": ("генераторы простояли после отказов (сумма)", "с", 1),
-    "generator_blocked_share": ("доля времени приёма, простоянная генераторами", "доля", 2),
-    "threshold_tokens": ("порог очереди T", "токенов", None),
-    "batch_tokens": ("размер пакета", "токенов", None),
-    "peak_depth_tokens": ("пиковая глубина очереди", "токенов", None),
-    "overshoot_tokens": ("превышение порога max(0, пик − T)", "токенов", None),
-    "peak_in_flight_tokens": ("работа в полёте при пересечении порога", "токенов", None),
-    "overshoot_bound_holds": ("граница пик < T + работа в полёте выполнена", "", None),
-    "n_batches": ("шагов обучения", "шт.", None),
-    "final_version": ("итоговая версия весов", "", None),
-    "mean_lag": ("средняя задержка политики L = u − v", "версий", 2),
-    "max_lag": ("максимальная задержка политики", "версий", None),
-    "busy_fraction": ("доля окна W, когда тренер занят", "доля", 2),
-    "left_in_queue_tokens": ("осталось в очереди после остановки", "токенов", None),
-}
+with open(Path(__file__).parents[2] / "data" / "queue_summary_labels.csv", encoding="utf-8") as _f:
+    QUEUE_SUMMARY_RU = {
+        r["key"]: (r["label"], r["unit"], int(r["digits"]) if r["digits"] else None)
+        for r in csv.DictReader(_f)
+    }
 
 
 def queue_summary(launch_result: Any) -> dict:

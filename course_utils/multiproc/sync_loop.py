@@ -1,103 +1,20 @@
 """Урок 12.1, уровень C: синхронный цикл генератор → тренер в двух процессах.
 
 Точка входа ``sync_generator_trainer`` (ранг 0 — генератор, ранг 1 — тренер) и таблица шагов
-``sync_steps_frame``. Общие части рангов уровня C — старт ранга, рукопожатие, fp32-тренер,
-проверка записей, загрузка весов — здесь же; ими пользуется и ``queue_loop`` (урок 12.3).
+``sync_steps_frame``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from types import SimpleNamespace
 from typing import Any
 
-from course_utils.args import flag, integer, positive, text
+from course_utils.args import integer, positive, text
 from course_utils.multiproc import transport
-from course_utils.multiproc.launcher import local_device
-from course_utils.multiproc.transport import GENERATOR_RANK, TRAINER_RANK
 
-SYNC_EXPERIMENT = "sync_generator_trainer"
-
-
-# ----------------------------------------------------------------------------- общее для уровня C
-
-
-def _start(experiment: str, cfg: dict) -> SimpleNamespace:
-    """Старт ранга: устройство, общие часы, модель и шапка результата (pid, модель, часы)."""
-    import torch
-
-    from course_utils.policy import load_policy
-
-    device = local_device(cfg["backend"])
-    stages = transport.shared_stages(device)
-    torch.manual_seed(cfg["seed"])
-    with stages.stage("load_model"):
-        net, tokenizer, info = load_policy(cfg["model"], device=device)
-    head = {"experiment": experiment, **{k: cfg[k] for k in ("rank", "world_size", "backend")}}
-    head |= {"pid": os.getpid(), "device": str(device), "model": info.describe()}
-    head |= {"num_params": info.num_params, "clock_note": transport.CLOCK_NOTE}
-    return SimpleNamespace(
-        device=device, stages=stages, net=net, tok=tokenizer, info=info, head=head
-    )
-
-
-def _model_card(info) -> dict:
-    return {"model_id": info.model_id, "num_params": info.num_params, "dtype": info.dtype}
-
-
-def _same_model(hello: dict, info, who: str) -> None:
-    """Рукопожатие: модель, число параметров и тип у генератора те же, что у тренера."""
-    mine = _model_card(info)
-    theirs = {k: hello.get(k) for k in mine}
-    if theirs != mine:
-        raise RuntimeError(f"тренер: у {who} другая модель: {theirs}, у тренера {mine}")
-
-
-def _fp32_trainer(net, device, lr: float) -> tuple:
-    """fp32-копия для обучения: (модель, тип весов движка, тип autocast, GradScaler, AdamW)."""
-    import torch
-
-    from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
-
-    wire_dtype = next(net.parameters()).dtype  # веса уходят движку в его типе
-    trainer = net.float()
-    amp = trainer_autocast_dtype(device, wire_dtype)
-    scaler = grad_scaler_for(device, amp)  # float16 на T4: масштаб потерь GradScaler
-    return trainer, wire_dtype, amp, scaler, torch.optim.AdamW(trainer.parameters(), lr=lr)
-
-
-def _generate(engine, tokenizer, cfg: dict, n_prompts: int, version: int, seed: int, run_id: str):
-    """n_prompts · group_size роллаутов версией весов version (``generate_rollouts``)."""
-    from course_utils.arith_task import make_tasks
-    from course_utils.policy import generate_rollouts
-
-    tasks = make_tasks(n_prompts, seed=seed)
-    opts = {k: cfg[k] for k in ("group_size", "temperature", "max_new_tokens")}
-    return generate_rollouts(
-        engine, tokenizer, tasks, policy_version=version, seed=seed, run_id=run_id, **opts
-    )
-
-
-def _records_from(dicts: list, what: str) -> list:
-    """RolloutRecord из словарей; нарушение контракта (``validate_rollout``) — ValueError."""
-    from course_utils.contract import RolloutRecord, validate_rollout
-
-    problems = [f"запись {i}: {p}" for i, d in enumerate(dicts) for p in validate_rollout(d)]
-    if problems:
-        raise ValueError(f"тренер: {what} нарушает контракт:\n" + "\n".join(problems[:10]))
-    return [RolloutRecord.from_dict(d) for d in dicts]
-
-
-def _load_weights(engine, buffers: dict, stages, step: int) -> float:
-    """Копирует принятые буферы в параметры движка; возвращает время загрузки, с."""
-    import torch
-
-    with stages.stage("load_weights", step) as load, torch.no_grad():
-        params = dict(engine.named_parameters())
-        for name, buf in buffers.items():
-            params[name].copy_(buf)
-    return load.duration_s
+_EXPERIMENT = "sync_generator_trainer"
+_GENERATOR, _TRAINER = 0, 1  # ранги
 
 
 def _reward_mean(records) -> float:
@@ -114,9 +31,6 @@ def _behavior_version(records) -> int:
     return int(versions.pop())
 
 
-# ----------------------------------------------------------------------------- урок 12.1
-
-
 def sync_generator_trainer(
     rank: int,
     world_size: int,
@@ -129,16 +43,15 @@ def sync_generator_trainer(
     lr: float = 1e-5,
     seed: int = 0,
     model: str = "tiny",
-    verify: bool = True,
 ) -> dict:
     """Синхронный RL-цикл в двух процессах: ранг 0 — генератор, ранг 1 — тренер (world_size = 2).
 
     Шаг k: генератор собирает prompts_per_step · group_size роллаутов версией v и шлёт тренеру;
     тренер проверяет записи, пересчитывает старые log-вероятности, делает ``grpo_step`` (fp32,
     AdamW) и шлёт веса версии v+1; генератор ждёт ровно v+1 и только тогда начинает шаг k+1,
-    поэтому задержка L = u − v = 0 (u — версия тренера до шага). verify=True: SHA-256 весов
-    сверяется в начале и после каждой передачи. Времена — секунды (wait_s — ожидание другой
-    стороны, train_s = logprob_s + update_s), объёмы — байты; events — для диаграммы Ганта.
+    поэтому задержка L = u − v = 0 (u — версия тренера до шага). SHA-256 весов сверяется в
+    начале и после каждой передачи. Времена — секунды (wait_s — ожидание другой стороны,
+    train_s = logprob_s + update_s), объёмы — байты; events — для диаграммы Ганта.
     """
     integer("world_size (нужно ровно 2 процесса: генератор и тренер)", world_size, 2, 2)
     steps, seed = integer("steps", steps, 1), integer("seed", seed, 0)
@@ -146,43 +59,39 @@ def sync_generator_trainer(
     group_size = integer("group_size", group_size, 1)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     lr, temperature = positive("lr", lr), positive("temperature", temperature)
-    verify, model = flag("verify", verify), text("model", model)
-    integer("rank (0 — генератор, 1 — тренер)", rank, GENERATOR_RANK, TRAINER_RANK)
+    model = text("model", model)
+    integer("rank (0 — генератор, 1 — тренер)", rank, _GENERATOR, _TRAINER)
     cfg = dict(locals())  # проверенные аргументы
-    r = _start(SYNC_EXPERIMENT, cfg)
-    out = (_run_generator if rank == GENERATOR_RANK else _run_trainer)(r, cfg)
+    r = transport.start_rank(_EXPERIMENT, cfg)
+    out = (_run_generator if rank == _GENERATOR else _run_trainer)(r, cfg)
     return {**r.head, **out, "events": r.stages.events}
 
 
 def _step_row(step: int, behavior: int, trained_from: int) -> dict:
     """Версии шага: v — генерации, u — тренера до обновления, задержка L = u − v, версий."""
-    return {
-        "step": step,
-        "behavior_version": behavior,
-        "trainer_version_before_update": trained_from,
-        "lag": trained_from - behavior,
-    }
+    row = {"step": step, "behavior_version": behavior}
+    return row | {"trainer_version_before_update": trained_from, "lag": trained_from - behavior}
 
 
 def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
-    engine, stages, verify = r.net.eval(), r.stages, cfg["verify"]
+    engine, stages = r.net.eval(), r.stages
     with stages.stage("handshake"):
-        checksum = transport.state_checksum(engine) if verify else None
-        transport.send_object({**_model_card(r.info), "checksum": checksum}, TRAINER_RANK, r.device)
+        hello = {**transport.model_card(r.info), "checksum": transport.state_checksum(engine)}
+        transport.send_object(hello, _TRAINER, r.device)
     version, rows, staging = 0, [], None
     for step in range(cfg["steps"]):
         step_t0 = time.perf_counter()
-        step_seed = cfg["seed"] * 1000 + step
+        step_seed, run_id = cfg["seed"] * 1000 + step, f"sync{cfg['seed']}"
         with stages.stage("generate", step) as gen:
-            n, run_id = cfg["prompts_per_step"], f"sync{cfg['seed']}"
-            batch = _generate(engine, r.tok, cfg, n, version, step_seed, run_id)
+            n = cfg["prompts_per_step"]
+            batch = transport.sample_rollouts(engine, r.tok, cfg, n, version, step_seed, run_id)
         behavior = _behavior_version(batch.records)
         payload = {"step": step, "records": [x.to_dict() for x in batch.records]}
         with stages.stage("send_rollouts", step) as snd:
-            rollout_bytes = transport.send_object(payload, TRAINER_RANK, r.device)
+            rollout_bytes = transport.send_object(payload, _TRAINER, r.device)
         # Блокируемся, пока тренер не пришлёт веса: это и есть ожидание синхронного цикла.
         wall0 = stages.clock()
-        meta, staging, rs = transport.recv_tensors(TRAINER_RANK, r.device, staging)
+        meta, staging, rs = transport.recv_tensors(_TRAINER, r.device, staging)
         stages.add("wait_weights", step, wall0, rs.wait_s)
         stages.add("recv_weights", step, wall0 + rs.wait_s, rs.transfer_s)
         if meta.get("version") != version + 1:
@@ -190,31 +99,21 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
                 f"генератор: после пакета версии {version} ожидались веса версии {version + 1}, "
                 f"получена версия {meta.get('version')!r} — синхронный протокол нарушен"
             )
-        if verify:
-            with stages.stage("verify_weights", step):
-                if transport.state_checksum(staging) != meta.get("checksum"):
-                    raise RuntimeError(
-                        f"генератор: контрольная сумма весов версии {version + 1} не совпала "
-                        f"с суммой тренера — веса повреждены при передаче"
-                    )
-        load_s = _load_weights(engine, staging, stages, step)
+        with stages.stage("verify_weights", step):
+            if transport.state_checksum(staging) != meta.get("checksum"):
+                raise RuntimeError(
+                    f"генератор: контрольная сумма весов версии {version + 1} не совпала "
+                    f"с суммой тренера — веса повреждены при передаче"
+                )
+        load_s = transport.load_engine_weights(engine, staging, stages, step)
         version = int(meta["version"])
-        rows.append(
-            {
-                **_step_row(step, behavior, int(meta["trained_from_version"])),
-                "received_version": version,
-                "generate_s": gen.duration_s,
-                "send_s": snd.duration_s,
-                "wait_s": rs.wait_s,
-                "weight_recv_s": rs.transfer_s,
-                "load_s": load_s,
-                "step_s": time.perf_counter() - step_t0,
-                "rollout_bytes": rollout_bytes,
-                "weight_bytes": rs.nbytes,
-                "n_records": len(batch.records),
-                "reward_mean": _reward_mean(batch.records),
-            }
-        )
+        row = _step_row(step, behavior, int(meta["trained_from_version"]))
+        row |= {"received_version": version, "generate_s": gen.duration_s}
+        row |= {"send_s": snd.duration_s, "wait_s": rs.wait_s, "weight_recv_s": rs.transfer_s}
+        row |= {"load_s": load_s, "step_s": time.perf_counter() - step_t0}
+        row |= {"rollout_bytes": rollout_bytes, "weight_bytes": rs.nbytes}
+        row |= {"n_records": len(batch.records), "reward_mean": _reward_mean(batch.records)}
+        rows.append(row)
     return {
         "role": transport.ROLE_GENERATOR,
         "steps": rows,
@@ -226,21 +125,21 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
 def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
     from course_utils.policy import grpo_step, recompute_logprobs
 
-    stages, verify = r.stages, cfg["verify"]
-    trainer, wire_dtype, amp, scaler, optimizer = _fp32_trainer(r.net, r.device, cfg["lr"])
+    stages = r.stages
+    trainer, wire_dtype, amp, scaler, optimizer = transport.fp32_trainer(r.net, r.device, cfg["lr"])
     with stages.stage("handshake"):
-        hello, _ = transport.recv_object(GENERATOR_RANK, r.device)
-        _same_model(hello, r.info, "генератора")
-        if verify and hello["checksum"] != transport.state_checksum(trainer, dtype=wire_dtype):
+        hello, _ = transport.recv_object(_GENERATOR, r.device)
+        transport.check_same_model(hello, r.info, "генератора")
+        if hello["checksum"] != transport.state_checksum(trainer, dtype=wire_dtype):
             raise RuntimeError("тренер: начальные веса генератора и тренера (версия 0) различаются")
     version, rows = 0, []
     for step in range(cfg["steps"]):
         step_t0, wall0 = time.perf_counter(), stages.clock()
-        payload, rs = transport.recv_object(GENERATOR_RANK, r.device)
+        payload, rs = transport.recv_object(_GENERATOR, r.device)
         stages.add("wait_rollouts", step, wall0, rs.wait_s)
         stages.add("recv_rollouts", step, wall0 + rs.wait_s, rs.transfer_s)
         with stages.stage("validate", step):
-            records = _records_from(payload["records"], "пакет роллаутов")
+            records = transport.records_from(payload["records"], "пакет роллаутов")
         behavior = _behavior_version(records)
         if version - behavior != 0:
             raise RuntimeError(
@@ -252,32 +151,20 @@ def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
         with stages.stage("grpo_update", step) as upd:
             stats = grpo_step(trainer, optimizer, records, old, autocast_dtype=amp, scaler=scaler)
         trained_from, version = version, version + 1
-        checksum = None
-        if verify:
-            with stages.stage("checksum", step):
-                checksum = transport.state_checksum(trainer, dtype=wire_dtype)
+        with stages.stage("checksum", step):
+            checksum = transport.state_checksum(trainer, dtype=wire_dtype)
         meta = {"version": version, "trained_from_version": trained_from, "checksum": checksum}
         with stages.stage("send_weights", step) as snd:
-            weight_bytes = transport.send_tensors(
-                trainer, GENERATOR_RANK, r.device, meta, wire_dtype
-            )
+            weight_bytes = transport.send_tensors(trainer, _GENERATOR, r.device, meta, wire_dtype)
+        row = _step_row(step, behavior, trained_from)
+        row |= {"new_version": version, "wait_s": rs.wait_s, "recv_s": rs.transfer_s}
+        row |= {"logprob_s": lp.duration_s, "update_s": upd.duration_s}
+        row |= {"train_s": lp.duration_s + upd.duration_s, "weight_send_s": snd.duration_s}
+        row |= {"step_s": time.perf_counter() - step_t0, "rollout_bytes": rs.nbytes}
+        row |= {"weight_bytes": weight_bytes, "n_records": len(records)}
+        row["reward_mean"] = _reward_mean(records)
         rows.append(
-            {
-                **_step_row(step, behavior, trained_from),
-                "new_version": version,
-                "wait_s": rs.wait_s,
-                "recv_s": rs.transfer_s,
-                "logprob_s": lp.duration_s,
-                "update_s": upd.duration_s,
-                "train_s": lp.duration_s + upd.duration_s,
-                "weight_send_s": snd.duration_s,
-                "step_s": time.perf_counter() - step_t0,
-                "rollout_bytes": rs.nbytes,
-                "weight_bytes": weight_bytes,
-                "n_records": len(records),
-                "reward_mean": _reward_mean(records),
-                **{k: stats[k] for k in ("loss", "clip_fraction", "grad_norm", "policy_tokens")},
-            }
+            row | {k: stats[k] for k in ("loss", "clip_fraction", "grad_norm", "policy_tokens")}
         )
     return {
         "role": transport.ROLE_TRAINER,
@@ -303,7 +190,7 @@ def sync_steps_frame(launch_result: Any):
     """
     import pandas as pd
 
-    ranks = transport.rank_results(launch_result, SYNC_EXPERIMENT)
+    ranks = transport.rank_results(launch_result, _EXPERIMENT)
     by_role = {r["role"]: pd.DataFrame(r["steps"]) for r in ranks}
     gen, tr = by_role[transport.ROLE_GENERATOR], by_role[transport.ROLE_TRAINER]
     front = ["step", "behavior_version", "trainer_version_before_update", "lag", "new_version"]

@@ -1,19 +1,20 @@
-"""Уровень C: обмен между рангами (JSON-объекты, именованные тензоры), SHA-256 весов, время."""
+"""Уровень C: обмен между рангами (JSON-объекты, именованные тензоры), SHA-256 весов, общие часы
+и общие части точек входа с RL-циклом (старт ранга, fp32-тренер, генерация, проверка записей)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from course_utils.args import integer
 
-GENERATOR_RANK = 0
-TRAINER_RANK = 1
 ROLE_GENERATOR = "генератор"
 ROLE_TRAINER = "тренер"
 CLOCK_NOTE = (
@@ -27,12 +28,13 @@ CLOCK_NOTE = (
 
 
 @dataclass
-class RecvStats:
-    """Замер приёма: байты нагрузки; ожидание первого сообщения и приём остального, с."""
+class _RecvStats:
+    """Замер приёма: байты нагрузки; ожидание первого сообщения и приём остального, с; отправитель."""
 
     nbytes: int
     wait_s: float
     transfer_s: float
+    src: int = -1
 
 
 def _check_peer(name: str, peer: Any) -> int:
@@ -75,22 +77,23 @@ def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> i
     return len(data)
 
 
-def recv_object(src: int, device: Any = "cpu", group: Any = None) -> tuple[Any, RecvStats]:
-    """Объект от ``send_object`` ранга src → (объект, RecvStats)."""
+def recv_object(src: int | None, device: Any = "cpu", group: Any = None):
+    """Объект от ``send_object`` ранга src → (объект, _RecvStats); src=None — от любого ранга
+    (только gloo), отправитель — в _RecvStats.src."""
     import torch
     import torch.distributed as dist
 
-    src = _check_peer("src", src)
+    src = None if src is None else _check_peer("src", src)
     dev = torch.device(device)
     t0 = time.perf_counter()
     size = torch.zeros(1, dtype=torch.int64, device=dev)
-    dist.recv(size, src=src, group=group)
+    src = int(dist.recv(size, src=src, group=group))
     n = int(size.item())  # .item() ждёт данные и на GPU
     t1 = time.perf_counter()
     payload = torch.empty(n, dtype=torch.uint8, device=dev)
     dist.recv(payload, src=src, group=group)
     obj = json.loads(payload.cpu().numpy().tobytes().decode("utf-8"))
-    return obj, RecvStats(nbytes=n, wait_s=t1 - t0, transfer_s=time.perf_counter() - t1)
+    return obj, _RecvStats(n, t1 - t0, time.perf_counter() - t1, src)
 
 
 def named_tensors(tensors: Any, name: str) -> dict:
@@ -151,7 +154,7 @@ def send_tensors(tensors, dst: int, device="cpu", meta: Mapping | None = None, w
 
 
 def recv_tensors(src: int, device="cpu", buffers: Mapping | None = None):
-    """Тензоры от ``send_tensors`` → (meta, {имя: тензор}, RecvStats); buffers — готовые буферы
+    """Тензоры от ``send_tensors`` → (meta, {имя: тензор}, _RecvStats); buffers — готовые буферы
     приёма (имена, формы и типы = заголовку), без них буферы создаются на device."""
     import torch
 
@@ -177,7 +180,7 @@ def recv_tensors(src: int, device="cpu", buffers: Mapping | None = None):
         pass
     device_sync(dev)
     transfer_s = head_stats.transfer_s + time.perf_counter() - t0
-    stats = RecvStats(int(header["nbytes"]), head_stats.wait_s, transfer_s)
+    stats = _RecvStats(int(header["nbytes"]), head_stats.wait_s, transfer_s)
     return dict(header["meta"]), out, stats
 
 
@@ -251,6 +254,88 @@ def shared_stages(device) -> _Stages:
     dist.broadcast(ref, src=0)
     wall, perf = ref.tolist()
     return _Stages(wall, device, wall - perf)
+
+
+# ----------------------------------------------------------------------------- общее для RL-циклов
+
+
+def start_rank(experiment: str, cfg: dict) -> SimpleNamespace:
+    """Старт ранга: устройство, общие часы, модель и шапка результата (pid, модель, часы)."""
+    import torch
+
+    from course_utils.multiproc.launcher import local_device
+    from course_utils.policy import load_policy
+
+    device = local_device(cfg["backend"])
+    stages = shared_stages(device)
+    torch.manual_seed(cfg["seed"])
+    with stages.stage("load_model"):
+        net, tokenizer, info = load_policy(cfg["model"], device=device)
+    head = {"experiment": experiment, **{k: cfg[k] for k in ("rank", "world_size", "backend")}}
+    head |= {"pid": os.getpid(), "device": str(device), "model": info.describe()}
+    head |= {"num_params": info.num_params, "clock_note": CLOCK_NOTE}
+    return SimpleNamespace(
+        device=device, stages=stages, net=net, tok=tokenizer, info=info, head=head
+    )
+
+
+def model_card(info) -> dict:
+    """Рукопожатие генератора: модель, число параметров и тип весов."""
+    return {"model_id": info.model_id, "num_params": info.num_params, "dtype": info.dtype}
+
+
+def check_same_model(hello: dict, info, who: str) -> None:
+    """Тренер сверяет ``model_card`` генератора со своей; различие — RuntimeError."""
+    mine = model_card(info)
+    theirs = {k: hello.get(k) for k in mine}
+    if theirs != mine:
+        raise RuntimeError(f"тренер: у {who} другая модель: {theirs}, у тренера {mine}")
+
+
+def fp32_trainer(net, device, lr: float) -> tuple:
+    """fp32-копия для обучения: (модель, тип весов движка, тип autocast, GradScaler, AdamW)."""
+    import torch
+
+    from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
+
+    wire_dtype = next(net.parameters()).dtype  # веса уходят движку в его типе
+    trainer = net.float()
+    amp = trainer_autocast_dtype(device, wire_dtype)
+    scaler = grad_scaler_for(device, amp)  # float16 на T4: масштаб потерь GradScaler
+    return trainer, wire_dtype, amp, scaler, torch.optim.AdamW(trainer.parameters(), lr=lr)
+
+
+def sample_rollouts(engine, tok, cfg: dict, n_prompts: int, version: int, seed: int, run_id: str):
+    """n_prompts · group_size роллаутов версией весов version (``generate_rollouts``)."""
+    from course_utils.arith_task import make_tasks
+    from course_utils.policy import generate_rollouts
+
+    tasks = make_tasks(n_prompts, seed=seed)
+    opts = {k: cfg[k] for k in ("group_size", "temperature", "max_new_tokens")}
+    return generate_rollouts(
+        engine, tok, tasks, policy_version=version, seed=seed, run_id=run_id, **opts
+    )
+
+
+def records_from(dicts: list, what: str) -> list:
+    """RolloutRecord из словарей; нарушение контракта (``validate_rollout``) — ValueError."""
+    from course_utils.contract import RolloutRecord, validate_rollout
+
+    problems = [f"запись {i}: {p}" for i, d in enumerate(dicts) for p in validate_rollout(d)]
+    if problems:
+        raise ValueError(f"тренер: {what} нарушает контракт:\n" + "\n".join(problems[:10]))
+    return [RolloutRecord.from_dict(d) for d in dicts]
+
+
+def load_engine_weights(engine, buffers: dict, stages, step: int) -> float:
+    """Копирует принятые буферы в параметры движка; возвращает время загрузки, с."""
+    import torch
+
+    with stages.stage("load_weights", step) as load, torch.no_grad():
+        params = dict(engine.named_parameters())
+        for name, buf in buffers.items():
+            params[name].copy_(buf)
+    return load.duration_s
 
 
 def rank_results(launch_result: Any, experiment: str | None = None) -> list[dict]:

@@ -29,9 +29,9 @@ from course_utils.weight_sync import (
     transfer_weights,
 )
 
-BROADCAST_EXPERIMENT = "broadcast_weights"
-TRAINER = "trainer"
-MAX_SIZE = 2**26  # наибольший синтетический тензор замера, параметров (fp32: 256 МиБ)
+_EXPERIMENT = "broadcast_weights"
+_TRAINER = "trainer"
+_MAX_SIZE = 2**26  # наибольший синтетический тензор замера, параметров (fp32: 256 МиБ)
 
 
 def _trainer_update(net: torch.nn.Module, probe: torch.Tensor, lr: float) -> float:
@@ -85,7 +85,7 @@ def broadcast_weights(
     rank = integer("rank", rank, 0, world_size - 1)
     model = text("model", model)
     versions = integer("versions", versions, 1, 100)
-    size_list = [integer("sizes[…]", n, 1, MAX_SIZE) for n in sizes or []]
+    size_list = [integer("sizes[…]", n, 1, _MAX_SIZE) for n in sizes or []]
     seed = integer("seed", seed, 0)
     lr = positive("lr", lr)
     repeats = integer("repeats", repeats, 1, 50)
@@ -106,7 +106,7 @@ def broadcast_weights(
     engine = None if is_trainer else InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
     net = net if is_trainer else None
     ref = torch.empty_like(_logits(net if is_trainer else engine._models[0], probe))
-    common = {"experiment": BROADCAST_EXPERIMENT, "rank": rank, "world_size": world_size}
+    common = {"experiment": _EXPERIMENT, "rank": rank, "world_size": world_size}
     common |= {"backend": backend, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR}
     common |= {"pid": os.getpid(), "hostname": socket.gethostname(), "device": str(device)}
     common |= {"model": info.describe(), "num_params": info.num_params, "num_tensors": n_names}
@@ -165,7 +165,7 @@ def broadcast_weights(
         row["committed"] = all_ok = bool(flag.item())
 
         t0 = time.perf_counter()
-        who = TRAINER if is_trainer else engine.name
+        who = _TRAINER if is_trainer else engine.name
         if all_ok:
             log.add("barrier", who, got_version, detail=f"готовы все генераторы: {world_size - 1}")
             version = got_version if is_trainer else engine.commit()
@@ -223,7 +223,7 @@ def sync_frame(launch_result: Any):
 
     rows = [
         {"rank": res["rank"], "role": res["role"], **v}
-        for res in rank_results(launch_result, BROADCAST_EXPERIMENT)
+        for res in rank_results(launch_result, _EXPERIMENT)
         for v in res["versions"]
     ]
     cols = ["version", "rank", "role", "bytes", "wait_s", "broadcast_s", "verify_s"]
@@ -239,7 +239,7 @@ def sync_size_frame(launch_result: Any):
     import pandas as pd
 
     by_size: dict[int, dict] = {}
-    for res in rank_results(launch_result, BROADCAST_EXPERIMENT):
+    for res in rank_results(launch_result, _EXPERIMENT):
         for s in res.get("sizes", []):
             row = by_size.setdefault(s["size"], {"size": s["size"], "bytes": s["bytes"]})
             row["repeats"] = len(s.get("times_s", [])) or None
@@ -255,9 +255,7 @@ def sync_size_frame(launch_result: Any):
 def merged_events(launch_result: Any) -> list[dict]:
     """Общий журнал всех рангов, упорядоченный по t (одна машина — одни часы) — для audit_log."""
     events = [
-        dict(e)
-        for res in rank_results(launch_result, BROADCAST_EXPERIMENT)
-        for e in res.get("events", [])
+        dict(e) for res in rank_results(launch_result, _EXPERIMENT) for e in res.get("events", [])
     ]
     events.sort(key=lambda e: e["t"])
     return [e | {"seq": i} for i, e in enumerate(events)]
