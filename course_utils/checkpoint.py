@@ -35,7 +35,7 @@ from course_utils.args import integer, is_int, is_real, path as _path
 if TYPE_CHECKING:
     from course_utils.toy_run import ToyRLRun
 
-FORMAT = "course_utils.checkpoint/1"
+_FORMAT = "course_utils.checkpoint/1"
 MANIFEST = "manifest.json"
 EVENTS_FILE = "events.jsonl"
 
@@ -44,7 +44,8 @@ _TMP_PREFIX = ".tmp-"  # запись идёт (или прервана): фай
 _OLD_PREFIX = ".old-"  # прежняя копия, отодвинутая при overwrite=True до переименования новой
 _COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
-# Компонент состояния ToyRLRun → (что в нём, что ломается без него). Порядок — порядок записи.
+# Компонент состояния ToyRLRun → (что в нём, что ломается без него); порядок — порядок записи:
+# policy, optimizer, scheduler, counters, rng, data_cursor, curriculum, normalizer, versions, queue.
 _COMPONENTS_FILE = Path(__file__).resolve().parent.parent / "data" / "checkpoint_components.json"
 COMPONENTS: dict[str, tuple[str, str]] = {
     name: (row["что в нём"], row["что ломается без него"])
@@ -162,21 +163,6 @@ def _manifest_self_hash(manifest: Mapping) -> str:
 # ----------------------------------------------------------------------------- запись
 
 
-def _software() -> dict:
-    import safetensors
-    import torch
-
-    from course_utils import __version__
-
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "course_utils": __version__,
-    }
-
-
 def _publishable(name: Any) -> bool:
     """Имя, под которым контрольная точка лежит в root: не пустое, без "/" и не с точки."""
     return isinstance(name, str) and bool(name) and name[0] != "." and not set(name) & {"/", "\\"}
@@ -229,6 +215,9 @@ def save_checkpoint(
     after_file(имя) вызывается после каждого файла данных (для опытов с аварией).
     """
     import safetensors.torch
+    import torch
+
+    from course_utils import __version__
 
     target = _path("path", path)
     if not _publishable(target.name):
@@ -245,8 +234,6 @@ def save_checkpoint(
             f"state: имена компонентов — строчные латинские буквы, цифры и _, не 'manifest'; "
             f"получено {bad or ['manifest']}"
         )
-    if config is not None and not isinstance(config, Mapping):
-        raise ValueError(f"config должно быть словарём или None, получено {type(config)}")
     chash = _config_hash(config) if config is not None else None
     if target.exists() and not overwrite:
         raise FileExistsError(
@@ -283,7 +270,7 @@ def save_checkpoint(
             versions = {"policy_version": counters["policy_version"], **versions}
         now = time.time()
         manifest = {
-            "format": FORMAT,
+            "format": _FORMAT,
             "name": target.name,
             "step": counters.get("global_step"),
             "created_unix": now,
@@ -291,7 +278,13 @@ def save_checkpoint(
             "config": dict(config) if config is not None else None,
             "config_sha256": chash,
             "versions": _encode(versions, "", {}),
-            "software": _software(),
+            "software": {
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "safetensors": safetensors.__version__,
+                "numpy": np.__version__,
+                "course_utils": __version__,
+            },
             "components": components,
             "files": files,
             "total_bytes": sum(f["bytes"] for f in files.values()),
@@ -355,10 +348,10 @@ def _read_manifest(path: Path) -> dict:
         raise _fail(path, f"файл {MANIFEST} не читается: {exc}", MANIFEST) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _fail(path, f"файл {MANIFEST} повреждён: это не JSON ({exc})", MANIFEST) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise _fail(
-            path, f"файл {MANIFEST}: неизвестный формат {got!r}, ожидался {FORMAT!r}", MANIFEST
+            path, f"файл {MANIFEST}: неизвестный формат {got!r}, ожидался {_FORMAT!r}", MANIFEST
         )
     if manifest.get("manifest_sha256") != _manifest_self_hash(manifest):
         raise _fail(path, f"файл {MANIFEST} изменён: его собственная SHA-256 не сходится", MANIFEST)

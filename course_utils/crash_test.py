@@ -59,9 +59,9 @@ class CrashTestResult:
         """Пересчёт потерянных шагов в ветви full побитово совпал с событиями до аварии."""
         return self.branches["full"][self.restored_step : self.crash_at] == self.lost_events
 
-    def first_divergence(self, branch: str, reference: str = "continuous") -> int | None:
-        """Первый шаг, на котором событие ветви branch отличается от reference; None — не отличается."""
-        pairs = itertools.zip_longest(self._branch(branch), self._branch(reference))
+    def first_divergence(self, branch: str) -> int | None:
+        """Первый шаг, на котором событие ветви branch отличается от continuous; None — нигде."""
+        pairs = itertools.zip_longest(self._branch(branch), self.branches["continuous"])
         return next((i for i, (a, b) in enumerate(pairs, 1) if a != b), None)
 
     def diverged_fields(self, branch: str, step: int | None = None) -> list[str]:
@@ -69,10 +69,7 @@ class CrashTestResult:
         step = self.first_divergence(branch) if step is None else step
         if step is None:
             return []
-        a, b = self._branch(branch), self._branch("continuous")
-        if step > len(a) or step > len(b):
-            return ["<нет события>"]
-        a, b = a[step - 1], b[step - 1]
+        a, b = self._branch(branch)[step - 1], self.branches["continuous"][step - 1]
         return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def _branch(self, name: str) -> list[dict]:
@@ -265,22 +262,18 @@ def run_crash_test(
     checkpoint_every: int = 4,
     resume: Callable[[Callable[[], ToyRLRun], Path], ToyRLRun] | None = None,
     workdir: str | os.PathLike | None = None,
-    *,
-    save: str = "sync",
-    find: Callable[[Path], Path | None] | None = None,
     **run_kwargs: Any,
 ) -> CrashTestResult:
     """Три ветви одного запуска ToyRLRun(seed, **run_kwargs): continuous — без аварии; full —
     resume(run_factory, checkpoint_path) из последней полной точки s₀ (по умолчанию resume_full);
     weights_only — только веса. Ожидается: full == continuous побитово, weights_only расходится
-    на шаге s₀ + 1. workdir — каталог точек (по умолчанию временный); save, find — как в
-    prepare_crash_run и CrashRun.branches."""
+    на шаге s₀ + 1. workdir — каталог точек (по умолчанию временный)."""
     with tempfile.TemporaryDirectory(prefix="crash_test_") as tmp:
         workdir = tmp if workdir is None else workdir
         crash = prepare_crash_run(
-            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, save=save, **run_kwargs
+            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, **run_kwargs
         )
-        return crash.branches(resume, find)
+        return crash.branches(resume)
 
 
 _BRANCH_STYLE = {
@@ -334,14 +327,12 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
 # ----------------------------------------------------------------------------- три вида отказов
 
 
-def simulate_collector_crash(
-    total_steps: int = 12, crash_at: int = 5, seed: int = 0, **run_kwargs: Any
-) -> dict:
+def simulate_collector_crash(total_steps: int = 12, crash_at: int = 5, seed: int = 0) -> dict:
     """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян (lost_rollouts =
     batch_size), запуск продолжается; versions_monotonic — версия политики росла на 1 за шаг."""
     total_steps = integer("total_steps", total_steps, 2)
     crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
-    run = ToyRLRun(seed, **run_kwargs)
+    run = ToyRLRun(seed)
     events, lost = [], []
     for t in range(1, total_steps + 1):
         events.append(run.step())
@@ -358,12 +349,10 @@ def simulate_collector_crash(
     }
 
 
-def simulate_trainer_crash(
-    crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0, **run_kwargs: Any
-) -> dict:
+def simulate_trainer_crash(crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0) -> dict:
     """Отказ тренера после шага crash_at: восстановление с точки s₀, шаги s₀+1..crash_at
     пересчитываются (lost_work_steps = crash_at − s₀); identical — пересчёт побитово тот же."""
-    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every, **run_kwargs)
+    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every)
     return {
         "checkpoint_step": res.restored_step,
         "crash_at": crash_at,
@@ -462,10 +451,10 @@ def accept_batch(
     return BatchVerdict(True, [], tuple(copy.deepcopy(list(batch))))
 
 
-def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
+def simulate_verifier_crash(scored: int = 5, seed: int = 0) -> dict:
     """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды;
     partial_verdict — частичный пакет отклонён, retry_verdict — оценённый заново весь принят."""
-    run = ToyRLRun(seed, **run_kwargs)
+    run = ToyRLRun(seed)
     batch = run.generate_batch()
     scored = integer("scored", scored, 0, len(batch) - 1)
     expected = [r["rollout_id"] for r in batch]

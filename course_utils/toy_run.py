@@ -15,10 +15,10 @@ from course_utils.args import choice, integer, optional_integer, positive, real
 from course_utils.checkpoint import COMPONENTS
 from course_utils.offpolicy import grpo_loss
 
-ENVIRONMENT_VERSION = "toy-bandit-env/1"
-ROLLOUT_SCHEMA = "toy-rollout/1"
-PROMPT_FORMAT = "toy-features/1"
-VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
+_ENVIRONMENT_VERSION = "toy-bandit-env/1"
+_ROLLOUT_SCHEMA = "toy-rollout/1"
+_PROMPT_FORMAT = "toy-features/1"
+_VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
 
 
 def _toy_config(seed: Any, **kw: Any) -> dict:
@@ -107,7 +107,7 @@ class ToyRLRun:
         self.cursor = {"epoch": 0, "index": 0, "consumed": 0}
         self.curriculum = {"level": 0, "success_ema": 0.0, "steps_at_level": 0}
         self.normalizer = {"count": 0, "mean": 0.0, "m2": 0.0}
-        self.verifier_version = VERIFIER_VERSIONS[0]
+        self.verifier_version = _VERIFIER_VERSIONS[0]
         self.queue: list[list[dict]] = []
 
     # --- среда (не состояние: восстанавливается из seed) ---
@@ -241,7 +241,7 @@ class ToyRLRun:
         if cur["success_ema"] >= c["promote_at"] and cur["level"] < c["num_levels"] - 1:
             cur.update(level=cur["level"] + 1, success_ema=0.0, steps_at_level=0)
         if self.global_step == c["verifier_upgrade_step"]:
-            self.verifier_version = VERIFIER_VERSIONS[1]
+            self.verifier_version = _VERIFIER_VERSIONS[1]
         return {
             "step": self.global_step,
             "prompt_ids": [ro["prompt_id"] for ro in batch],
@@ -293,9 +293,9 @@ class ToyRLRun:
             "normalizer": dict(self.normalizer),
             "versions": {
                 "verifier": self.verifier_version,
-                "environment": ENVIRONMENT_VERSION,
-                "rollout_schema": ROLLOUT_SCHEMA,
-                "prompt_format": PROMPT_FORMAT,
+                "environment": _ENVIRONMENT_VERSION,
+                "rollout_schema": _ROLLOUT_SCHEMA,
+                "prompt_format": _PROMPT_FORMAT,
                 "decoding": {"temperature": 1.0, "top_p": 1.0},
                 "layout": {"world_size": 1, "data_parallel": 1},
             },
@@ -329,16 +329,16 @@ class ToyRLRun:
             )
         versions = _take(state, "versions", "verifier environment rollout_schema prompt_format")
         for key, expected in (
-            ("environment", ENVIRONMENT_VERSION),
-            ("rollout_schema", ROLLOUT_SCHEMA),
-            ("prompt_format", PROMPT_FORMAT),
+            ("environment", _ENVIRONMENT_VERSION),
+            ("rollout_schema", _ROLLOUT_SCHEMA),
+            ("prompt_format", _PROMPT_FORMAT),
         ):
             if versions[key] != expected:
                 raise ValueError(
                     f"load_state_dict: версия {key} в состоянии {versions[key]!r}, а код "
                     f"ожидает {expected!r}: это уже другой эксперимент"
                 )
-        choice("versions['verifier']", versions["verifier"], VERIFIER_VERSIONS)
+        choice("versions['verifier']", versions["verifier"], _VERIFIER_VERSIONS)
         counters = _take(
             state, "counters", "global_step policy_version rollouts_generated lost_rollouts"
         )
