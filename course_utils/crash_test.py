@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import itertools
@@ -14,9 +13,9 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from course_utils.args import choice, integer, is_real, path, text
 from course_utils.fmt import count
 from course_utils.toy_run import ToyRLRun
 
-BRANCHES = ("continuous", "full", "weights_only")
-_FRAME_FIELDS = (
-    "mean_reward",
-    "loss",
-    "lr",
-    "policy_version",
-    "verifier_version",
-    "curriculum_level",
-)
 TRACKER = "latest_checkpointed_iteration.txt"  # как в verl: шаг последней полной точки, текстом
 # Как аварийный запуск пишет точки (prepare_crash_run): синхронно или в фоне, с трекером или без.
 SAVES = ("sync", "async", "async_no_tracker")
@@ -45,11 +35,15 @@ RESUME_VERDICTS = {  # проверки шага и версии после во
 }
 
 
+def _steps(n: int) -> str:
+    return count(n, "шаг", "шага", "шагов")
+
+
 @dataclass
 class CrashTestResult:
     """Итог проверки аварией: ветви continuous / full / weights_only — по событию на шаг 1..N;
-    restored_step — шаг точки восстановления (≤ crash_at, её manifest — checkpoint); lost_events —
-    события шагов restored_step+1..crash_at, потерянные при аварии и пересчитанные ветвью full."""
+    restored_step — шаг точки восстановления s₀ ≤ crash_at; lost_events — события шагов
+    s₀+1..crash_at, потерянные при аварии и пересчитанные ветвью full."""
 
     branches: dict[str, list[dict]]
     crash_at: int
@@ -57,14 +51,17 @@ class CrashTestResult:
     total_steps: int
     checkpoint_every: int
     seed: int
-    lost_events: list[dict] = field(default_factory=list)
-    recomputed_identical: bool = True
-    checkpoint: dict = field(default_factory=dict)
+    lost_events: list[dict]
     custom_resume: bool = False
 
-    def first_divergence(self, branch: str, reference: str = "continuous") -> int | None:
-        """Первый шаг, на котором событие ветви branch отличается от reference; None — не отличается."""
-        pairs = itertools.zip_longest(self._branch(branch), self._branch(reference))
+    @property
+    def recomputed_identical(self) -> bool:
+        """Пересчёт потерянных шагов в ветви full побитово совпал с событиями до аварии."""
+        return self.branches["full"][self.restored_step : self.crash_at] == self.lost_events
+
+    def first_divergence(self, branch: str) -> int | None:
+        """Первый шаг, на котором событие ветви branch отличается от continuous; None — нигде."""
+        pairs = itertools.zip_longest(self._branch(branch), self.branches["continuous"])
         return next((i for i, (a, b) in enumerate(pairs, 1) if a != b), None)
 
     def diverged_fields(self, branch: str, step: int | None = None) -> list[str]:
@@ -72,10 +69,7 @@ class CrashTestResult:
         step = self.first_divergence(branch) if step is None else step
         if step is None:
             return []
-        a, b = self._branch(branch), self._branch("continuous")
-        if step > len(a) or step > len(b):
-            return ["<нет события>"]
-        a, b = a[step - 1], b[step - 1]
+        a, b = self._branch(branch)[step - 1], self.branches["continuous"][step - 1]
         return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def _branch(self, name: str) -> list[dict]:
@@ -104,28 +98,12 @@ class CrashTestResult:
             and self.first_divergence("weights_only") == self.restored_step + 1
         )
 
-    def frame(self):
-        """Таблица pandas для графика: строка на (ветвь, шаг); cumulative_reward = Σ mean_reward
-        с шага 1 по ветви (у. е.), same_as_continuous — событие совпало с непрерывной ветвью."""
-        import pandas as pd
-
-        ref = self.branches.get("continuous", [])
-        rows = [
-            {"branch": name, "step": i, **{k: ev[k] for k in _FRAME_FIELDS}}
-            | {"same_as_continuous": i <= len(ref) and ev == ref[i - 1]}
-            for name, events in self.branches.items()
-            for i, ev in enumerate(events, 1)
-        ]
-        df = pd.DataFrame(rows)
-        df.insert(3, "cumulative_reward", df.groupby("branch", sort=False)["mean_reward"].cumsum())
-        return df
-
     def summary(self) -> str:
         """Сводка по-русски: где авария, откуда восстановление, где расходится каждая ветвь."""
         n = self.checkpoint_every
-        every = "после каждого шага" if n == 1 else f"каждые {ck.count_steps(n)}"
+        every = "после каждого шага" if n == 1 else f"каждые {_steps(n)}"
         lines = [
-            f"Проверка аварией: seed={self.seed}, {ck.count_steps(self.total_steps)}, контрольная "
+            f"Проверка аварией: seed={self.seed}, {_steps(self.total_steps)}, контрольная "
             f"точка {every}, авария после шага {self.crash_at}, восстановление "
             f"с {ck.checkpoint_name(self.restored_step)} (шаг {self.restored_step})."
         ]
@@ -193,7 +171,6 @@ class CrashRun:
                         f"resume должна вернуть ToyRLRun, вернула {type(run).__name__}"
                     )
                 after[name] = self.before[:s0] + [run.step() for _ in range(self.total_steps - s0)]
-        lost = self.before[s0 : self.crash_at]
         return CrashTestResult(
             branches={"continuous": list(self.continuous), **after},
             crash_at=self.crash_at,
@@ -201,9 +178,7 @@ class CrashRun:
             total_steps=self.total_steps,
             checkpoint_every=self.checkpoint_every,
             seed=self.seed,
-            lost_events=lost,
-            recomputed_identical=after["full"][s0 : self.crash_at] == lost,
-            checkpoint=self.manifest,
+            lost_events=self.before[s0 : self.crash_at],
             custom_resume=resume is not None,
         )
 
@@ -225,14 +200,9 @@ def prepare_crash_run(
     пока запуск идёт дальше; "async_no_tracker" — в фоне без трекера (ошибка verl #7952)."""
     total_steps = integer("total_steps", total_steps, 2)
     crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
-    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1)
+    checkpoint_every = integer("checkpoint_every", checkpoint_every, 1, crash_at)
     seed = integer("seed", seed, 0)
     save = choice("save", save, SAVES)
-    if crash_at < checkpoint_every:
-        raise ValueError(
-            f"crash_at должно быть ≥ checkpoint_every: до первой контрольной точки "
-            f"восстанавливать нечего ({crash_at=}, {checkpoint_every=})"
-        )
     factory = functools.partial(ToyRLRun, seed, **run_kwargs)
     ref = factory()
     continuous = [ref.step() for _ in range(total_steps)]
@@ -292,27 +262,18 @@ def run_crash_test(
     checkpoint_every: int = 4,
     resume: Callable[[Callable[[], ToyRLRun], Path], ToyRLRun] | None = None,
     workdir: str | os.PathLike | None = None,
-    *,
-    save: str = "sync",
-    find: Callable[[Path], Path | None] | None = None,
     **run_kwargs: Any,
 ) -> CrashTestResult:
-    """Три ветви одного запуска ToyRLRun(seed, **run_kwargs), по событию на шаг 1..total_steps.
-
-    continuous — без аварии; аварийный запуск пишет точку после каждого шага, кратного
-    checkpoint_every, и «падает» после crash_at; из последней полной точки
-    s₀ = ⌊crash_at / checkpoint_every⌋ · checkpoint_every ветвь full восстанавливает всё
-    (resume(run_factory, checkpoint_path) -> ToyRLRun, чей следующий step() — шаг s₀ + 1),
+    """Три ветви одного запуска ToyRLRun(seed, **run_kwargs): continuous — без аварии; full —
+    resume(run_factory, checkpoint_path) из последней полной точки s₀ (по умолчанию resume_full);
     weights_only — только веса. Ожидается: full == continuous побитово, weights_only расходится
-    на s₀ + 1. workdir — каталог точек (по умолчанию временный); save — как пишутся точки,
-    find — как перезапуск их находит (см. prepare_crash_run, CrashRun.branches).
-    """
+    на шаге s₀ + 1. workdir — каталог точек (по умолчанию временный)."""
     with tempfile.TemporaryDirectory(prefix="crash_test_") as tmp:
         workdir = tmp if workdir is None else workdir
         crash = prepare_crash_run(
-            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, save=save, **run_kwargs
+            total_steps, crash_at, seed, checkpoint_every, workdir=workdir, **run_kwargs
         )
-        return crash.branches(resume, find)
+        return crash.branches(resume)
 
 
 _BRANCH_STYLE = {
@@ -320,33 +281,31 @@ _BRANCH_STYLE = {
     "full": {"color": "tab:green", "lw": 1.6, "ls": "--", "label": "полное восстановление"},
     "weights_only": {"color": "tab:red", "lw": 1.6, "label": "только веса"},
 }
-# столбец frame() → (подпись оси с единицами, заголовок панели, целые деления оси y)
+# метрика → (подпись оси с единицами, заголовок панели, целые деления оси y)
 _METRIC_LABEL = {
     "cumulative_reward": ("накопленная средняя награда, у. е.", "накопленная награда", False),
-    "mean_reward": ("средняя награда пакета, у. е.", "средняя награда пакета", False),
-    "loss": ("потеря PPO-клип, у. е.", "потеря", False),
-    "lr": ("скорость обучения (безразмерная)", "скорость обучения", False),
     "curriculum_level": ("уровень учебной программы, номер", "уровень учебной программы", True),
-    "policy_version": ("версия политики, номер", "версия политики", True),
 }
 
 
 def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", ax=None):
-    """График метрики metric (столбец frame() из _METRIC_LABEL) по шагам для трёх ветвей;
-    отмечены авария и точка восстановления. Возвращает Axes."""
+    """График метрики по шагам для трёх ветвей: cumulative_reward = Σ mean_reward с шага 1 (у. е.)
+    или curriculum_level; отмечены авария и точка восстановления. Возвращает Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    if not isinstance(result, CrashTestResult):
-        raise ValueError(f"result должно быть CrashTestResult, получено {type(result)}")
     ylabel, title, integer_y = _METRIC_LABEL[choice("metric", metric, _METRIC_LABEL)]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4))
-    for name, part in result.frame().groupby("branch", sort=False):
+    for name, events in result.branches.items():
         style = dict(_BRANCH_STYLE.get(name, {"label": name}))
         if name == "full" and result.custom_resume:
             style["label"] = "ваша resume"
-        ax.plot(part["step"], part[metric], marker=".", ms=4, **style)
+        if metric == "cumulative_reward":
+            y = list(itertools.accumulate(ev["mean_reward"] for ev in events))
+        else:
+            y = [ev[metric] for ev in events]
+        ax.plot(range(1, len(events) + 1), y, marker=".", ms=4, **style)
     for x, color, lw, label in (
         (result.crash_at, "tab:orange", 1.5, f"авария после шага {result.crash_at}"),
         (result.restored_step, "tab:blue", 1.2, f"контрольная точка: шаг {result.restored_step}"),
@@ -365,14 +324,15 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
     return ax
 
 
-def simulate_collector_crash(
-    total_steps: int = 12, crash_at: int = 5, seed: int = 0, **run_kwargs: Any
-) -> dict:
+# ----------------------------------------------------------------------------- три вида отказов
+
+
+def simulate_collector_crash(total_steps: int = 12, crash_at: int = 5, seed: int = 0) -> dict:
     """Отказ сборщика после шага crash_at: его пакет «в полёте» потерян (lost_rollouts =
     batch_size), запуск продолжается; versions_monotonic — версия политики росла на 1 за шаг."""
     total_steps = integer("total_steps", total_steps, 2)
     crash_at = integer("crash_at", crash_at, 1, total_steps - 1)
-    run = ToyRLRun(seed, **run_kwargs)
+    run = ToyRLRun(seed)
     events, lost = [], []
     for t in range(1, total_steps + 1):
         events.append(run.step())
@@ -389,12 +349,10 @@ def simulate_collector_crash(
     }
 
 
-def simulate_trainer_crash(
-    crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0, **run_kwargs: Any
-) -> dict:
+def simulate_trainer_crash(crash_at: int = 7, checkpoint_every: int = 5, seed: int = 0) -> dict:
     """Отказ тренера после шага crash_at: восстановление с точки s₀, шаги s₀+1..crash_at
     пересчитываются (lost_work_steps = crash_at − s₀); identical — пересчёт побитово тот же."""
-    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every, **run_kwargs)
+    res = run_crash_test(crash_at + 1, crash_at, seed, checkpoint_every)
     return {
         "checkpoint_step": res.restored_step,
         "crash_at": crash_at,
@@ -440,11 +398,10 @@ def accept_batch(
     Отклоняет: не список словарей, нет rollout_id, повторы, чужие id или нехватка expected_ids
     (уникальных строк или целых), награда не конечна, версии верификатора нет, не та или смешаны."""
     if isinstance(expected_ids, str | bytes) or not isinstance(
-        expected_ids, Sequence | set | frozenset
+        expected_ids, Sequence | AbstractSet
     ):
-        raise ValueError(
-            f"expected_ids должно быть списком id, получено {type(expected_ids).__name__}"
-        )
+        kind = type(expected_ids).__name__
+        raise ValueError(f"expected_ids должно быть списком id, получено {kind}")
     expected = list(expected_ids)
     if any(not isinstance(i, str | int) or isinstance(i, bool) for i in expected):
         raise ValueError("expected_ids: id должны быть строками или целыми")
@@ -458,12 +415,11 @@ def accept_batch(
         )
     items = [r for r in batch if isinstance(r, Mapping)]
     ids = [r["rollout_id"] for r in items if "rollout_id" in r]
-    seen, dup = set(), []
+    seen, dup = [], []  # списки, а не множества: id может оказаться нехешируемым
     for i in ids:
-        with contextlib.suppress(TypeError):  # нехешируемый id попадёт в «неизвестные»
-            if i in seen and i not in dup:
-                dup.append(i)
-            seen.add(i)
+        if i in seen and i not in dup:
+            dup.append(i)
+        seen.append(i)
     not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
     no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
     unknown = [i for i in ids if not isinstance(i, str | int) or i not in expected]
@@ -495,10 +451,10 @@ def accept_batch(
     return BatchVerdict(True, [], tuple(copy.deepcopy(list(batch))))
 
 
-def simulate_verifier_crash(scored: int = 5, seed: int = 0, **run_kwargs: Any) -> dict:
+def simulate_verifier_crash(scored: int = 5, seed: int = 0) -> dict:
     """Сбой верификатора посреди пакета: оценены первые scored роллаутов, у остальных нет награды;
     partial_verdict — частичный пакет отклонён, retry_verdict — оценённый заново весь принят."""
-    run = ToyRLRun(seed, **run_kwargs)
+    run = ToyRLRun(seed)
     batch = run.generate_batch()
     scored = integer("scored", scored, 0, len(batch) - 1)
     expected = [r["rollout_id"] for r in batch]

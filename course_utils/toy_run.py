@@ -1,28 +1,24 @@
-"""Урок 12.5: учебный RL-запуск ``ToyRLRun`` — на нём проверяются контрольная точка и авария.
-
-Детерминирован при данном seed, шаг — доли миллисекунды; всё его состояние — компоненты
-``checkpoint.COMPONENTS`` (policy, optimizer, scheduler, counters, rng, data_cursor, curriculum,
-normalizer, versions, queue).
-"""
+"""Урок 12.5: учебный RL-запуск ``ToyRLRun`` — на нём проверяются контрольная точка и авария;
+всё его состояние — компоненты ``checkpoint.COMPONENTS``."""
 
 from __future__ import annotations
 
 import copy
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from course_utils.args import integer, optional_integer, positive, real
+from course_utils.args import choice, integer, optional_integer, positive, real
 from course_utils.checkpoint import COMPONENTS
 from course_utils.offpolicy import grpo_loss
 
-ENVIRONMENT_VERSION = "toy-bandit-env/1"
-ROLLOUT_SCHEMA = "toy-rollout/1"
-PROMPT_FORMAT = "toy-features/1"
-VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
+_ENVIRONMENT_VERSION = "toy-bandit-env/1"
+_ROLLOUT_SCHEMA = "toy-rollout/1"
+_PROMPT_FORMAT = "toy-features/1"
+_VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
 
 
 def _toy_config(seed: Any, **kw: Any) -> dict:
@@ -49,44 +45,26 @@ def _toy_config(seed: Any, **kw: Any) -> dict:
     }
     if kw:
         raise ValueError(f"ToyRLRun: неизвестные параметры {sorted(kw)}")
-    if cfg["batch_size"] % cfg["minibatches"]:
-        raise ValueError(
-            f"batch_size должно делиться на minibatches: {cfg['batch_size']=}, "
-            f"{cfg['minibatches']=}"
-        )
-    if cfg["num_levels"] > cfg["num_prompts"]:
-        raise ValueError(
-            f"num_levels не может превышать num_prompts: {cfg['num_levels']=}, "
-            f"{cfg['num_prompts']=}"
-        )
-    if cfg["decay_steps"] <= cfg["warmup_steps"]:
-        raise ValueError(
-            f"decay_steps должно быть больше warmup_steps: {cfg['decay_steps']=}, "
-            f"{cfg['warmup_steps']=}"
-        )
+    for a, b, broken, rule in (
+        ("batch_size", "minibatches", cfg["batch_size"] % cfg["minibatches"], "делиться на"),
+        ("num_levels", "num_prompts", cfg["num_levels"] > cfg["num_prompts"], "быть не больше"),
+        ("decay_steps", "warmup_steps", cfg["decay_steps"] <= cfg["warmup_steps"], "быть больше"),
+    ):
+        if broken:
+            raise ValueError(f"{a} должно {rule} {b}: {a} = {cfg[a]}, {b} = {cfg[b]}")
     return cfg
 
 
 class ToyRLRun:
     """Учебный RL-запуск в одном процессе: детерминирован при данном seed, шаг — доли миллисекунды.
 
-    Среда: пул из num_prompts «запросов» (векторы признаков) и правильное действие для каждого
-    (argmax случайного «учителя»); сложность запроса — чем меньше отрыв лучшего действия от
-    второго, тем труднее (num_levels уровней). Политика — MLP признаки → tanh → логиты действий.
-    Верификатор "verifier-1" даёт награду 1 за правильное действие и 0 иначе; с вероятностью
-    verifier_noise ошибается (награда 1 − r). После шага verifier_upgrade_step его заменяют на
-    "verifier-2", который даёт ещё 0,25 за второе по качеству действие.
-
-    Один шаг ``step()``: снять из очереди пакет, созданный на прошлом шаге (версией политики на 1
-    меньше текущей), создать следующий пакет текущей политикой и положить в очередь (он «в полёте»),
-    обучить на снятом пакете (PPO-клип с отношением вероятностей к политике поведения,
-    преимущества нормированы текущим средним и σ наград, minibatches шагов AdamW в порядке,
-    перемешанном Python random), шаг планировщика, версия политики + 1, обновить учебную
-    программу (скользящая доля наград ≥ 1; при ≥ promote_at — уровень + 1).
-
-    Генераторы случайных чисел — свои у каждого запуска (в настоящем тренере это глобальные
-    random.getstate(), np.random.get_state(), torch.get_rng_state() и CUDA): так три ветви
-    проверки аварией живут в одном процессе и не мешают друг другу.
+    Среда: num_prompts «запросов» (векторы признаков), правильное действие — argmax случайного
+    «учителя», уровень сложности — по отрыву лучшего действия от второго. Политика — MLP.
+    Верификатор "verifier-1": награда 1 за правильное действие, иначе 0, с вероятностью
+    verifier_noise — 1 − r; после шага verifier_upgrade_step "verifier-2" даёт ещё 0,25 за второе.
+    Шаг ``step()``: обучение (PPO-клип, AdamW) на пакете, созданном на прошлом шаге, пока новый
+    пакет «в полёте». Генераторы случайных чисел — свои у запуска (в настоящем тренере —
+    глобальные): три ветви проверки аварией живут в одном процессе.
     """
 
     def __init__(self, seed: int = 0, **kwargs: Any):
@@ -129,7 +107,7 @@ class ToyRLRun:
         self.cursor = {"epoch": 0, "index": 0, "consumed": 0}
         self.curriculum = {"level": 0, "success_ema": 0.0, "steps_at_level": 0}
         self.normalizer = {"count": 0, "mean": 0.0, "m2": 0.0}
-        self.verifier_version = VERIFIER_VERSIONS[0]
+        self.verifier_version = _VERIFIER_VERSIONS[0]
         self.queue: list[list[dict]] = []
 
     # --- среда (не состояние: восстанавливается из seed) ---
@@ -246,13 +224,9 @@ class ToyRLRun:
         return sum(losses) / len(losses), lr
 
     def step(self) -> dict:
-        """Один шаг запуска; возвращает событие (JSON-словарь), точно воспроизводимое при том же seed.
-
-        Поля: step, prompt_ids / actions / rewards обученного пакета, behavior_version (версия
-        политики, создавшей его), sampled_prompt_ids (пакет, ушедший «в полёт»), loss, lr
-        (скорость обучения этого шага), policy_version (после обновления), verifier_version
-        (оценивший пакет), curriculum_level (после шага), mean_reward, lost_rollouts.
-        """
+        """Один шаг: снять пакет прошлого шага из очереди, создать и поставить в очередь новый,
+        обучить на снятом, версия политики + 1, учебная программа (при скользящей доле успехов
+        ≥ promote_at — уровень + 1). Событие — JSON-словарь, воспроизводимый при том же seed."""
         if not self.queue:  # первый шаг или очередь потеряна: пакет создаётся сейчас
             self.queue.append(self.generate_batch())
         batch = self.queue.pop(0)
@@ -260,18 +234,14 @@ class ToyRLRun:
         loss, lr = self._train(batch)
         self.global_step += 1
         rewards = [ro["reward"] for ro in batch]
-        cur = self.curriculum
-        success = sum(r >= 1.0 for r in rewards) / len(rewards)
-        cur["success_ema"] = (1 - self.config["ema_alpha"]) * cur["success_ema"] + self.config[
-            "ema_alpha"
-        ] * success
+        cur, c = self.curriculum, self.config
+        success = sum(r >= 1.0 for r in rewards) / len(rewards)  # доля наград ≥ 1
+        cur["success_ema"] = (1 - c["ema_alpha"]) * cur["success_ema"] + c["ema_alpha"] * success
         cur["steps_at_level"] += 1
-        if cur["success_ema"] >= self.config["promote_at"] and (
-            cur["level"] < self.config["num_levels"] - 1
-        ):
+        if cur["success_ema"] >= c["promote_at"] and cur["level"] < c["num_levels"] - 1:
             cur.update(level=cur["level"] + 1, success_ema=0.0, steps_at_level=0)
-        if self.global_step == self.config["verifier_upgrade_step"]:
-            self.verifier_version = VERIFIER_VERSIONS[1]
+        if self.global_step == c["verifier_upgrade_step"]:
+            self.verifier_version = _VERIFIER_VERSIONS[1]
         return {
             "step": self.global_step,
             "prompt_ids": [ro["prompt_id"] for ro in batch],
@@ -302,12 +272,7 @@ class ToyRLRun:
     # --- состояние ---
 
     def state_dict(self) -> dict:
-        """Полное состояние запуска: словарь компонент → состояние; копия, не ссылки на живые тензоры.
-
-        Компоненты: policy, optimizer, scheduler, counters, rng, data_cursor, curriculum,
-        normalizer, versions, queue. Что в каждом и что ломается без него — ``COMPONENTS``
-        (таблицей — ``components_frame()``).
-        """
+        """Полное состояние: компонент из ``checkpoint.COMPONENTS`` → копия (не живые тензоры)."""
         return {
             "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
@@ -328,18 +293,14 @@ class ToyRLRun:
             "normalizer": dict(self.normalizer),
             "versions": {
                 "verifier": self.verifier_version,
-                "environment": ENVIRONMENT_VERSION,
-                "rollout_schema": ROLLOUT_SCHEMA,
-                "prompt_format": PROMPT_FORMAT,
+                "environment": _ENVIRONMENT_VERSION,
+                "rollout_schema": _ROLLOUT_SCHEMA,
+                "prompt_format": _PROMPT_FORMAT,
                 "decoding": {"temperature": 1.0, "top_p": 1.0},
                 "layout": {"world_size": 1, "data_parallel": 1},
             },
             "queue": {"on_restore": "keep", "batches": copy.deepcopy(self.queue)},
         }
-
-    def weights_only_state(self) -> dict:
-        """Только параметры политики {"policy": {имя: тензор}} — всё, что есть у восстановления «только веса»."""
-        return {"policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
 
     def load_weights_only(self, state: Mapping) -> None:
         """Загружает только веса политики (state = {"policy": ...} или сам словарь весов)."""
@@ -359,49 +320,35 @@ class ToyRLRun:
         if not isinstance(state, Mapping):
             raise ValueError(f"state должно быть словарём, получено {type(state).__name__}")
         missing = [c for c in COMPONENTS if c not in state]
-        unknown = [c for c in state if c not in COMPONENTS]
+        unknown = [str(c) for c in state if c not in COMPONENTS]
         if missing or unknown:
-            parts = []
-            if missing:
-                parts.append("нет компонентов: " + ", ".join(missing))
-            if unknown:
-                parts.append("неизвестные компоненты: " + ", ".join(map(str, unknown)))
+            parts = [f"нет компонентов: {', '.join(missing)}"] if missing else []
+            parts += [f"неизвестные компоненты: {', '.join(unknown)}"] if unknown else []
             raise ValueError(
-                "load_state_dict: " + "; ".join(parts) + " — честное продолжение невозможно"
+                f"load_state_dict: {'; '.join(parts)} — честное продолжение невозможно"
             )
-        versions = _take(
-            state["versions"],
-            "versions",
-            ("verifier", "environment", "rollout_schema", "prompt_format"),
-        )
+        versions = _take(state, "versions", "verifier environment rollout_schema prompt_format")
         for key, expected in (
-            ("environment", ENVIRONMENT_VERSION),
-            ("rollout_schema", ROLLOUT_SCHEMA),
-            ("prompt_format", PROMPT_FORMAT),
+            ("environment", _ENVIRONMENT_VERSION),
+            ("rollout_schema", _ROLLOUT_SCHEMA),
+            ("prompt_format", _PROMPT_FORMAT),
         ):
             if versions[key] != expected:
                 raise ValueError(
                     f"load_state_dict: версия {key} в состоянии {versions[key]!r}, а код "
                     f"ожидает {expected!r}: это уже другой эксперимент"
                 )
-        if versions["verifier"] not in VERIFIER_VERSIONS:
-            raise ValueError(f"load_state_dict: неизвестный верификатор {versions['verifier']!r}")
+        choice("versions['verifier']", versions["verifier"], _VERIFIER_VERSIONS)
         counters = _take(
-            state["counters"],
-            "counters",
-            ("global_step", "policy_version", "rollouts_generated", "lost_rollouts"),
+            state, "counters", "global_step policy_version rollouts_generated lost_rollouts"
         )
-        rng = _take(state["rng"], "rng", ("python", "numpy", "torch"))
-        cursor = _take(state["data_cursor"], "data_cursor", ("epoch", "index", "consumed"))
-        curriculum = _take(
-            state["curriculum"], "curriculum", ("level", "success_ema", "steps_at_level")
-        )
-        normalizer = _take(state["normalizer"], "normalizer", ("count", "mean", "m2"))
-        saved_queue = _take(state["queue"], "queue", ("batches",))
-        policy = state["queue"].get("on_restore", "keep") if queue is None else queue
-        if policy not in ("keep", "drop"):
-            raise ValueError(f"queue должно быть 'keep', 'drop' или None, получено {policy!r}")
-        batches = list(saved_queue["batches"])
+        rng = _take(state, "rng", "python numpy torch")
+        cursor = _take(state, "data_cursor", "epoch index consumed")
+        curriculum = _take(state, "curriculum", "level success_ema steps_at_level")
+        normalizer = _take(state, "normalizer", "count mean m2")
+        batches = list(_take(state, "queue", "batches")["batches"])
+        on_restore = state["queue"].get("on_restore", "keep") if queue is None else queue
+        choice("queue", on_restore, ("keep", "drop"))
 
         self.policy.load_state_dict(dict(state["policy"]))
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
@@ -417,16 +364,18 @@ class ToyRLRun:
         self.curriculum = curriculum
         self.normalizer = normalizer
         self.verifier_version = versions["verifier"]
-        if policy == "drop":
+        if on_restore == "drop":
             self.lost_rollouts += sum(len(b) for b in batches)
             batches = []
         self.queue = batches
 
 
-def _take(obj: Any, name: str, keys: Sequence[str]) -> dict:
+def _take(state: Mapping, name: str, keys: str) -> dict:
+    """Копия полей keys (через пробел) компонента state[name]; ValueError, если их нет."""
+    obj = state[name]
     if not isinstance(obj, Mapping):
         raise ValueError(f"load_state_dict: компонент {name} должен быть словарём")
-    missing = [k for k in keys if k not in obj]
+    missing = [k for k in keys.split() if k not in obj]
     if missing:
         raise ValueError(f"load_state_dict: в компоненте {name} нет полей {missing}")
-    return {k: copy.deepcopy(obj[k]) for k in keys}
+    return {k: copy.deepcopy(obj[k]) for k in keys.split()}

@@ -159,7 +159,7 @@ def test_toy_run_bad_arguments(kwargs, word):
 def test_crash_test_semantics(seed, crash_at, every):
     res = crash_test.run_crash_test(20, crash_at, seed=seed, checkpoint_every=every)
     s0 = crash_at // every * every
-    assert res.restored_step == s0 and res.checkpoint["step"] == s0
+    assert res.restored_step == s0
     cont = res.branches["continuous"]
     assert len(cont) == len(res.branches["full"]) == len(res.branches["weights_only"]) == 20
     assert res.branches["full"] == cont  # побитово, включая потери и награды
@@ -171,10 +171,6 @@ def test_crash_test_semantics(seed, crash_at, every):
     assert res.passed
     text = res.summary()
     assert f"расходится на шаге {s0 + 1}" in text and "совпадает с непрерывной" in text
-    frame = res.frame()
-    assert len(frame) == 60 and set(frame["branch"]) == set(crash_test.BRANCHES)
-    wo = frame[frame["branch"] == "weights_only"]
-    assert wo["same_as_continuous"].tolist() == [True] * s0 + [False] * (20 - s0)
 
 
 def test_crash_test_with_custom_resume(tmp_path):
@@ -220,7 +216,7 @@ def test_crash_test_bad_arguments(args, word):
 
 def test_plot_crash_test(tmp_path):
     res = crash_test.run_crash_test(14, 9, seed=0, checkpoint_every=4)
-    ax = crash_test.plot_crash_test(res, "lr")
+    ax = crash_test.plot_crash_test(res, "curriculum_level")
     assert len(ax.get_lines()) == 5  # три ветви и две вертикальные линии
     ax.figure.savefig(tmp_path / "crash.png")
     assert (tmp_path / "crash.png").stat().st_size > 0
@@ -279,7 +275,9 @@ def test_checkpoint_layout_and_manifest(saved):
     assert sorted(p.name for p in path.iterdir()) == sorted([*DATA_FILES, "manifest.json"])
     assert manifest["step"] == 12 and manifest["versions"]["verifier"] == "verifier-2"
     assert manifest["versions"]["policy_version"] == 12
-    assert manifest["config"] == config and manifest["config_sha256"] == ck.config_hash(config)
+    canonical = json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    assert manifest["config"] == config
+    assert manifest["config_sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
     assert list(manifest["components"]) == list(ck.COMPONENTS)
     for name, meta in manifest["files"].items():
         assert (path / name).stat().st_size == meta["bytes"]
@@ -424,17 +422,6 @@ def test_latest_checkpoint_skips_incomplete_and_corrupt(saved, tmp_path):
     shutil.copy(src / "manifest.json", leftover)  # даже с manifest временный каталог не берётся
     (tmp_path / "notes").mkdir()
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000008"
-    table = ck.scan_checkpoints(tmp_path)
-    assert table["name"].tolist()[:4] == [
-        "step-000016",
-        "step-000012",
-        "step-000008",
-        "step-000004",
-    ]
-    assert table["ok"].tolist() == [False, False, True, True, False]
-    assert table["step"].tolist()[:4] == [16, 12, 8, 4]
-    assert "запись не завершена" in table["problem"].iloc[-1]
-    assert table["kind"].tolist() == ["основной"] * 4 + ["временный"]
     assert ck.remove_incomplete(tmp_path) == [leftover.name] and not leftover.exists()
     assert ck.latest_checkpoint(tmp_path / "нет") is None
     assert ck.checkpoint_name(12) == "step-000012"
@@ -472,9 +459,6 @@ def test_checkpoint_under_any_name_is_found_by_its_step(saved, tmp_path):
     shutil.copytree(saved[0], tmp_path / "лучшая")  # шаг 12: новее, хоть имя и не step-…
     shutil.copytree(tmp_path / "step-8", tmp_path / "step-000099")  # имя врёт: внутри шаг 8
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "лучшая"
-    table = ck.scan_checkpoints(tmp_path)
-    assert table["name"].iloc[0] == "лучшая" and table["step"].tolist() == [12, 8, 8]
-    assert table["ok"].all() and set(table["kind"]) == {"основной"}
     with pytest.raises(ValueError, match="имена с точки"):
         ck.save_checkpoint(run.state_dict(), tmp_path / ".tmp-вручную", run.config)
 
@@ -534,9 +518,6 @@ def test_latest_skips_what_load_rejects(saved, tmp_path, damage):
     with pytest.raises(CheckpointError, match=message):
         ck.verify_checkpoint(bad)
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000008"
-    table = ck.scan_checkpoints(tmp_path)
-    assert table["name"].tolist() == ["step-000012", "step-000008"]
-    assert table["ok"].tolist() == [False, True] and message in table["problem"].iloc[0]
 
 
 def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
@@ -545,7 +526,8 @@ def test_partial_state_is_refused_and_trainer_falls_back(tmp_path):
     assert first["checkpoints_written"] == ["step-000004"]
     run = ToyRLRun(0)
     _events(run, 8)
-    partial = ck.save_checkpoint(run.weights_only_state(), tmp_path / "step-000008", run.config)
+    weights = {"policy": run.state_dict()["policy"]}
+    partial = ck.save_checkpoint(weights, tmp_path / "step-000008", run.config)
     missing = "optimizer, scheduler, counters, rng, data_cursor, curriculum, normalizer, versions"
     with pytest.raises(CheckpointError, match=f"нет компонентов: {missing}, queue"):
         ck.load_checkpoint(partial, components=ck.COMPONENTS)
@@ -734,7 +716,6 @@ def test_overwrite_killed_at_any_point_keeps_a_complete_checkpoint(tmp_path, poi
     found = ck.latest_checkpoint(tmp_path, run.config)
     assert found is not None, names
     assert ck.read_manifest(found)["step"] == 8
-    assert ck.scan_checkpoints(tmp_path)["ok"].iloc[0], names
     ck.remove_incomplete(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000008"], names
     manifest = ck.verify_checkpoint(target, run.config)
