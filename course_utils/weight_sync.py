@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,60 +23,29 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_utils.args import (
-    choice,
-    flag,
-    integer,
-    nonnegative,
-    real,
-    text,
-)
+from course_utils.args import choice, flag, integer, nonnegative, real, text
 from course_utils.csv_tables import read_exact_csv
 from course_utils.fmt import num
 from course_utils.multiproc.transport import named_tensors, state_checksum
 
 # Допуск max |Δ логита|: один тип и одно устройство дают побитное совпадение; допуск — для bf16.
 DEFAULT_ATOL = 1e-4
-_LINKS = ("copy", "broadcast", "send", "recv")
 
-EVENT_FIELDS = {
-    "seq": "порядковый номер события в журнале (0, 1, 2, …)",
-    "t": "время, с: от создания журнала или (уровень C) от общей точки отсчёта ранга 0",
-    "replica": "кто записал: реплика ('replica-0', 'rank-1') или публикатор ('publisher')",
-    "event": "тип события — один из EVENT_TYPES",
-    "version": "версия весов события (у serve — версия, закреплённая за запросом)",
-    "checksum": "SHA-256 весов: записанного (stage_done), проверенного (verify_*) или активного",
-    "expected_checksum": "у verify_*: сумма, которую прислал публикатор",
-    "request_id": "у serve и torn_read: идентификатор запроса",
-    "buffer": "у stage_*/commit: 'staging' (второй буфер) или 'active' (запись на месте)",
-    "detail": "пояснение по-русски",
-}
+# Русские подписи (data/weight_sync_labels.csv): схема журнала — поля EVENT_FIELDS и типы
+# событий EVENT_TYPES; заголовки таблиц для показа COLUMN_NAMES (``russian``); правила аудита.
+_LABELS = read_exact_csv(
+    Path(__file__).resolve().parent.parent / "data" / "weight_sync_labels.csv",
+    ("table", "name", "label"),
+    ValueError,
+    "подписи синхронизации весов",
+)
 
-EVENT_TYPES = {
-    "init": "реплика загружена и обслуживает начальную версию",
-    "stage_start": "начата запись версии в буфер",
-    "stage_done": "запись версии в буфер закончена",
-    "verify_ok": "проверка записанной версии прошла (сумма и эталонные логиты)",
-    "verify_fail": "проверка записанной версии не прошла",
-    "ready": "реплика готова переключиться: версия записана и проверена",
-    "barrier": "барьер готовности пройден: готовы все реплики",
-    "abort": "публикация версии отменена: не переключается ни одна реплика",
-    "commit": "реплика переключилась на версию (смена указателя активного буфера)",
-    "serve": "начат запрос; версия закреплена за ним до конца запроса",
-    "torn_read": "проверка нашла, что запрос прочитал смесь версий",
-}
 
-# Русские заголовки таблиц для показа (``russian``); в коде столбцы остаются английскими.
-COLUMN_NAMES = {
-    row["column"]: row["label"]
-    for _, row in read_exact_csv(
-        Path(__file__).resolve().parent.parent / "data" / "weight_sync_columns.csv",
-        ("column", "label"),
-        ValueError,
-        "заголовки таблиц синхронизации весов",
-    )
-}
+def _labels(table: str) -> dict[str, str]:
+    return {row["name"]: row["label"] for _, row in _LABELS if row["table"] == table}
 
+
+EVENT_FIELDS, EVENT_TYPES, COLUMN_NAMES = _labels("field"), _labels("event"), _labels("column")
 _REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
 _REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
@@ -95,7 +64,7 @@ def transfer_weights(src: Any, dst: Any, link: Any = "copy", *, device=None, dty
     ("recv", peer) — в буферы dst. Байт на тензор: numel · element_size (типа на проводе).
     """
     kind, peer = (link, None) if isinstance(link, str) else link
-    choice("link", kind, _LINKS)
+    choice("link", kind, ("copy", "broadcast", "send", "recv"))
     peer = None if kind == "copy" else integer("link[1] (ранг)", peer, 0)
     sender = kind == "send" or (kind == "broadcast" and dist.get_rank() == peer)
     for name, t in (src if sender else dst).items():
@@ -215,7 +184,7 @@ class VerifyResult:
     checksum_ok: bool
     max_abs_diff: float
     logits_ok: bool
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str]
 
     @property
     def ok(self) -> bool:
