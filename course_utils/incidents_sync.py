@@ -135,12 +135,10 @@ class _PauseRun:
 
 
 @torch.no_grad()
-def run_pause_mode(
-    engine, new_state, mode, lengths, publish_at, abort_all_requests=False, prompt_len=6, seed=0
-) -> _PauseRun:
-    """Запросы длиной lengths токенов декодируются по токену за такт (T = 1, без KV-кэша); на
-    такте publish_at new_state публикуется как версия + 1 в режиме mode (``PAUSE_MODES``);
-    abort_all_requests — публикация прерывает всё в полёте (SGLang в miles #2372)."""
+def run_pause_mode(engine, new_state, mode, lengths, publish_at, abort_all_requests=False):
+    """Ответы длиной lengths токенов (запрос — 6 случайных токенов) декодируются по токену за
+    такт (T = 1, без KV-кэша); на такте publish_at new_state публикуется как версия + 1 в режиме
+    mode (``PAUSE_MODES``); abort_all_requests — публикация прерывает всё (SGLang в miles #2372)."""
     if not isinstance(engine, InProcessEngine):
         raise ValueError(f"engine должно быть InProcessEngine, получено {type(engine).__name__}")
     choice("mode", mode, PAUSE_MODES)
@@ -148,10 +146,8 @@ def run_pause_mode(
     n, version = integer("len(lengths)", len(lengths), 1), engine.version + 1
     publish_at = integer("publish_at", publish_at, 1, max(lengths) - 1)
     aborting = mode == "abort" or flag("abort_all_requests", abort_all_requests)
-    prompts = [
-        probe_input(engine.vocab_size, 1, prompt_len, seed + i)[0].tolist() for i in range(n)
-    ]
-    gens = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+    prompts = [probe_input(engine.vocab_size, 1, 6, seed=i)[0].tolist() for i in range(n)]
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
     out: list[list[tuple[int, float, int]]] = [[] for _ in range(n)]  # (токен, log μ, версия)
     active, tick, published, started = set(range(n)), 0, False, None
     in_flight = aborted = wasted = delay = 0

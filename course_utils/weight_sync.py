@@ -468,11 +468,10 @@ class InProcessEngine:
         self.log.add("commit", self.name, version, checksum=checksum, buffer="active", detail=note)
 
 
-def make_replicas(model, n: int = 2, version: int = 0, log: EventLog | None = None) -> list:
+def make_replicas(model, n: int = 2) -> list:
     """n реплик ``InProcessEngine`` одной модели с общим журналом; имена replica-0, replica-1, …"""
-    n = integer("n", n, 1, 16)
-    log = log if log is not None else EventLog()
-    return [InProcessEngine(model, version, name=f"replica-{i}", log=log) for i in range(n)]
+    n, log = integer("n", n, 1, 16), EventLog()
+    return [InProcessEngine(model, name=f"replica-{i}", log=log) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------- публикация
@@ -518,7 +517,7 @@ class PublishReport:
         return out + "."
 
 
-def _publish_steps(engines, tensors, version, atomic, probe, ref, atol, corrupt, outcome):
+def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome):
     """Шаги публикации по одному на yield (запись тензора, проверка реплики): запись во все
     подготовительные буферы → проверка → ready → барьер → commit всех подряд; одна неудача —
     abort. Итог — в outcome: results (VerifyResult) и committed."""
@@ -532,7 +531,7 @@ def _publish_steps(engines, tensors, version, atomic, probe, ref, atol, corrupt,
         if e.name == corrupt:
             e.corrupt_staging()
     for e in engines:
-        outcome["results"].append(e.verify(expected, probe, ref, atol))
+        outcome["results"].append(e.verify(expected, probe, ref))
         yield f"verify {e.name}"
     failed = [r.replica for r in outcome["results"] if not r.ok]
     for e in engines:
@@ -555,23 +554,20 @@ def publish(
     engines,
     state_dict,
     version,
-    probe_ids=None,
-    atol: float = DEFAULT_ATOL,
     atomic: bool = True,
     requests=None,
     corrupt: str | None = None,
 ) -> PublishReport:
     """Публикует state_dict версии version на реплики с общим журналом, пока идут запросы
     requests: запрос i — на реплике i mod n, перед каждым его слоем —
-    ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Проверка — SHA-256 и max |Δ логита| ≤ atol
-    на probe_ids; atomic=False — запись на месте; corrupt — опыт (порча буфера реплики)."""
+    ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Проверка — SHA-256 и max |Δ логита| ≤
+    DEFAULT_ATOL на ``probe_input``; atomic=False — запись на месте; corrupt — порча буфера реплики."""
     engines = [engines] if isinstance(engines, InProcessEngine) else engines
     ok = isinstance(engines, Sequence) and engines
     if not ok or not all(isinstance(e, InProcessEngine) for e in engines):
         raise ValueError("engines должно быть непустым списком InProcessEngine")
     if len({id(e.log) for e in engines}) != 1:
         raise ValueError("engines должны писать в один журнал (см. make_replicas)")
-    atol = nonnegative("atol", atol)
     version = integer("version", version, 0)
     flag("atomic", atomic)
     requests = [] if requests is None else requests
@@ -590,8 +586,7 @@ def publish(
     tensors = engines[0]._source(state_dict)
     active = [e._models[e._active] for e in engines]
     template = active[0]
-    probe_ids = probe_input(template) if probe_ids is None else probe_ids
-    probe = _check_input_ids(probe_ids, vocab, "probe_ids")
+    probe = probe_input(template)
     old_refs = [_logits(active[i % n], x) for i, x in enumerate(inputs)]
     reference = copy.deepcopy(template).requires_grad_(False)
     for _ in transfer_weights(tensors, dict(reference.named_parameters())):
@@ -602,7 +597,7 @@ def publish(
     steps_per_layer = max(1, math.ceil(total / busy))
     outcome = {"results": [], "committed": True}
     ref = _logits(reference, probe)
-    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, atol, corrupt, outcome)
+    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome)
 
     def advance(_layer: int) -> None:  # перед каждым слоем запроса — steps_per_layer шагов
         for _ in zip(range(steps_per_layer), steps):

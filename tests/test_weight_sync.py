@@ -530,8 +530,6 @@ def test_bad_inputs(models):
         publish([InProcessEngine(base, name="a"), InProcessEngine(base, name="b")], new, 1)
     with pytest.raises(ValueError, match="engines"):
         publish([], new, 1)
-    with pytest.raises(ValueError, match="atol"):
-        publish(engines, new, 1, atol=-1)
     with pytest.raises(ValueError, match="n"):
         make_replicas(base, 0)
     with pytest.raises(ValueError, match="batch"):
