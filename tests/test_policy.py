@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import arith_task, policy
+from course_utils import arith_task, policy, profile
 from course_utils.contract import validate_rollout
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
 
@@ -561,7 +561,7 @@ def test_sequential_loop_three_steps(tiny):
     df = res.steps
     assert list(df["step"]) == [0, 1, 2]
     assert list(df["behavior_version"]) == [0, 1, 2]
-    for col in res.stage_columns():
+    for col in profile.stage_columns():
         assert (df[col] > 0).all(), col
     # этапы покрывают шаг: сумма этапов = время стены в пределах 5 %
     rel = (df["wall_s"] - df["stages_sum_s"]).abs() / df["wall_s"]
