@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from course_utils.args import choice, integer
 
 VERIFIER_VERSION = "arith-v1"
-DIFFICULTIES = (1, 2, 3)
-DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
+_DIFFICULTIES = (1, 2, 3)
+_DEFAULT_MIX = {1: 0.3, 2: 0.4, 3: 0.3}
 REWARD_WEIGHTS = {"correctness": 1.0, "format": 0.1}  # веса scalar_reward по умолчанию
-PROMPT_TEMPLATE = "Вычисли: {expression}. Ответ дай в виде <answer>число</answer>."
+_PROMPT_TEMPLATE = "Вычисли: {expression}. Ответ дай в виде <answer>число</answer>."
 
 # Диапазоны операндов a и b по уровням (границы включены).
 _OPERANDS = {1: ((0, 9), (0, 9)), 2: ((10, 99), (10, 99)), 3: ((2, 9), (10, 99))}
@@ -36,35 +36,30 @@ class ArithTask:
     answer: int
     prompt: str
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-
-def make_task(rng: random.Random, difficulty: int, task_id: str) -> ArithTask:
+def _make_task(rng: random.Random, difficulty: int, task_id: str) -> ArithTask:
     """Случайная задача уровня ``difficulty`` из генератора ``rng``."""
-    (a_lo, a_hi), (b_lo, b_hi) = _OPERANDS[choice("difficulty", difficulty, DIFFICULTIES)]
+    (a_lo, a_hi), (b_lo, b_hi) = _OPERANDS[choice("difficulty", difficulty, _DIFFICULTIES)]
     a, b = rng.randint(a_lo, a_hi), rng.randint(b_lo, b_hi)
     op = rng.choice("+-") if difficulty == 2 else "+" if difficulty == 1 else "*"
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
     expression = f"{a}{op}{b}"
     return ArithTask(
-        task_id, difficulty, expression, value, PROMPT_TEMPLATE.format(expression=expression)
+        task_id, difficulty, expression, value, _PROMPT_TEMPLATE.format(expression=expression)
     )
 
 
 def make_tasks(n: int, seed: int = 0, mix: dict[int, float] | None = None) -> list[ArithTask]:
-    """``n`` задач, детерминированно по ``seed``; уровень выбирается с вероятностями ``mix``.
-
-    По умолчанию ``mix = DEFAULT_MIX`` (30 % / 40 % / 30 % для уровней 1 / 2 / 3).
-    """
+    """``n`` задач, детерминированно по ``seed``; уровень — с вероятностями ``mix``
+    (по умолчанию 30 % / 40 % / 30 % для уровней 1 / 2 / 3)."""
     n = integer("n", n, 1, strict=True)
-    mix = dict(DEFAULT_MIX if mix is None else mix)
-    bad = any(k not in DIFFICULTIES for k in mix) or any(w < 0 for w in mix.values())
+    mix = dict(_DEFAULT_MIX if mix is None else mix)
+    bad = any(k not in _DIFFICULTIES for k in mix) or any(w < 0 for w in mix.values())
     if bad or sum(mix.values()) <= 0:
-        raise ValueError(f"mix: ключи из {DIFFICULTIES}, веса ≥ 0, сумма > 0; получено {mix!r}")
+        raise ValueError(f"mix: ключи из {_DIFFICULTIES}, веса ≥ 0, сумма > 0; получено {mix!r}")
     rng = random.Random(seed)
     levels, weights = zip(*sorted(mix.items()))
-    return [make_task(rng, rng.choices(levels, weights)[0], f"s{seed}-t{i:04d}") for i in range(n)]
+    return [_make_task(rng, rng.choices(levels, weights)[0], f"s{seed}-t{i:04d}") for i in range(n)]
 
 
 def target_response(task: ArithTask) -> str:
@@ -73,11 +68,8 @@ def target_response(task: ArithTask) -> str:
 
 
 def verify(response_text: str, task: ArithTask) -> dict[str, float]:
-    """Награда за ответ: ``{"correctness": 1.0 если число верно, "format": 1.0 если формат верен}``.
-
-    Формат верен, если в ответе ровно один тег ``<answer>…</answer>`` и внутри целое число.
-    Правильность засчитывается только при верном формате (иначе ответ нельзя разобрать однозначно).
-    """
+    """Награда ``{"correctness": 0/1, "format": 0/1}``: формат верен, если в ответе ровно один тег
+    ``<answer>…</answer>`` с целым числом; правильность — только при верном формате."""
     if not isinstance(response_text, str):
         raise ValueError(
             f"response_text должен быть строкой, получено {type(response_text).__name__}"
@@ -98,11 +90,7 @@ def scalar_reward(reward: dict, weights: dict[str, float] | None = None) -> floa
 
 
 def is_informative_group(rewards) -> bool:
-    """Информативна ли группа GRPO: ответов ≥ 2 и скалярные награды не все равны (std > 0).
-
-    Одно определение на курс: ``rewards`` — те же ``scalar_reward`` (с формат-наградой и
-    ``reward_weights``), из которых ``group_advantages`` считает преимущества. Неинформативная
-    группа получает A = 0 у всех ответов и не даёт градиента.
-    """
+    """Информативна ли группа GRPO: ответов ≥ 2 и скалярные награды (``scalar_reward``, как в
+    ``group_advantages``) не все равны (std > 0); иначе A = 0 у всех ответов и градиента нет."""
     vals = [float(v) for v in rewards]
     return len(vals) > 1 and max(vals) > min(vals)

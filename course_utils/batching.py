@@ -40,17 +40,14 @@ def response_lengths(
 
 
 def _lengths(lengths) -> list[int]:
-    out = list(lengths)
-    if not out or any(not isinstance(L, int | np.integer) or L < 1 for L in out):
-        raise ValueError(f"lengths: нужен непустой список целых ≥ 1, получено {lengths!r}")
-    return [int(L) for L in out]
+    out = [integer("lengths[i]", L, 1, strict=True) for L in lengths]
+    integer("len(lengths)", len(out), 1)
+    return out
 
 
 def static_batching(lengths, batch_size: int) -> dict:
-    """Статические пакеты по ``batch_size`` запросов в порядке поступления.
-
-    Время (шагов декодирования) = Σ_пакетов max L, U = Σ L / Σ_пакетов (размер · max L).
-    """
+    """Статические пакеты по ``batch_size`` запросов в порядке поступления: время, шагов
+    декодирования, = Σ_пакетов max L, U = Σ L / Σ_пакетов (размер · max L)."""
     batch_size = integer("batch_size", batch_size, 1)
     L = _lengths(lengths)
     batches = [L[i : i + batch_size] for i in range(0, len(L), batch_size)]
@@ -60,11 +57,8 @@ def static_batching(lengths, batch_size: int) -> dict:
 
 
 def continuous_batching(lengths, slots: int) -> dict:
-    """Непрерывное пакетирование: освободившийся слот сразу берёт следующий запрос.
-
-    Жадное расписание по ``slots`` слотам; время = окончание последнего запроса (шагов
-    декодирования), U = Σ L / (slots · время).
-    """
+    """Непрерывное пакетирование (слот сразу берёт следующий запрос): время, шагов
+    декодирования, = окончание последнего запроса, U = Σ L / (slots · время)."""
     slots = integer("slots", slots, 1)
     L = _lengths(lengths)
     free = [0] * min(slots, len(L))  # момент освобождения каждого слота
@@ -75,14 +69,11 @@ def continuous_batching(lengths, slots: int) -> dict:
 
 
 @torch.no_grad()
-def decode_fixed_lengths(
+def _decode_fixed_lengths(
     model, tokenizer, tasks: list[ArithTask], lengths: list[int], seed: int = 0
 ):
-    """Один статический пакет: prefill запросов и max(L) шагов декодирования для всех строк.
-
-    Возвращает prefill_s, decode_s (с), steps = max L, useful_tokens = Σ L_i,
-    slot_steps = B · max L и utilization = useful_tokens / slot_steps.
-    """
+    """Один статический пакет, max(L) шагов декодирования: prefill_s, decode_s (с), steps = max L,
+    useful_tokens = Σ L_i, slot_steps = B · max L, utilization = useful_tokens / slot_steps."""
     if not tasks or len(tasks) != len(lengths):
         raise ValueError("tasks и lengths должны быть непустыми и одной длины")
     lengths = _lengths(lengths)
@@ -124,11 +115,8 @@ def decode_fixed_lengths(
 def compare_batching(
     model, tokenizer, tasks, lengths, n_buckets: int = 4, seed: int = 0, repeats: int = 3
 ):
-    """Статический пакет против ``n_buckets`` пакетов, сгруппированных по длине.
-
-    Для каждой стратегии: пакеты, шаги декодирования, загрузка слотов U, полезные токены,
-    время декодирования (с, медиана из ``repeats`` прогонов) и полезные токены / это время.
-    """
+    """Статический пакет против ``n_buckets`` пакетов, сгруппированных по длине: пакеты, шаги,
+    загрузка слотов U, полезные токены, время декодирования (с, медиана ``repeats``) и токены/с."""
     n_buckets = integer("n_buckets", n_buckets, 1, len(tasks))
     repeats = integer("repeats", repeats, 1)
     order = sorted(range(len(tasks)), key=lambda i: lengths[i])
@@ -137,7 +125,7 @@ def compare_batching(
 
     def run(plan):  # один прогон стратегии: по пакету на группу индексов
         subsets = [([tasks[i] for i in b], [lengths[i] for i in b]) for b in plan]
-        return [decode_fixed_lengths(model, tokenizer, t, ls, seed=seed) for t, ls in subsets]
+        return [_decode_fixed_lengths(model, tokenizer, t, ls, seed=seed) for t, ls in subsets]
 
     time_col = f"декодирование, с (медиана из {repeats})"
     rows = []
@@ -162,12 +150,9 @@ def compare_batching(
 
 @torch.no_grad()
 def stale_prefix_error(model, new_weights: dict, tokenizer, task: ArithTask, probe_tokens: int = 4):
-    """Можно ли переиспользовать KV-кэш запроса после обновления весов v → v+1?
-
-    Кэш запроса от весов v и свежий кэш от ``new_weights``; следующие ``probe_tokens`` токенов
-    эталонного ответа прогоняются новыми весами поверх каждого. Возвращает max |Δ log p| (нат)
-    и KL(свежий ‖ со старым кэшем) = Σ_v p·(log p − log q), нат. Веса модели на выходе — новые.
-    """
+    """Можно ли переиспользовать KV-кэш запроса после обновления весов v → v+1: probe_tokens
+    токенов эталонного ответа новыми весами поверх кэша версии v и свежего кэша; max |Δ log p| и
+    KL(свежий ‖ со старым кэшем) = Σ_v p·(log p − log q), нат. Веса модели на выходе — новые."""
     probe_tokens = integer("probe_tokens", probe_tokens, 1)
     device = next(model.parameters()).device
     prompt = _prompt_ids(tokenizer, task)

@@ -1,7 +1,7 @@
 """Урок 12.4: два публичных инцидента синхронизации весов на движке курса ``InProcessEngine``.
 
 ``sleep_wake_run`` — TRL #5312: после сна движок перечитывает исходные веса с диска, а метка версии
-«новая»; ``zero_lag_probe`` ловит это по разрыву log p движка и тренера (порог —
+«новая»; проба нулевой задержки ловит это по разрыву log p движка и тренера (порог —
 ``tim_alarm_threshold``). ``run_pause_mode`` — запросы в полёте при публикации в режимах
 abort, wait, keep; ``in_flight_check`` ловит miles #2372 (прерваны обещанные запросы).
 """
@@ -45,7 +45,7 @@ def tim_alarm_threshold(healthy_gaps, factor: float = 10.0) -> float:
     return positive("factor", factor) * max(gaps)  # нат
 
 
-def zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = None) -> dict:
+def _zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = None) -> dict:
     """Проба нулевой задержки: g = mean_t |log π_тренер(y_t) − log μ_движок(y_t)|, нат, на версии,
     текущей для тренера (TRL: sampling_logp_difference/mean); fired — g > τ (без порога False)."""
     threshold = None if threshold is None else nonnegative("threshold", threshold)
@@ -63,12 +63,9 @@ def zero_lag_probe(engine_logprobs, trainer_logprobs, threshold: float | None = 
 def sleep_wake_run(
     model, tokenizer, tasks, variant="fixed", steps=3, lr=3e-5, seed=0, threshold=None, **generate
 ) -> list[dict]:
-    """GRPO с ``InProcessEngine`` и пробой нулевой задержки на каждом шаге (``VARIANTS``).
-
-    Шаг k: генерация (версия k) → log π тренера → ``zero_lag_probe`` → сон (кроме healthy) → шаг
-    GRPO → ``publish`` версии k + 1 → пробуждение (broken перечитывает model). Строка на шаг:
-    step, engine_version, trainer_version, weights_match (SHA-256) и ключи пробы.
-    """
+    """GRPO с ``InProcessEngine`` (``VARIANTS``), шаг k: генерация (версия k) → log π тренера →
+    проба → сон (кроме healthy) → шаг GRPO → ``publish`` версии k + 1 → пробуждение (broken
+    перечитывает model). Строка на шаг: step, версии, weights_match (SHA-256) и ключи пробы."""
     choice("variant", variant, VARIANTS)
     steps = integer("steps", steps, 1)
     engine, trainer = InProcessEngine(model), copy.deepcopy(model).float()
@@ -84,7 +81,7 @@ def sleep_wake_run(
         target = [t.cpu() for t in policy.recompute_logprobs(trainer, records)]
         same = engine.checksum() == engine.expected_checksum(trainer)
         row = {"step": k, "engine_version": engine.version, "trainer_version": k}
-        rows.append(row | {"weights_match": same} | zero_lag_probe(behaviour, target, threshold))
+        rows.append(row | {"weights_match": same} | _zero_lag_probe(behaviour, target, threshold))
         if k == steps:
             return rows
         if variant != "healthy":
@@ -99,7 +96,7 @@ def sleep_wake_run(
 
 
 @dataclass
-class PauseRun:
+class _PauseRun:
     """Прогон режима паузы: записи контракта (версия у каждого токена) и цена публикации."""
 
     mode: str
@@ -138,12 +135,10 @@ class PauseRun:
 
 
 @torch.no_grad()
-def run_pause_mode(
-    engine, new_state, mode, lengths, publish_at, abort_all_requests=False, prompt_len=6, seed=0
-) -> PauseRun:
-    """Запросы длиной lengths токенов декодируются по токену за такт (T = 1, без KV-кэша); на
-    такте publish_at new_state публикуется как версия + 1 в режиме mode (``PAUSE_MODES``);
-    abort_all_requests — публикация прерывает всё в полёте (SGLang в miles #2372)."""
+def run_pause_mode(engine, new_state, mode, lengths, publish_at, abort_all_requests=False):
+    """Ответы длиной lengths токенов (запрос — 6 случайных токенов) декодируются по токену за
+    такт (T = 1, без KV-кэша); на такте publish_at new_state публикуется как версия + 1 в режиме
+    mode (``PAUSE_MODES``); abort_all_requests — публикация прерывает всё (SGLang в miles #2372)."""
     if not isinstance(engine, InProcessEngine):
         raise ValueError(f"engine должно быть InProcessEngine, получено {type(engine).__name__}")
     choice("mode", mode, PAUSE_MODES)
@@ -151,10 +146,8 @@ def run_pause_mode(
     n, version = integer("len(lengths)", len(lengths), 1), engine.version + 1
     publish_at = integer("publish_at", publish_at, 1, max(lengths) - 1)
     aborting = mode == "abort" or flag("abort_all_requests", abort_all_requests)
-    prompts = [
-        probe_input(engine.vocab_size, 1, prompt_len, seed + i)[0].tolist() for i in range(n)
-    ]
-    gens = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+    prompts = [probe_input(engine.vocab_size, 1, 6, seed=i)[0].tolist() for i in range(n)]
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
     out: list[list[tuple[int, float, int]]] = [[] for _ in range(n)]  # (токен, log μ, версия)
     active, tick, published, started = set(range(n)), 0, False, None
     in_flight = aborted = wasted = delay = 0
@@ -183,7 +176,7 @@ def run_pause_mode(
         tick += 1
     records = [_rollout_record(f"{mode}-req-{i}", prompts[i], out[i]) for i in range(n)]
     forced = aborting and mode != "abort"
-    return PauseRun(
+    return _PauseRun(
         mode, forced, version, records, in_flight, aborted, wasted, delay, delay_s, tick - 1
     )
 
@@ -207,7 +200,7 @@ def _rollout_record(
     )
 
 
-def in_flight_check(run: PauseRun) -> dict:
+def in_flight_check(run: _PauseRun) -> dict:
     """fired, если режим ≠ abort, а публикация прервала запросы (miles #2372), или записи нарушают
     контракт (``validate_rollout``); ключи fired, violations, message."""
     violations = [m for r in run.records for m in validate_rollout(r)]

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
@@ -102,7 +102,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
-def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
+def _pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
     """Тип весов: на CPU float32; на GPU bfloat16 при compute capability ≥ 8.0, иначе float16."""
     if dtype is not None:
         dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
@@ -136,9 +136,8 @@ def _load_pretrained(source: str, device: torch.device, dtype: torch.dtype, loca
     return model.to(device).eval(), tokenizer
 
 
-def random_shape_model(shape: str, device="cpu", dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer)``: форма ``data/model_configs/<shape>.json``, случайные веса (зерно 0),
-    токенизатор курса — для замеров времени и памяти настоящей формы."""
+def _random_shape_model(shape: str, device="cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer): форма data/model_configs/<shape>.json, случайные веса (зерно 0)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     choice("random:<имя> (data/model_configs)", shape, available_model_configs())
@@ -157,7 +156,7 @@ def random_shape_model(shape: str, device="cpu", dtype: torch.dtype = torch.floa
     return model.eval(), tokenizer
 
 
-def decode_ids(tokenizer, ids) -> str:
+def _decode_ids(tokenizer, ids) -> str:
     """Текст ответа; id вне словаря токенизатора показываются как ``⟨id⟩``, а не теряются молча."""
     size, parts = len(tokenizer), []
     for known, seg in groupby((int(t) for t in ids), key=lambda i: 0 <= i < size):
@@ -177,9 +176,9 @@ def load_policy(
     заменяется крошечной моделью курса с сообщением."""
     requested = resolve_model_name(name)
     dev = pick_device(device)
-    dt = pick_dtype(dev, dtype)
+    dt = _pick_dtype(dev, dtype)
     if requested.startswith(_RANDOM_PREFIX):
-        model, tokenizer = random_shape_model(requested[len(_RANDOM_PREFIX) :], dev, dt)
+        model, tokenizer = _random_shape_model(requested[len(_RANDOM_PREFIX) :], dev, dt)
         return model, tokenizer, _info(model, requested, dev, dt, is_tiny=False, is_random=True)
     is_tiny = requested == TINY_MODEL_NAME or Path(requested).resolve() == TINY_MODEL_DIR
     if is_tiny and not (TINY_MODEL_DIR / "config.json").exists():
@@ -231,19 +230,11 @@ def _cache_kwarg(model) -> str:
 def _forward(model, input_ids, attention_mask, position_ids, cache=None):
     """Логиты последней позиции ``[B, V]`` и KV-кэш после прохода."""
     kwargs = {_cache_kwarg(model): cache} if cache is not None else {}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kwargs["logits_to_keep"] = 1  # логиты только последней позиции: prefill не держит [B, T, V]
     kwargs.update(attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    kwargs["logits_to_keep"] = 1  # логиты только последней позиции: prefill не держит [B, T, V]
     out = model(input_ids=input_ids, **kwargs)
     cache = getattr(out, "cache", None)
     return out.logits[:, -1, :], (out.past_key_values if cache is None else cache)
-
-
-def cache_bytes(cache) -> int:
-    """Байты K и V в кэше transformers: Σ по слоям (keys + values) numel · element_size."""
-    layers = getattr(cache, "layers", None)  # transformers 5.x; раньше — кортежи (k, v) по слоям
-    pairs = [(la.keys, la.values) for la in layers] if layers is not None else list(cache)
-    return tensor_bytes(t for k, v in pairs for t in (k, v))
 
 
 def _sync_fn(device: torch.device):
@@ -272,7 +263,7 @@ def _padded(rows, fill: int, left: bool = False) -> torch.Tensor:
 
 
 @dataclass
-class RolloutBatch:
+class _RolloutBatch:
     """Результат генерации: записи, тексты, времена этапов (с), токены; KV-кэш в конце
     декодирования — байты и токены (последовательности × длина); prefill — без паддинга."""
 
@@ -302,7 +293,7 @@ def generate_rollouts(
     swap_at: int | None = None,
     swap_weights: dict | None = None,
     share_prefill: bool = False,
-) -> RolloutBatch:
+) -> _RolloutBatch:
     """Группы по ``group_size`` ответов с KV-кэшем; log μ(y_t | x, y_<t) из ``sampling_logprobs``,
     нат; этапы — в ``timer``, с. ``swap_at = k``: с токена k веса ``swap_weights`` (12.1.4);
     ``share_prefill``: один prefill на группу (12.3.3)."""
@@ -363,7 +354,7 @@ def generate_rollouts(
             logits, cache = _forward(model, token[:, None], mask, last_pos[:, None], cache)
         out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
         ended = done.cpu()
-        kv_bytes = cache_bytes(cache)
+        kv_bytes = tensor_bytes(t for la in cache.layers for t in (la.keys, la.values))  # K и V
         kv_tokens = n * mask.shape[1]  # позиций в кэше: запрос с паддингом + декодированные
         del cache
     with timer.stage("reward"):
@@ -372,7 +363,7 @@ def generate_rollouts(
         for i, prompt in enumerate(prompts):
             task, k = tasks[i // group_size], int(lengths[i])
             response = out_tokens[i, :k].tolist()
-            texts.append(decode_ids(tokenizer, response))
+            texts.append(_decode_ids(tokenizer, response))
             group = f"{run_id}-v{policy_version}-{task.task_id}"
             mixed = swap_at is not None and k > swap_at
             versions = (
@@ -398,7 +389,7 @@ def generate_rollouts(
             )
     timings = {ev["stage"]: ev["end_s"] - ev["start_s"] for ev in timer.events[-4:]}
     tokens = (sum(map(len, prompts)), int(lengths.sum()), kv_bytes, kv_tokens, sum(map(len, rows)))
-    return RolloutBatch(records, texts, timings, *tokens)
+    return _RolloutBatch(records, texts, timings, *tokens)
 
 
 def _checked_records(records) -> list[RolloutRecord]:
@@ -592,13 +583,11 @@ def sync_weights(trainer_model, engine_model) -> int:
 class LoopResult:
     """Итог ``sequential_loop``: таблица шагов, события таймера, записи, модель и тип памяти."""
 
-    steps: object  # pandas.DataFrame: строка на шаг
-    events: object  # pandas.DataFrame: события этапов
-    records: list[RolloutRecord] = field(default_factory=list)
-    info: PolicyInfo | None = None
-    memory_kind: str = ""
-    texts: list[str] = field(default_factory=list)
-    stage_columns = staticmethod(stage_columns)  # столбцы <этап>_s таблицы steps
+    steps: pd.DataFrame  # строка на шаг
+    events: pd.DataFrame  # события этапов
+    records: list[RolloutRecord]
+    info: PolicyInfo
+    memory_kind: str
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -625,16 +614,14 @@ def sequential_loop(
     lr: float = 1e-5,
     seed: int = 0,
     progress: bool = False,
-    epochs: int = 1,
     micro_batch: int = 8,
 ) -> LoopResult:
     """Однопроцессный эталонный RL-цикл по этапам ``LOOP_STAGES``: ``T_step = Σ этапов``, с.
-    Тренер — fp32-копия модели, движок — сама модель; π_old пересчитывает тренер (при epochs = 1
-    clip_fraction = 0)."""
+    Тренер — fp32-копия модели, движок — сама модель; π_old пересчитывает тренер, эпоха одна —
+    поэтому clip_fraction = 0 по построению."""
     steps = integer("steps", steps, 1)
     prompts_per_step = integer("prompts_per_step", prompts_per_step, 1)
     positive("lr", lr)
-    epochs = integer("epochs", epochs, 1)
     if model is None:
         model, tokenizer, info = load_policy(name)
     elif tokenizer is None:
@@ -650,7 +637,7 @@ def sequential_loop(
     sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
     sampling |= {"group_size": group_size, "timer": timer}
     train = {"autocast_dtype": amp, "micro_batch": micro_batch}
-    version, rows, records, texts, step_of_event = 0, [], [], [], []
+    version, rows, records, step_of_event = 0, [], [], []
     for step in tqdm(range(steps), desc="шаги цикла", disable=not progress):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -664,9 +651,7 @@ def sequential_loop(
         recs = batch.records
         with timer.stage("logprob_recompute"):
             old = recompute_logprobs(trainer, recs, **train)
-        stats = grpo_step(
-            trainer, optimizer, recs, old, timer=timer, epochs=epochs, scaler=scaler, **train
-        )
+        stats = grpo_step(trainer, optimizer, recs, old, timer=timer, scaler=scaler, **train)
         with timer.stage("weight_sync"):
             sync_weights(trainer, engine)
             version += 1
@@ -679,19 +664,18 @@ def sequential_loop(
             stage_s[f"{ev['stage']}_s"] += ev["end_s"] - ev["start_s"]
         step_of_event.extend([step] * (len(timer.events) - n_events))
         records.extend(recs)
-        texts.extend(batch.texts)
         row = {"step": step, "behavior_version": version - 1, **stage_s}
         row |= {"stages_sum_s": sum(stage_s.values()), "wall_s": wall}
         row |= {"input_tokens": batch.input_tokens, "output_tokens": batch.output_tokens}
         row |= {k: stats[k] for k in ("policy_tokens", "mean_reward")}
         row["informative_groups"] = informative_group_fraction(recs)
-        row |= {k: stats[k] for k in _LOOP_STATS}  # clip_fraction при epochs = 1 — 0 по построению
+        row |= {k: stats[k] for k in _LOOP_STATS}
         rows.append({**row, "peak_memory_bytes": peak})
     if info is None:
         model_id = getattr(engine.config, "_name_or_path", "model")
         info = _info(engine, model_id, device, engine_dtype, is_tiny=False)
     events = timer.to_frame().assign(step=step_of_event)
-    return LoopResult(pd.DataFrame(rows), events, records, info, memory_kind=kind, texts=texts)
+    return LoopResult(pd.DataFrame(rows), events, records, info, kind)
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,9 @@
-"""Последовательный базовый профиль RL-цикла (лекция, шаг 12.1.5): бухгалтерия времени шага.
+"""Последовательный базовый профиль RL-цикла (шаг 12.1.5): бухгалтерия времени шага.
 
-Этапы ``STAGES`` идут строго по очереди, поэтому шаг длится T_seq = Σ T_этапа (с). Профиль
-отвечает на первый вопрос: какой этап доминирует и сколько даст его ускорение (закон Амдала).
-Времена этапов — словарь или ``pandas.Series`` «этап → секунды»; таблица шагов — столбцы
-``<этап>_s`` (как у ``synthetic_profile`` и ``policy.sequential_loop(...).steps``).
-Здесь же единая палитра этапов курса ``stage_colors`` / ``STAGE_LABELS_RU``.
+Этапы ``STAGES`` идут по очереди, поэтому шаг длится T_seq = Σ T_этапа (с): какой этап
+доминирует и сколько даст его ускорение (закон Амдала). Времена этапов — dict или
+``pandas.Series`` «этап → секунды»; таблица шагов — столбцы ``<этап>_s``. Здесь же палитра
+этапов курса ``stage_colors`` и подписи ``STAGE_LABELS_RU``.
 """
 
 from __future__ import annotations
@@ -53,33 +52,28 @@ def _label(stage: str) -> str:
     return STAGE_LABELS_RU.get(stage, stage)
 
 
-def _stage_times(stage_times: Any, name: str = "stage_times") -> dict[str, float]:
+def _stage_times(stage_times: Any) -> dict[str, float]:
     """Словарь «этап → секунды» из непустого dict или Series; времена — конечные ≥ 0."""
     if not isinstance(stage_times, pd.Series | Mapping) or len(stage_times) == 0:
         kind = type(stage_times).__name__
-        raise ValueError(f"{name}: нужен непустой dict или Series «этап → время, с», а не {kind}")
+        raise ValueError(
+            f"stage_times: нужен непустой dict или Series «этап → время, с», а не {kind}"
+        )
     return {
-        text(f"{name}: имя этапа", key): nonnegative(f"{name}[{key!r}], с", value)
+        text("stage_times: имя этапа", key): nonnegative(f"stage_times[{key!r}], с", value)
         for key, value in stage_times.items()
     }
 
 
-def _positive_total(times: dict[str, float], name: str = "stage_times") -> float:
-    total = math.fsum(times.values())
-    if not total > 0:
-        raise ValueError(f"{name}: сумма времён этапов должна быть > 0 с, получено {total!r}")
-    return total
+def _positive_total(times: dict[str, float]) -> float:
+    return positive("stage_times: сумма времён этапов, с", math.fsum(times.values()))
 
 
 def synthetic_profile(
     steps: int = 10, seed: int = 0, scale: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """Синтетический профиль уровня A: строка на шаг, столбцы ``step`` и ``<этап>_s`` (с).
-
-    T_этапа(шаг) = DEFAULT_MEDIANS_S · scale · exp(σ · ξ), ξ ~ N(0, 1), σ — из NOISE_SIGMA;
-    на шаге 0 время ещё умножается на WARMUP_FACTOR (прогрев). ``scale`` — множители медиан
-    этапов, например ``{"reward": 20}`` (медленный верификатор). Детерминирован по ``seed``.
-    """
+    """Синтетический профиль уровня A: строка на шаг, столбцы ``step`` и ``<этап>_s`` (с):
+    T_этапа = DEFAULT_MEDIANS_S · scale · exp(σ · ξ), ξ ~ N(0, 1), на шаге 0 ещё · WARMUP_FACTOR."""
     steps = integer("steps", steps, 1)
     seed = integer("seed", seed, 0)
     factors = dict.fromkeys(STAGES, 1.0)
@@ -93,10 +87,7 @@ def synthetic_profile(
 
 
 def stage_medians(frame: pd.DataFrame, skip_warmup: int = 1) -> pd.Series:
-    """Медиана времени каждого этапа (с) по шагам после первых ``skip_warmup`` (прогрев).
-
-    Нужны столбцы ``<этап>_s`` для всех STAGES; шаги упорядочиваются по ``step``, если он есть.
-    """
+    """Медиана времени каждого этапа (с) по шагам (по ``step``) после первых ``skip_warmup``."""
     if missing := [c for c in stage_columns() if c not in frame.columns]:
         raise ValueError(f"frame: нет столбцов времени этапов: {', '.join(missing)}")
     skip_warmup = integer("skip_warmup", skip_warmup, 0, len(frame) - 1)
@@ -123,10 +114,7 @@ def dominant_stage(stage_times: Mapping[str, float] | pd.Series) -> str:
 
 
 def speedup_bound(stage_times: Mapping[str, float] | pd.Series, stage: str) -> float:
-    """Предел Амдала, если этап ``stage`` стал бесплатным: S_max = T_seq / (T_seq − T_stage).
-
-    Безразмерное; знаменатель 0 (других этапов нет) → inf.
-    """
+    """Предел Амдала, если этап stage стал бесплатным: S_max = T_seq / (T_seq − T_stage) (0 → inf)."""
     times = _stage_times(stage_times)
     total = _positive_total(times)
     stage = choice("stage: этап", stage, times)
@@ -137,12 +125,9 @@ def speedup_bound(stage_times: Mapping[str, float] | pd.Series, stage: str) -> f
 def profile_table(
     stage_times: Mapping[str, float] | pd.Series, tokens: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """Таблица профиля: строка на этап — «этап», «время, с», «доля, %» (= 100 · T_этапа / T_seq).
-
-    С ``tokens = {"input_tokens": N_in, "output_tokens": N_out}`` (на шаг) — столбец «токенов/с»:
-    N_in / T_prefill, N_out / T_decode, NaN у остальных этапов и при нулевом времени.
-    Индекс «код этапа» — ключи этапов, русская подпись — в столбце «этап».
-    """
+    """Строка на этап (индекс «код этапа»): «этап», «время, с», «доля, %» = 100 · T_этапа / T_seq;
+    с tokens = {"input_tokens": N_in, "output_tokens": N_out} — «токенов/с» = N_in / T_prefill,
+    N_out / T_decode (NaN у остальных этапов и при нулевом времени)."""
     times = _stage_times(stage_times)
     total = _positive_total(times)
     seconds = pd.Series(times, dtype=float).rename_axis("код этапа")
@@ -160,30 +145,9 @@ def profile_table(
     return table
 
 
-def _profiles(data: Any) -> tuple[list[str], list[str], np.ndarray]:
-    """(подписи строк, этапы, матрица с) из одного профиля или таблицы профилей."""
-    if not isinstance(data, pd.DataFrame):
-        times = _stage_times(data)
-        return [""], list(times), np.array([list(times.values())])
-    if data.empty:
-        raise ValueError("stage_times: таблица профилей пуста")
-    labels = [str(i) for i in data.index]
-    if set(stage_columns()) <= set(data.columns):  # таблица шагов: столбцы <этап>_s
-        if "step" in data.columns:
-            labels = [f"шаг {s}" for s in data["step"]]
-        data = data[stage_columns()].set_axis(list(STAGES), axis=1)
-    rows = [
-        _stage_times(r, f"stage_times (строка {i!r})") for i, (_, r) in zip(labels, data.iterrows())
-    ]
-    return labels, [str(c) for c in data.columns], np.array([list(r.values()) for r in rows])
-
-
 def stage_colors(stages) -> dict[str, Any]:
-    """Один этап — один цвет на всех рисунках курса (диаграммы Ганта, полосы профиля).
-
-    STAGES и _EXTRA_STAGES получают постоянные места палитры tab20 (сначала тёмные оттенки,
-    потом светлые); незнакомые этапы — следующие места в порядке первого появления.
-    """
+    """Один этап — один цвет на всех рисунках курса: STAGES и _EXTRA_STAGES — постоянные места
+    палитры tab20 (сначала тёмные оттенки), незнакомые этапы — следующие по первому появлению."""
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
@@ -194,52 +158,37 @@ def stage_colors(stages) -> dict[str, Any]:
 
 
 def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
-    """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с.
-
-    Один профиль — одна полоса; таблица профилей (строка на профиль, столбцы — этапы) или
-    таблица шагов со столбцами ``<этап>_s`` — полоса на строку. На широких сегментах — доля
-    этапа в T_seq строки, справа — T_seq. Возвращает Axes; патчей — строк × этапов.
-    """
+    """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с; на широких
+    сегментах — доля этапа в T_seq, справа — T_seq. Возвращает Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
 
-    labels, stages, matrix = _profiles(stage_times)
-    totals = matrix.sum(axis=1)  # T_seq строки, с
-    if not (totals > 0).all():
-        raise ValueError("stage_times: у каждого профиля сумма времён этапов должна быть > 0 с")
-    n_rows, x_max = len(labels), float(totals.max())
+    times = _stage_times(stage_times)
+    total = _positive_total(times)  # T_seq, с
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, max(2.6, 1.3 + 0.55 * n_rows)))
-    colors = stage_colors(stages)
-    left = np.zeros(n_rows)
-    for stage, widths in zip(stages, matrix.T):
-        color = colors[stage]
+        _, ax = plt.subplots(figsize=(10, 2.6))
+    colors = stage_colors(times)
+    left = 0.0
+    for stage, width in times.items():
         style = {"height": 0.6, "edgecolor": "white", "linewidth": 0.8, "zorder": 2}
-        bars = ax.barh(range(n_rows), widths, left=left, color=color, label=_label(stage), **style)
-        r, g, b = to_rgb(color)
+        ax.barh(0, width, left=left, color=colors[stage], label=_label(stage), **style)
+        r, g, b = to_rgb(colors[stage])
         ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"  # яркость фона
-        for i, patch in enumerate(bars.patches):
-            share = widths[i] / totals[i]  # доля этапа в T_seq
-            if widths[i] >= 0.06 * x_max and share >= 0.04:
-                x = patch.get_x() + patch.get_width() / 2
-                label = f"{100 * share:.0f} %"
-                ax.text(x, i, label, ha="center", va="center", fontsize=9, color=ink, zorder=3)
-        left = left + widths
-    for i, total in enumerate(totals):
-        ax.text(total + 0.01 * x_max, i, f"{total:.2f} с", va="center", fontsize=9)
-    ax.set_yticks(range(n_rows), labels)
-    if n_rows == 1 and not labels[0]:
-        ax.set_yticks([])
-    ax.set_ylim(n_rows - 0.5, -0.5)  # первая строка сверху
-    ax.set_xlim(0, x_max * 1.14)
+        if width >= 0.06 * total:  # доля этапа в T_seq — только на широких сегментах
+            label = f"{100 * width / total:.0f} %"
+            ax.text(left + width / 2, 0, label, ha="center", va="center", fontsize=9, color=ink)
+        left += width
+    ax.text(total * 1.01, 0, f"{total:.2f} с", va="center", fontsize=9)
+    ax.set_yticks([])
+    ax.set_ylim(0.5, -0.5)
+    ax.set_xlim(0, total * 1.14)
     ax.set_xlabel("время шага, с")
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)
     ax.spines[["top", "right"]].set_visible(False)
-    if title is None:
-        title = "Последовательный шаг по этапам"
-        title += f": T_seq = {totals[0]:.2f} с" if n_rows == 1 else ""
-    ax.set_title(title)
+    ax.set_title(
+        f"Последовательный шаг по этапам: T_seq = {total:.2f} с" if title is None else title
+    )
     legend = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
     ax.legend(title="этап", fontsize="small", frameon=False, **legend)
     with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку

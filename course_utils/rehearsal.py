@@ -21,17 +21,17 @@ from course_utils import args as check
 
 # Форма цикла репетиции по умолчанию: мало запросов и коротких ответов — чтобы 0,5 млрд
 # параметров на двух ядрах CPU укладывались в минуты, а вся память состояний уже была занята.
-DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro_batch": 8}
+_DEFAULTS = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "micro_batch": 8}
 # Фазы совмещённого шага и статьи памяти — одни имена у калькулятора и у измерения.
 PHASES = ("генерация", "пересчёт log π", "прямой и обратный проход", "шаг оптимизатора")
 PHASES += ("синхронизация весов",)
 ENGINE, TRAINER, GRADS, ADAM = "веса движка", "веса тренера", "градиенты", "Adam m и v"
 KV, TEMP = "KV-кэш", "активации и временные буферы"
-COLUMNS = ("фаза", "статья", "предсказано, Б", "измерено, Б", "разница, Б")
+_COLUMNS = ("фаза", "статья", "предсказано, Б", "измерено, Б", "разница, Б")
 
 
-def predicted_timeline(
-    shape, engine_bytes_per_param: float, kv_tokens: int, logits_tokens: int, logits_bytes: int = 4
+def _predicted_timeline(
+    shape, engine_bytes_per_param: float, kv_tokens: int, logits_tokens: int
 ) -> list[tuple[str, dict[str, int]]]:
     """Калькулятор по фазам ``PHASES``, байт: ``[(фаза, {статья: байты})]``. Всегда: веса движка
     N·b_engine, тренера 4N, Adam 8N; генерация — KV 2·L·H_kv·d_h·N_kv·b_engine; пересчёт — логиты
@@ -43,7 +43,7 @@ def predicted_timeline(
     kv = memory.kv_cache_bytes(
         shape.num_layers, shape.num_kv_heads, shape.head_dim, kv_tokens, engine_bytes_per_param
     )  # 2 · L · H_kv · d_h · N_kv · b_engine
-    logits = check.integer("logits_tokens", logits_tokens, 1) * shape.vocab_size * logits_bytes
+    logits = check.integer("logits_tokens", logits_tokens, 1) * shape.vocab_size * 4  # P·V·4 Б
     base = {ENGINE: shape.weights_bytes(engine_bytes_per_param), TRAINER: fp32["params"]}
     base |= {GRADS: 0, ADAM: fp32["optimizer"], KV: 0, TEMP: 0}
     grads = {GRADS: fp32["grads"]}
@@ -51,19 +51,14 @@ def predicted_timeline(
     return [(phase, base | change) for phase, change in zip(PHASES, changes)]
 
 
-def predicted_peak_bytes(
-    shape,
-    engine_bytes_per_param: float,
-    sequences: int,
-    tokens_per_sequence: int,
-    micro_batch: int,
-    logits_bytes: int = 4,
+def _predicted_peak_bytes(
+    shape, engine_b: float, sequences: int, tokens_per_sequence: int, micro_batch: int
 ) -> dict[str, int]:
-    """Верхняя оценка пика, байт: сумма максимумов статей ``predicted_timeline`` — N·b_engine +
-    16 Б · N + 3·m·T·V·b_logits + 2·L·H_kv·d_h·S·T·b_engine (без активаций слоёв)."""
+    """Верхняя оценка пика, байт: сумма максимумов статей ``_predicted_timeline`` — N·b_engine +
+    16 Б · N + 3·m·T·V·4 Б + 2·L·H_kv·d_h·S·T·b_engine (без активаций слоёв)."""
     m = min(check.integer("micro_batch", micro_batch, 1), check.integer("sequences", sequences, 1))
     t = check.integer("tokens_per_sequence", tokens_per_sequence, 1)
-    phases = predicted_timeline(shape, engine_bytes_per_param, sequences * t, m * t, logits_bytes)
+    phases = _predicted_timeline(shape, engine_b, sequences * t, m * t)
     top = {k: max(comps[k] for _, comps in phases) for k in phases[0][1]}  # max_t по статье
     terms = {
         "engine_weights": top[ENGINE],  # N · b_engine
@@ -119,7 +114,7 @@ def memory_timeline(
     lr: float = 1e-5,
     seed: int = 0,
 ):
-    """Шаг цикла по фазам ``PHASES`` рядом с ``predicted_timeline``: таблица ``COLUMNS``, байт
+    """Шаг цикла по фазам ``PHASES`` рядом с ``_predicted_timeline``: таблица ``_COLUMNS``, байт
     (разница = измерено − предсказано). Движок — сама model, тренер — fp32-копия с AdamW (после
     шага прогрева); статьи — Σ numel · element_size, «активации» = пик фазы − статьи."""
     from course_utils import memory, policy
@@ -170,14 +165,14 @@ def memory_timeline(
     logits_tokens = min(train["micro_batch"], seqs) * longest  # P = m · T позиций микропакета
     engine_b = torch.finfo(engine_dtype).bits // 8
     shape = memory.ModelShape.from_config(engine.config)
-    predicted = predicted_timeline(shape, engine_b, batch.kv_cache_tokens, logits_tokens)
+    predicted = _predicted_timeline(shape, engine_b, batch.kv_cache_tokens, logits_tokens)
     rows = [
         (phase, k, want[k], got[k], got[k] - want[k])
         for (phase, want), (_, got) in zip(predicted, measured)
         for k in want
         if want[k] or got[k] or k == TEMP  # нулевые статьи фазы не показываем, кроме TEMP
     ]
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(_COLUMNS))
     frame.attrs |= {"device": str(device), "dtype": str(engine_dtype).replace("torch.", "")}
     frame.attrs |= {"peak_kind": meter.kind, "peaks": peaks, "kv_tokens": batch.kv_cache_tokens}
     return frame
@@ -198,7 +193,7 @@ def rehearse(
     from course_utils import memory, policy, throughput
 
     steps = check.integer("steps", steps, 1)
-    kwargs = {**DEFAULTS, **loop_kwargs}
+    kwargs = {**_DEFAULTS, **loop_kwargs}
     micro_batch = kwargs.pop("micro_batch")
     dev = policy.pick_device(device)
     if dev.type == "cuda":
@@ -224,7 +219,7 @@ def rehearse(
     shape = memory.ModelShape.from_config(net.config)
     sequences = kwargs["prompts_per_step"] * kwargs["group_size"]
     longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in result.records)
-    predicted = predicted_peak_bytes(shape, engine_b, sequences, longest, micro_batch)
+    predicted = _predicted_peak_bytes(shape, engine_b, sequences, longest, micro_batch)
     weights = "случайные веса, настоящая форма" if info.is_random else "обученные веса"
     report: dict[str, Any] = {"model": info.model_id, "weights": weights}
     report |= {"n_params": info.num_params, "device": info.device, "dtype": info.dtype}
@@ -261,7 +256,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
+    parser.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"])
     parser.add_argument("--json", action="store_true", help="один объект JSON (так и без флага)")
     ns = parser.parse_args(argv)
     report = rehearse(ns.model, ns.steps, ns.device, ns.dtype, max_new_tokens=ns.max_new_tokens)

@@ -31,10 +31,8 @@ GPU_BANDWIDTH_BYTES_PER_S = {
 
 
 def gpu_bandwidth(device_name: str) -> float | None:
-    """Паспортная пропускная способность памяти (байт/с) по имени GPU или None, если GPU неизвестен.
-
-    Имя сравнивается по вхождению: «Tesla T4» → T4 (320 ГБ/с); самое длинное совпадение побеждает.
-    """
+    """Паспортная пропускная способность памяти, байт/с, по вхождению имени («Tesla T4» → T4;
+    самое длинное совпадение побеждает), None — GPU неизвестен."""
     device_name = text("device_name", device_name)
     name = device_name.upper().replace(" ", "-")
     hits = [k for k in GPU_BANDWIDTH_BYTES_PER_S if k.upper() in name]
@@ -48,8 +46,7 @@ def decode_roofline_tokens_per_s(
     kv_bytes_per_sequence: float = 0.0,
 ) -> float:
     """Потолок декодирования, токенов/с: B · BW / (W + B · KV), где W — байты весов,
-    KV — байты KV-кэша одной последовательности (читаются на каждом шаге), BW — байт/с.
-    """
+    KV — байты KV-кэша одной последовательности (читаются на каждом шаге), BW — байт/с."""
     weights_bytes = positive("weights_bytes", weights_bytes)
     bandwidth_bytes_per_s = positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
     batch = integer("batch", batch, 1)
@@ -58,11 +55,8 @@ def decode_roofline_tokens_per_s(
 
 
 def degenerate_group_share(records, reward_weights: Mapping[str, float] | None = None):
-    """(число групп, доля вырожденных): вырождена группа, которая не ``is_informative_group``.
-
-    Награда — та же скалярная ``scalar_reward(reward, reward_weights)`` (правильность и формат),
-    из которой считаются преимущества GRPO; вырожденная группа даёт A = 0 и не даёт градиента.
-    """
+    """(число групп, доля вырожденных): вырождена группа, которая не ``is_informative_group`` по
+    ``scalar_reward(reward, reward_weights)`` — она даёт A = 0 и не даёт градиента."""
     groups: dict[str, list[float]] = defaultdict(list)
     for r in records:
         key = r.group_id or r.prompt_id or r.sample_id
@@ -74,13 +68,9 @@ def degenerate_group_share(records, reward_weights: Mapping[str, float] | None =
 
 
 def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.DataFrame:
-    """Отчёт о пропускной способности по шагам цикла после прогрева.
-
-    T = Σ wall_s шагов с номером ≥ ``skip_warmup`` (с). Каждая метрика — объём работы этих шагов,
-    делённый на T; записи сопоставляются шагам по версии политики (``behavior_version``).
-    Проверенный исход — запись, у которой проверяющая система выставила конечную награду.
-    Возвращает таблицу «метрика, значение, единица».
-    """
+    """Таблица «метрика, значение, единица»: объём работы шагов после прогрева / T, где
+    T = Σ wall_s этих шагов, с; записи — по версии политики (``behavior_version``); проверенный
+    исход — запись с конечной наградой от проверяющей системы."""
     if not isinstance(steps, pd.DataFrame) or steps.empty:
         raise ValueError("steps: нужна непустая таблица шагов (LoopResult.steps)")
     need = {"step", "behavior_version", "wall_s", "input_tokens", "output_tokens", "policy_tokens"}
@@ -94,13 +84,8 @@ def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.
         raise ValueError("records: нет записей для шагов после прогрева")
     T = float(kept["wall_s"].sum())
     n_groups, degenerate = degenerate_group_share(recs)
-    verified = sum(
-        1
-        for r in recs
-        if isinstance(r.reward, Mapping)
-        and r.reward
-        and all(math.isfinite(float(v)) for v in r.reward.values())
-    )
+    rewards = [r.reward for r in recs if isinstance(r.reward, Mapping) and r.reward]
+    verified = sum(all(math.isfinite(float(v)) for v in w.values()) for w in rewards)
     total_tokens = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
     rows = [
         ("время шагов после прогрева", T, "с"),

@@ -21,25 +21,23 @@ from course_utils.arith_task import ArithTask, make_tasks, target_response
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny_arith_lm"
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Шаблон чата в стиле Qwen2.5 (без системного сообщения по умолчанию).
-CHAT_TEMPLATE = (
+_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-DEFAULT_STEPS = 1500
-DEFAULT_SEED = 1234
 
 
-def chat_text(task: ArithTask, response: str | None = None) -> str:
+def _chat_text(task: ArithTask, response: str | None = None) -> str:
     """Текст диалога в формате шаблона: запрос пользователя (+ ответ ассистента, если задан)."""
     text = f"<|im_start|>user\n{task.prompt}<|im_end|>\n<|im_start|>assistant\n"
     return text if response is None else text + response + "<|im_end|>"
 
 
-def build_tokenizer(vocab_size: int = 320):
+def _build_tokenizer(vocab_size: int = 320):
     """Байтовый BPE-токенизатор на текстах задачи; цифры — отдельные токены, как у Qwen2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -54,39 +52,19 @@ def build_tokenizer(vocab_size: int = 320):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=_SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = [chat_text(t, target_response(t)) for t in make_tasks(2000, seed=7)]
+    corpus = [_chat_text(t, target_response(t)) for t in make_tasks(2000, seed=7)]
     tok.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=_CHAT_TEMPLATE,
         padding_side="left",
-    )
-
-
-def tiny_config(vocab_size: int, pad_id: int, eos_id: int):
-    """Конфигурация Qwen2: 4 слоя, d=128, 4 головы запроса и 2 головы K/V (GQA)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        bos_token_id=None,
     )
 
 
@@ -96,8 +74,8 @@ def _training_batch(tokenizer, tasks: list[ArithTask]):
 
     rows, labels = [], []
     for t in tasks:
-        n_prompt = len(tokenizer(chat_text(t), add_special_tokens=False)["input_ids"])
-        full = tokenizer(chat_text(t, target_response(t)), add_special_tokens=False)["input_ids"]
+        n_prompt = len(tokenizer(_chat_text(t), add_special_tokens=False)["input_ids"])
+        full = tokenizer(_chat_text(t, target_response(t)), add_special_tokens=False)["input_ids"]
         rows.append(full)
         labels.append([-100] * n_prompt + full[n_prompt:])
     mask = _padded([[1] * len(r) for r in rows], 0)
@@ -106,8 +84,8 @@ def _training_batch(tokenizer, tasks: list[ArithTask]):
 
 def build_tiny_model(
     out_dir: str | os.PathLike = TINY_MODEL_DIR,
-    steps: int = DEFAULT_STEPS,
-    seed: int = DEFAULT_SEED,
+    steps: int = 1500,
+    seed: int = 1234,
     batch_size: int = 64,
     lr: float = 1e-3,
     verbose: bool = True,
@@ -115,15 +93,28 @@ def build_tiny_model(
     """Собирает и обучает крошечную модель (AdamW, steps шагов по batch_size задач, потери —
     кросс-энтропия ответа, нат/токен); каталог out_dir подменяется атомарно переименованием."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
     steps = integer("steps", steps, 0)
     batch_size = integer("batch_size", batch_size, 1)
     out_dir = path("out_dir", out_dir)
     torch.manual_seed(seed)
     random.seed(seed)
-    tokenizer = build_tokenizer()
-    config = tiny_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    tokenizer = _build_tokenizer()
+    config = Qwen2Config(  # 4 слоя, d = 128, 4 головы запроса и 2 головы K/V (GQA)
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

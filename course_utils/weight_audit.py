@@ -12,25 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from course_utils.args import choice, integer, real, text
-from course_utils.weight_sync import EVENT_TYPES, EventLog, _short
+from course_utils.weight_sync import EVENT_TYPES, EventLog, _labels, _short
 
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 
-AUDIT_RULES = {
-    "serve_before_barrier": "реплика обслуживает новую версию до барьера готовности",
-    "commit_before_barrier": "переключение до того, как готовы все реплики (барьер не пройден)",
-    "barrier_not_ready": "барьер отмечен пройденным, хотя не все реплики сообщили ready",
-    "commit_without_verify": "переключение без успешной проверки (verify_ok) этой версии",
-    "version_backwards": "версия реплики уменьшилась (переключение или запрос на старую версию)",
-    "serve_uncommitted": "реплика обслуживает версию, на которую не переключалась",
-    "replicas_diverged": (
-        "после переключения (commit) хотя бы одной реплики на версию реплики обслуживают "
-        "разные версии"
-    ),
-    "checksum_mismatch": "контрольная сумма версии не совпадает с эталонной",
-    "inplace_update": "версия пишется на месте в активный буфер (нет двойного буфера)",
-    "torn_read": "запрос прочитал смесь версий",
-}
+AUDIT_RULES = _labels("rule")  # код правила → текст (data/weight_sync_labels.csv)
 
 
 def _normalise(events: Any) -> list[dict]:

@@ -14,8 +14,8 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,61 +23,29 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_utils.args import (
-    choice,
-    flag,
-    integer,
-    is_count,
-    nonnegative,
-    real,
-    text,
-)
+from course_utils.args import choice, flag, integer, nonnegative, real, text
 from course_utils.csv_tables import read_exact_csv
 from course_utils.fmt import num
 from course_utils.multiproc.transport import named_tensors, state_checksum
 
 # Допуск max |Δ логита|: один тип и одно устройство дают побитное совпадение; допуск — для bf16.
 DEFAULT_ATOL = 1e-4
-_LINKS = ("copy", "broadcast", "send", "recv")
 
-EVENT_FIELDS = {
-    "seq": "порядковый номер события в журнале (0, 1, 2, …)",
-    "t": "время, с: от создания журнала или (уровень C) от общей точки отсчёта ранга 0",
-    "replica": "кто записал: реплика ('replica-0', 'rank-1') или публикатор ('publisher')",
-    "event": "тип события — один из EVENT_TYPES",
-    "version": "версия весов события (у serve — версия, закреплённая за запросом)",
-    "checksum": "SHA-256 весов: записанного (stage_done), проверенного (verify_*) или активного",
-    "expected_checksum": "у verify_*: сумма, которую прислал публикатор",
-    "request_id": "у serve и torn_read: идентификатор запроса",
-    "buffer": "у stage_*/commit: 'staging' (второй буфер) или 'active' (запись на месте)",
-    "detail": "пояснение по-русски",
-}
+# Русские подписи (data/weight_sync_labels.csv): схема журнала — поля EVENT_FIELDS и типы
+# событий EVENT_TYPES; заголовки таблиц для показа COLUMN_NAMES (``russian``); правила аудита.
+_LABELS = read_exact_csv(
+    Path(__file__).resolve().parent.parent / "data" / "weight_sync_labels.csv",
+    ("table", "name", "label"),
+    ValueError,
+    "подписи синхронизации весов",
+)
 
-EVENT_TYPES = {
-    "init": "реплика загружена и обслуживает начальную версию",
-    "stage_start": "начата запись версии в буфер",
-    "stage_done": "запись версии в буфер закончена",
-    "verify_ok": "проверка записанной версии прошла (сумма и эталонные логиты)",
-    "verify_fail": "проверка записанной версии не прошла",
-    "ready": "реплика готова переключиться: версия записана и проверена",
-    "barrier": "барьер готовности пройден: готовы все реплики",
-    "abort": "публикация версии отменена: не переключается ни одна реплика",
-    "commit": "реплика переключилась на версию (смена указателя активного буфера)",
-    "serve": "начат запрос; версия закреплена за ним до конца запроса",
-    "torn_read": "проверка нашла, что запрос прочитал смесь версий",
-}
 
-# Русские заголовки таблиц для показа (``russian``); в коде столбцы остаются английскими.
-COLUMN_NAMES = {
-    row["column"]: row["label"]
-    for _, row in read_exact_csv(
-        Path(__file__).resolve().parent.parent / "data" / "weight_sync_columns.csv",
-        ("column", "label"),
-        ValueError,
-        "заголовки таблиц синхронизации весов",
-    )
-}
+def _labels(table: str) -> dict[str, str]:
+    return {row["name"]: row["label"] for _, row in _LABELS if row["table"] == table}
 
+
+EVENT_FIELDS, EVENT_TYPES, COLUMN_NAMES = _labels("field"), _labels("event"), _labels("column")
 _REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
 _REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
@@ -96,7 +64,7 @@ def transfer_weights(src: Any, dst: Any, link: Any = "copy", *, device=None, dty
     ("recv", peer) — в буферы dst. Байт на тензор: numel · element_size (типа на проводе).
     """
     kind, peer = (link, None) if isinstance(link, str) else link
-    choice("link", kind, _LINKS)
+    choice("link", kind, ("copy", "broadcast", "send", "recv"))
     peer = None if kind == "copy" else integer("link[1] (ранг)", peer, 0)
     sender = kind == "send" or (kind == "broadcast" and dist.get_rank() == peer)
     for name, t in (src if sender else dst).items():
@@ -152,29 +120,12 @@ class EventLog:
 # ----------------------------------------------------------------------------- помощники модели
 
 
-def _vocab_size(model: torch.nn.Module) -> int | None:
-    """Размер словаря: config.vocab_size, иначе выходной Linear, иначе первый nn.Embedding."""
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if is_count(vocab):
-        return int(vocab)
-    out = getattr(model, "get_output_embeddings", lambda: None)()
-    if isinstance(out, torch.nn.Linear):
-        return int(out.out_features)
-    emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
-    return int(emb.num_embeddings) if emb is not None else None
+def _decoder_layers(model) -> list[torch.nn.Module]:
+    """Слои для вклинивания между ними: блоки декодера и выходной слой."""
+    return [*model.get_decoder().layers, model.get_output_embeddings()]
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Слои для вклинивания: самый длинный ModuleList (блоки декодера) и выходной слой."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    layers = list(max(lists, key=len)) if lists else list(model.children())
-    out = getattr(model, "get_output_embeddings", lambda: None)()
-    if isinstance(out, torch.nn.Module) and all(out is not m for m in layers):
-        layers.append(out)
-    return layers or [model]
-
-
-def _check_input_ids(input_ids: Any, vocab: int | None, name: str = "input_ids") -> torch.Tensor:
+def _check_input_ids(input_ids: Any, vocab: int, name: str = "input_ids") -> torch.Tensor:
     if not torch.is_tensor(input_ids) or input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{name} должно быть тензором целых (int64), получено {type(input_ids)}")
     if input_ids.dim() == 1:
@@ -182,29 +133,22 @@ def _check_input_ids(input_ids: Any, vocab: int | None, name: str = "input_ids")
     if input_ids.dim() != 2 or input_ids.numel() == 0:
         shape = tuple(input_ids.shape)
         raise ValueError(f"{name}: нужна непустая матрица [пакет, длина], форма {shape}")
-    if vocab is not None and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"{name}: номера токенов должны лежать в [0, {vocab - 1}]")
     return input_ids.long()
 
 
 @torch.no_grad()
-def _logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
     device = next(model.parameters()).device
-    kwargs = {"use_cache": False} if hasattr(model, "config") else {}
-    out = model(input_ids.to(device), **kwargs)
-    return getattr(out, "logits", out).detach()
+    return model(input_ids.to(device), use_cache=False).logits.detach()
 
 
 def probe_input(model: Any, batch: int = 2, length: int = 12, seed: int = 0) -> torch.Tensor:
     """Контрольный вход [batch, length]: случайные токены (зерно seed) словаря модели (или
     размера словаря model) — на нём эталонные логиты."""
-    vocab = _vocab_size(model) if isinstance(model, torch.nn.Module) else None
-    vocab = int(model) if is_count(model) else vocab
-    if vocab is None or vocab < 1:
-        raise ValueError(
-            f"model должно быть моделью с config.vocab_size или размером словаря ≥ 1, "
-            f"получено {model!r}"
-        )
+    vocab = model.config.vocab_size if isinstance(model, torch.nn.Module) else model
+    vocab = integer("model (модель или размер словаря)", vocab, 1)
     shape = (integer("batch", batch, 1), integer("length", length, 1))
     gen = torch.Generator().manual_seed(integer("seed", seed, 0))
     return torch.randint(0, vocab, shape, generator=gen)
@@ -240,7 +184,7 @@ class VerifyResult:
     checksum_ok: bool
     max_abs_diff: float
     logits_ok: bool
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str]
 
     @property
     def ok(self) -> bool:
@@ -265,7 +209,7 @@ class InProcessEngine:
         self._shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         dtypes = {p.dtype for p in model.parameters()}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else None
-        self.vocab_size = _vocab_size(model)
+        self.vocab_size = model.config.vocab_size
         self._lock = threading.Lock()
         self._active = 0
         self._versions: list[int | None] = [version, None]
@@ -447,12 +391,11 @@ class InProcessEngine:
             )
         max_diff = float((logits.float() - reference.to(logits.device).float()).abs().max())
         logits_ok = math.isfinite(max_diff) and max_diff <= atol  # max |Δ логита| ≤ atol
-        reasons = []
-        if checksum != expected:  # SHA-256 побитно
-            reasons.append(f"сумма буфера {_short(checksum)} ≠ ожидаемой {_short(expected)}")
+        checksum_ok = checksum == expected  # SHA-256 побитно
+        reasons = [f"сумма буфера {_short(checksum)} ≠ ожидаемой {_short(expected)}"]
+        reasons = [] if checksum_ok else reasons
         if not logits_ok:
             reasons.append(f"логиты отличаются от эталона на {max_diff:.3g} > atol={atol:g}")
-        checksum_ok = checksum == expected
         result = VerifyResult(self.name, version, checksum_ok, max_diff, logits_ok, reasons)
         self._staging_state = "verified" if result.ok else "failed"
         detail = "; ".join(reasons) or "сумма и логиты совпали с эталоном"
@@ -469,11 +412,10 @@ class InProcessEngine:
             raise RuntimeError(f"реплика {self.name} не готова: буфер {self._staging_state}")
         self.log.add("ready", self.name, self.staging_version)
 
-    def commit(self, require_verified: bool = True) -> int:
-        """Атомарно делает подготовительный буфер активным (смена указателя под замком);
-        require_verified — только после verify_ok. Начатые запросы дочитывают старый буфер."""
-        allowed = ("verified",) if require_verified else ("staged", "verified")
-        if self._staging_state not in allowed:
+    def commit(self) -> int:
+        """Атомарно делает проверенный (verify_ok) подготовительный буфер активным (смена
+        указателя под замком). Начатые запросы дочитывают старый буфер."""
+        if self._staging_state != "verified":
             raise RuntimeError(
                 f"реплика {self.name}: переключаться нельзя, буфер {self._staging_state}"
             )
@@ -526,29 +468,27 @@ class InProcessEngine:
         self.log.add("commit", self.name, version, checksum=checksum, buffer="active", detail=note)
 
 
-def make_replicas(model, n: int = 2, version: int = 0, log: EventLog | None = None) -> list:
+def make_replicas(model, n: int = 2) -> list:
     """n реплик ``InProcessEngine`` одной модели с общим журналом; имена replica-0, replica-1, …"""
-    n = integer("n", n, 1, 16)
-    log = log if log is not None else EventLog()
-    return [InProcessEngine(model, version, name=f"replica-{i}", log=log) for i in range(n)]
+    n, log = integer("n", n, 1, 16), EventLog()
+    return [InProcessEngine(model, name=f"replica-{i}", log=log) for i in range(n)]
 
 
-# ----------------------------------------------------------------------------- публикатор
+# ----------------------------------------------------------------------------- публикация
 
 
 @dataclass
 class PublishReport:
-    """Итог публикации: переключились ли реплики, проверки и запросы во время неё (строка
+    """Итог ``publish``: переключились ли реплики, проверки и запросы во время публикации (строка
     на запрос, столбцы ``_REQUEST_COLUMNS``; matches_* — логиты побитно = эталону версии)."""
 
     version: int
     atomic: bool
     committed: bool
-    replicas: list[str]
     verify_results: list[VerifyResult]
     requests: list[dict]
     log: EventLog
-    outputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor]
 
     @property
     def torn_reads(self) -> int:
@@ -577,147 +517,122 @@ class PublishReport:
         return out + "."
 
 
-class Publisher:
-    """Публикатор версий для реплик ``InProcessEngine`` с общим журналом: запись во все
-    подготовительные буферы → проверка (сумма + эталонные логиты на probe_ids) → ready →
-    барьер (готовы все) → commit всех подряд; одна неудача — abort, не переключается никто."""
+def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome):
+    """Шаги публикации по одному на yield (запись тензора, проверка реплики): запись во все
+    подготовительные буферы → проверка → ready → барьер → commit всех подряд; одна неудача —
+    abort. Итог — в outcome: results (VerifyResult) и committed."""
+    if not atomic:
+        for e in engines:
+            yield from e.unsafe_update_steps(tensors, version)
+        return
+    expected = engines[0].expected_checksum(tensors)
+    for e in engines:
+        yield from e.stage_steps(tensors, version)
+        if e.name == corrupt:
+            e.corrupt_staging()
+    for e in engines:
+        outcome["results"].append(e.verify(expected, probe, ref))
+        yield f"verify {e.name}"
+    failed = [r.replica for r in outcome["results"] if not r.ok]
+    for e in engines:
+        if e.name not in failed:
+            e.ready()
+    if failed:
+        why = f"не прошли проверку: {', '.join(failed)}"
+        engines[0].log.add("abort", "publisher", version, detail=why)
+        for e in engines:
+            e.discard_staging()
+        outcome["committed"] = False
+        return
+    why = f"готовы все реплики: {len(engines)}"
+    engines[0].log.add("barrier", "publisher", version, detail=why)
+    for e in engines:  # подряд, без запросов между ними
+        e.commit()
 
-    def __init__(self, engines, probe_ids=None, atol: float = DEFAULT_ATOL):
-        engines = [engines] if isinstance(engines, InProcessEngine) else engines
-        ok = isinstance(engines, Sequence) and engines
-        if not ok or not all(isinstance(e, InProcessEngine) for e in engines):
-            raise ValueError("engines должно быть непустым списком InProcessEngine")
-        if len({id(e.log) for e in engines}) != 1:
-            raise ValueError("engines должны писать в один журнал (см. make_replicas)")
-        self.name, self.engines, self.log = "publisher", list(engines), engines[0].log
-        self.atol = nonnegative("atol", atol)
-        template = engines[0]._models[engines[0]._active]
-        self._reference = copy.deepcopy(template).eval().requires_grad_(False)
-        probe_ids = probe_input(template) if probe_ids is None else probe_ids
-        self.probe_ids = _check_input_ids(probe_ids, engines[0].vocab_size, "probe_ids")
 
-    def _reference_outputs(self, tensors: Mapping, inputs: Sequence[torch.Tensor]) -> list:
-        """Логиты эталонной копии модели с весами tensors на каждом входе."""
-        for _ in transfer_weights(tensors, dict(self._reference.named_parameters())):
-            pass
-        return [_logits(self._reference, x) for x in inputs]
-
-    def _steps(self, tensors, version, atomic, verify, corrupt, outcome: dict) -> Iterator[str]:
-        """Шаги публикации по одному на yield (запись тензора, проверка реплики) — для
-        чередования с запросами. Итог — в outcome: results (VerifyResult) и committed."""
-        if not atomic:
-            for e in self.engines:
-                yield from e.unsafe_update_steps(tensors, version)
-            return
-        expected = self.engines[0].expected_checksum(tensors)
-        ref = self._reference_outputs(tensors, [self.probe_ids])[0]
-        for e in self.engines:
-            yield from e.stage_steps(tensors, version)
-            if e.name == corrupt:
-                e.corrupt_staging()
-        for e in self.engines:
-            if verify:
-                outcome["results"].append(e.verify(expected, self.probe_ids, ref, self.atol))
-            yield f"verify {e.name}"
-        failed = [r.replica for r in outcome["results"] if not r.ok]
-        for e in self.engines:
-            if e.name not in failed:
-                e.ready()
-        if failed:
-            why = f"не прошли проверку: {', '.join(failed)}"
-            self.log.add("abort", self.name, version, detail=why)
-            for e in self.engines:
-                e.discard_staging()
-            outcome["committed"] = False
-            return
-        why = f"готовы все реплики: {len(self.engines)}"
-        self.log.add("barrier", self.name, version, detail=why)
-        for e in self.engines:  # подряд, без запросов между ними
-            e.commit(require_verified=verify)
-
-    def publish(
-        self,
-        state_dict,
-        version,
-        atomic=True,
-        verify=True,
-        requests=None,
-        corrupt=None,
-    ) -> PublishReport:
-        """Публикует версию, пока идут запросы requests: запрос i — на реплике i mod n, перед
-        каждым его слоем — ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Ответ сверяется
-        побитно с эталонами обеих версий; corrupt — опыт (порча буфера реплики)."""
-        version = integer("version", version, 0)
-        flag("atomic", atomic)
-        flag("verify", verify)
-        requests = [] if requests is None else requests
-        if torch.is_tensor(requests) or not isinstance(requests, Sequence | Iterator):
-            raise ValueError(
-                "requests должно быть списком тензоров-входов (по одному на запрос) или None, "
-                f"получено {type(requests).__name__}"
-            )
-        inputs = [_check_input_ids(x, self.engines[0].vocab_size, "requests") for x in requests]
-        for e in self.engines:
-            e._check_version(version)
-        self._check_corrupt(corrupt, atomic)
-        tensors = self.engines[0]._source(state_dict)
-        engines, n = self.engines, len(self.engines)
-        old_refs = [
-            self._reference_outputs(engines[i % n].weights(), [x])[0] for i, x in enumerate(inputs)
-        ]
-        new_refs = self._reference_outputs(tensors, inputs)
-        total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
-        busy = len(_decoder_layers(engines[0]._models[0])) * max(1, math.ceil(len(inputs) / 2))
-        steps_per_layer = max(1, math.ceil(total / busy))
-        outcome = {"results": [], "committed": True}
-        steps = self._steps(tensors, version, atomic, verify, corrupt, outcome)
-
-        def advance(_layer: int) -> None:  # перед каждым слоем запроса — steps_per_layer шагов
-            for _ in zip(range(steps_per_layer), steps):
-                pass
-
-        rows, outputs = [], []
-        for i, x in enumerate(inputs):
-            rid = f"{engines[i % n].name}/v{version}-req-{i}"
-            res = engines[i % n].forward(x, rid, advance, track_reads=True)
-            rows.append(self._check_request(res, old_refs[i], new_refs[i]))
-            outputs.append(res.logits)
-        for _ in steps:
-            pass
-        names, results = [e.name for e in engines], outcome["results"]
-        return PublishReport(
-            version, atomic, outcome["committed"], names, results, rows, self.log, outputs
+def publish(
+    engines,
+    state_dict,
+    version,
+    atomic: bool = True,
+    requests=None,
+    corrupt: str | None = None,
+) -> PublishReport:
+    """Публикует state_dict версии version на реплики с общим журналом, пока идут запросы
+    requests: запрос i — на реплике i mod n, перед каждым его слоем —
+    ⌈шагов публикации / (слоёв · ⌈запросов/2⌉)⌉ шагов. Проверка — SHA-256 и max |Δ логита| ≤
+    DEFAULT_ATOL на ``probe_input``; atomic=False — запись на месте; corrupt — порча буфера реплики."""
+    engines = [engines] if isinstance(engines, InProcessEngine) else engines
+    ok = isinstance(engines, Sequence) and engines
+    if not ok or not all(isinstance(e, InProcessEngine) for e in engines):
+        raise ValueError("engines должно быть непустым списком InProcessEngine")
+    if len({id(e.log) for e in engines}) != 1:
+        raise ValueError("engines должны писать в один журнал (см. make_replicas)")
+    version = integer("version", version, 0)
+    flag("atomic", atomic)
+    requests = [] if requests is None else requests
+    if torch.is_tensor(requests) or not isinstance(requests, Sequence | Iterator):
+        raise ValueError(
+            "requests должно быть списком тензоров-входов (по одному на запрос) или None, "
+            f"получено {type(requests).__name__}"
         )
+    vocab, n = engines[0].vocab_size, len(engines)
+    inputs = [_check_input_ids(x, vocab, "requests") for x in requests]
+    for e in engines:
+        e._check_version(version)
+    if corrupt is not None:  # порча подготовительного буфера: только при atomic=True
+        names = [e.name for e in engines] if atomic else [None]
+        choice("corrupt" if atomic else "corrupt при atomic=False", corrupt, names)
+    tensors = engines[0]._source(state_dict)
+    active = [e._models[e._active] for e in engines]
+    template = active[0]
+    probe = probe_input(template)
+    old_refs = [_logits(active[i % n], x) for i, x in enumerate(inputs)]
+    reference = copy.deepcopy(template).requires_grad_(False)
+    for _ in transfer_weights(tensors, dict(reference.named_parameters())):
+        pass
+    new_refs = [_logits(reference, x) for x in inputs]
+    total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
+    busy = len(_decoder_layers(template)) * max(1, math.ceil(len(inputs) / 2))
+    steps_per_layer = max(1, math.ceil(total / busy))
+    outcome = {"results": [], "committed": True}
+    ref = _logits(reference, probe)
+    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome)
 
-    def _check_corrupt(self, corrupt: Any, atomic: bool) -> None:
-        if corrupt is not None:  # порча подготовительного буфера: только при atomic=True
-            names = [e.name for e in self.engines] if atomic else [None]
-            choice("corrupt" if atomic else "corrupt при atomic=False", corrupt, names)
+    def advance(_layer: int) -> None:  # перед каждым слоем запроса — steps_per_layer шагов
+        for _ in zip(range(steps_per_layer), steps):
+            pass
 
-    def _check_request(self, res: ServeResult, old_ref, new_ref) -> dict:
-        matches_old = bool(torch.equal(res.logits, old_ref))
-        matches_new = bool(torch.equal(res.logits, new_ref))
-        torn = not res.read_consistent or not (matches_old or matches_new)
-        outcome = "смесь версий" if torn else "старые веса" if matches_old else "новые веса"
-        if torn:
-            detail = f"ответ помечен версией {res.version}, а прочитаны веса другой версии"
-            if not (matches_old or matches_new):
-                detail = (
-                    f"ответ помечен версией {res.version}, но прочитанные веса "
-                    f"({_short(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
-                    "ни со старым, ни с новым эталоном"
-                )
-            ids = {"checksum": res.read_checksum, "request_id": res.request_id}
-            self.log.add("torn_read", res.replica, res.version, detail=detail, **ids)
-        values = [res.request_id, res.replica, res.version, matches_old, matches_new]
-        return dict(zip(_REQUEST_COLUMNS, values + [bool(res.read_consistent), torn, outcome]))
+    rows, outputs = [], []
+    for i, x in enumerate(inputs):
+        rid = f"{engines[i % n].name}/v{version}-req-{i}"
+        res = engines[i % n].forward(x, rid, advance, track_reads=True)
+        rows.append(_request_row(res, old_refs[i], new_refs[i], engines[0].log))
+        outputs.append(res.logits)
+    for _ in steps:
+        pass
+    results, committed = outcome["results"], outcome["committed"]
+    return PublishReport(version, atomic, committed, results, rows, engines[0].log, outputs)
 
 
-def publish(engines, state_dict, version, probe_ids=None, atol=DEFAULT_ATOL, **options):
-    """Публикует state_dict версии version на все реплики (``Publisher.publish``: atomic,
-    verify, requests, corrupt); atomic=False — запись на месте."""
-    publisher = Publisher(engines, probe_ids=probe_ids, atol=atol)
-    return publisher.publish(state_dict, version, **options)
+def _request_row(res: ServeResult, old_ref, new_ref, log: EventLog) -> dict:
+    """Строка запроса для ``PublishReport.requests``; смесь версий — событие torn_read."""
+    matches_old = bool(torch.equal(res.logits, old_ref))
+    matches_new = bool(torch.equal(res.logits, new_ref))
+    torn = not res.read_consistent or not (matches_old or matches_new)
+    outcome = "смесь версий" if torn else "старые веса" if matches_old else "новые веса"
+    if torn:
+        detail = f"ответ помечен версией {res.version}, а прочитаны веса другой версии"
+        if not (matches_old or matches_new):
+            detail = (
+                f"ответ помечен версией {res.version}, но прочитанные веса "
+                f"({_short(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
+                "ни со старым, ни с новым эталоном"
+            )
+        ids = {"checksum": res.read_checksum, "request_id": res.request_id}
+        log.add("torn_read", res.replica, res.version, detail=detail, **ids)
+    values = [res.request_id, res.replica, res.version, matches_old, matches_new]
+    return dict(zip(_REQUEST_COLUMNS, values + [bool(res.read_consistent), torn, outcome]))
 
 
 def russian(frame):

@@ -25,13 +25,13 @@ def test_response_lengths_deterministic_and_bounded():
 def test_decode_fixed_lengths_utilization(tiny):
     model, tok = tiny
     lengths = [2, 5, 3, 10]
-    out = batching.decode_fixed_lengths(model, tok, policy.make_tasks(4, seed=1), lengths)
+    out = batching._decode_fixed_lengths(model, tok, policy.make_tasks(4, seed=1), lengths)
     assert out["steps"] == 10
     assert out["useful_tokens"] == 20 and out["slot_steps"] == 40
     assert out["utilization"] == 0.5
     assert out["decode_s"] > 0 and out["prefill_s"] > 0
     with pytest.raises(ValueError, match="lengths"):
-        batching.decode_fixed_lengths(model, tok, policy.make_tasks(2, seed=1), [1, 0])
+        batching._decode_fixed_lengths(model, tok, policy.make_tasks(2, seed=1), [1, 0])
 
 
 def test_bucketing_raises_slot_utilization(tiny):

@@ -17,11 +17,11 @@ from course_utils import policy
 from course_utils.contract import validate_rollout, violated_rules
 from course_utils.incidents_sync import (
     PAUSE_MODES,
+    _zero_lag_probe,
     in_flight_check,
     run_pause_mode,
     sleep_wake_run,
     tim_alarm_threshold,
-    zero_lag_probe,
 )
 from course_utils.weight_sync import InProcessEngine
 
@@ -57,14 +57,14 @@ def test_probe_gap_is_mean_abs_difference_and_fires_above_threshold():
     engine = [np.log([0.5, 0.25, 0.8]), np.log([0.1, 0.9])]
     trainer = [np.log([0.4, 0.25, 0.8]), np.log([0.2, 0.9])]
     expected = np.mean(np.abs(np.concatenate(trainer) - np.concatenate(engine)))  # 5 токенов
-    quiet = zero_lag_probe(engine, trainer)
+    quiet = _zero_lag_probe(engine, trainer)
     assert quiet["gap"] == pytest.approx(expected) and not quiet["fired"]
     assert quiet["max_gap"] == pytest.approx(np.log(2))
-    assert zero_lag_probe(engine, trainer, expected * 1.01)["fired"] is False
-    loud = zero_lag_probe(engine, trainer, expected * 0.99)
+    assert _zero_lag_probe(engine, trainer, expected * 1.01)["fired"] is False
+    loud = _zero_lag_probe(engine, trainer, expected * 0.99)
     assert loud["fired"] and "нат" in loud["message"] and "не те веса" in loud["message"]
     with pytest.raises(ValueError, match="threshold"):
-        zero_lag_probe(engine, trainer, -1.0)
+        _zero_lag_probe(engine, trainer, -1.0)
 
 
 @pytest.fixture(scope="module")

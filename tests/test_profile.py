@@ -268,24 +268,16 @@ def test_plot_single_profile(tmp_path):
     assert (tmp_path / "bar.png").stat().st_size > 0
 
 
-def test_plot_several_profiles_and_existing_axes():
-    slow = stage_medians(synthetic_profile(seed=2, scale={"reward": 25}))
-    both = pd.DataFrame({"уровень A": pd.Series(HAND), "медленный верификатор": slow}).T
+def test_plot_on_existing_axes():
     fig, ax = plt.subplots()
-    out = plot_stage_bar(both, ax=ax, title="A против B")
-    assert out is ax and ax.get_title() == "A против B"
-    assert len(ax.patches) == 2 * len(STAGES)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["уровень A", "медленный верификатор"]
-    steps = synthetic_profile(steps=3)
-    ax = plot_stage_bar(steps)
-    assert len(ax.patches) == 3 * len(STAGES)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["шаг 0", "шаг 1", "шаг 2"]
+    out = plot_stage_bar(stage_medians(synthetic_profile(seed=2)), ax=ax, title="уровень A")
+    assert out is ax and ax.get_title() == "уровень A" and len(ax.patches) == len(STAGES)
 
 
 def test_plot_bad_input():
     with pytest.raises(ValueError, match="stage_times"):
         plot_stage_bar({"decode": -1.0})
-    with pytest.raises(ValueError, match="пуста"):
+    with pytest.raises(ValueError, match="stage_times"):
         plot_stage_bar(pd.DataFrame())
     with pytest.raises(ValueError, match="> 0"):
         plot_stage_bar(dict.fromkeys(STAGES, 0.0))

@@ -27,7 +27,7 @@ PUBLISHED = {
 
 @pytest.mark.parametrize("name, n_params", sorted(PUBLISHED.items()))
 def test_random_shape_has_the_published_parameter_count(name, n_params):
-    model, tokenizer = policy.random_shape_model(name, device="meta")  # без выделения памяти
+    model, tokenizer = policy._random_shape_model(name, device="meta")  # без выделения памяти
     assert sum(p.numel() for p in model.parameters()) == n_params
     assert model.config.vocab_size == ModelShape.from_name(name).vocab_size
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
@@ -37,9 +37,9 @@ def test_random_weights_are_seeded_and_leave_global_rng_alone():
     torch.manual_seed(123)
     expected_next = torch.rand(1)
     torch.manual_seed(123)
-    a, _ = policy.random_shape_model("SmolLM2-135M")
+    a, _ = policy._random_shape_model("SmolLM2-135M")
     after = torch.rand(1)
-    b, _ = policy.random_shape_model("SmolLM2-135M")
+    b, _ = policy._random_shape_model("SmolLM2-135M")
     assert torch.equal(after, expected_next)  # глобальное зерно не сдвинуто
     wa, wb = a.model.layers[0].self_attn.q_proj.weight, b.model.layers[0].self_attn.q_proj.weight
     assert torch.equal(wa, wb) and float(wa.detach().std()) > 0
@@ -65,8 +65,8 @@ def test_unknown_shape_is_refused_in_russian():
 def test_decode_ids_shows_unknown_ids_as_placeholders():
     _, tokenizer, _ = policy.load_policy("tiny")
     known = tokenizer("7+5=12", add_special_tokens=False)["input_ids"]
-    assert policy.decode_ids(tokenizer, known) == tokenizer.decode(known)
-    text = policy.decode_ids(tokenizer, [*known[:2], 100_000, *known[2:], 151_935])
+    assert policy._decode_ids(tokenizer, known) == tokenizer.decode(known)
+    text = policy._decode_ids(tokenizer, [*known[:2], 100_000, *known[2:], 151_935])
     assert text == (
         tokenizer.decode(known[:2]) + "⟨100000⟩" + tokenizer.decode(known[2:]) + "⟨151935⟩"
     )
@@ -74,7 +74,7 @@ def test_decode_ids_shows_unknown_ids_as_placeholders():
 
 def test_predicted_peak_is_the_sum_of_its_terms():
     shape = ModelShape.from_name("Qwen2.5-0.5B")
-    terms = rehearsal.predicted_peak_bytes(shape, 4, sequences=4, tokens_per_sequence=40,
+    terms = rehearsal._predicted_peak_bytes(shape, 4, sequences=4, tokens_per_sequence=40,
                                            micro_batch=8)  # fmt: skip
     n = 494_032_768
     assert terms["engine_weights"] == 4 * n
@@ -129,7 +129,7 @@ R = rehearsal  # статьи: R.ENGINE, R.TRAINER, R.GRADS, R.ADAM, R.KV, R.TEM
 
 def test_predicted_timeline_is_the_calculator_by_phase():
     shape = ModelShape.from_name("Qwen2.5-0.5B")
-    phases = dict(R.predicted_timeline(shape, 2, kv_tokens=1000, logits_tokens=8 * 512))
+    phases = dict(R._predicted_timeline(shape, 2, kv_tokens=1000, logits_tokens=8 * 512))
     assert list(phases) == list(R.PHASES)
     logits = 8 * 512 * 151_936 * 4  # P · V · 4 Б
     kv = 2 * 24 * 2 * 64 * 1000 * 2  # 2 · L · H_kv · d_h · N_kv · 2 Б
@@ -140,8 +140,8 @@ def test_predicted_timeline_is_the_calculator_by_phase():
         assert {k: v for k, v in comps.items() if v} == always | extra, phase
     assert memory.colocation_peak(list(phases.items()))[1] == "прямой и обратный проход"
     # Верхняя оценка репетиции — все статьи сразу: ровно сумма максимумов той же шкалы.
-    terms = R.predicted_peak_bytes(shape, 4, sequences=4, tokens_per_sequence=40, micro_batch=8)
-    same = R.predicted_timeline(shape, 4, kv_tokens=4 * 40, logits_tokens=4 * 40)
+    terms = R._predicted_peak_bytes(shape, 4, sequences=4, tokens_per_sequence=40, micro_batch=8)
+    same = R._predicted_timeline(shape, 4, kv_tokens=4 * 40, logits_tokens=4 * 40)
     assert memory.sum_of_component_maxima(same) == terms["total"]
     assert memory.colocation_peak(same)[0] < terms["total"]
 
@@ -151,7 +151,7 @@ def test_predicted_timeline_is_the_calculator_by_phase():
 def test_predicted_timeline_refuses_bad_counts_in_russian(kwargs, name):
     args = {"kv_tokens": 10, "logits_tokens": 10} | kwargs
     with pytest.raises(ValueError, match=f"{name}.*должно быть"):
-        R.predicted_timeline(ModelShape.from_name("Qwen2.5-0.5B"), 2, **args)
+        R._predicted_timeline(ModelShape.from_name("Qwen2.5-0.5B"), 2, **args)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from course_utils.weight_sync import (
     EVENT_TYPES,
     EventLog,
     InProcessEngine,
-    Publisher,
     _logits as reference_logits,
     make_replicas,
     probe_input,
@@ -241,14 +240,12 @@ def test_checksum_catches_corruption_below_logits_tolerance(models):
     assert engine.version == 0
 
 
-def test_publish_without_verify_is_flagged_by_audit(models):
+def test_consecutive_versions_reuse_the_buffer_pair(models):
     base, new, newer = models
     engines = make_replicas(base, 2)
-    assert publish(engines, new, 1, verify=False).committed
-    codes = _codes(audit_log(engines[0].log))
-    assert codes == {"commit_without_verify"}
+    assert publish(engines, new, 1).committed
     assert publish(engines, newer, 2).committed  # та же пара буферов, следующая версия
-    assert [e.version for e in engines] == [2, 2]
+    assert [e.version for e in engines] == [2, 2] and audit_log(engines[0].log) == []
 
 
 def test_sleep_level_two_discards_weights_and_wake_reload_restores_them(models):
@@ -530,11 +527,9 @@ def test_bad_inputs(models):
     with pytest.raises(ValueError, match="atomic"):
         publish(engines, new, 1, atomic="да")
     with pytest.raises(ValueError, match="один журнал"):
-        Publisher([InProcessEngine(base, name="a"), InProcessEngine(base, name="b")])
+        publish([InProcessEngine(base, name="a"), InProcessEngine(base, name="b")], new, 1)
     with pytest.raises(ValueError, match="engines"):
-        Publisher([])
-    with pytest.raises(ValueError, match="atol"):
-        Publisher(engines, atol=-1)
+        publish([], new, 1)
     with pytest.raises(ValueError, match="n"):
         make_replicas(base, 0)
     with pytest.raises(ValueError, match="batch"):
