@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from course_utils.args import flag, integer, is_number, real, text
+from course_utils.args import integer, is_number, real, text
 from course_utils.arith_task import is_informative_group, scalar_reward
 from course_utils.tracing_plots import (  # noqa: F401
     BASE_COLUMNS,
@@ -75,9 +75,6 @@ class StageTimer:
     def events(self) -> list[dict[str, Any]]:
         """Завершённые события (словари) в порядке начала стадий."""
         return [ev for ev in self._events if "end_s" in ev]
-
-    def __len__(self) -> int:
-        return len(self.events)
 
     def to_frame(self) -> pd.DataFrame:
         """Таблица событий: BASE_COLUMNS (duration_s = end_s − start_s, с), затем доп. поля."""
@@ -161,7 +158,6 @@ ORPHAN_REASONS = {
     "dropped": "отброшен как несвежий при извлечении из очереди",
     "queued": "ждал в очереди на конец прогона",
     "in_flight": "ещё генерировался или проверялся на конец прогона",
-    "unfinished": "в пакете шага, не завершённого к концу прогона",
     "unknown": "причина неизвестна",
 }
 
@@ -467,15 +463,12 @@ def rollouts_for_step(tables: TraceTables, optimizer_step: Any) -> pd.DataFrame:
     return chain[chain["optimizer_step"] == step].reset_index(drop=True)
 
 
-def find_orphans(tables: TraceTables, include_unfinished: bool = False) -> pd.DataFrame:
+def find_orphans(tables: TraceTables) -> pd.DataFrame:
     """Осиротевшие роллауты — без пакета (training_batch_id пуст) — с причиной ``ORPHAN_REASONS``.
 
-    reason — dropped, queued, in_flight или unknown, reason_text — по-русски; include_unfinished
-    добавляет роллауты пакета незавершённого шага (unfinished): к обновлению они не привели.
+    reason — dropped, queued, in_flight или unknown, reason_text — по-русски.
     """
-    tables = _check_tables(tables)
-    include_unfinished = flag("include_unfinished", include_unfinished)
-    r = tables.rollouts.copy()
+    r = _check_tables(tables).rollouts.copy()
     orphan = r["training_batch_id"].map(_is_missing).astype(bool)
     reason = pd.Series(None, index=r.index, dtype=object)
     reason[orphan] = "unknown"
@@ -486,10 +479,6 @@ def find_orphans(tables: TraceTables, include_unfinished: bool = False) -> pd.Da
         reason[waiting & ~in_flight] = "queued"
     if "dropped" in r:
         reason[orphan & r["dropped"].astype(bool)] = "dropped"
-    if include_unfinished:
-        complete = dict(zip(tables.batches["training_batch_id"], tables.batches["complete"]))
-        unfinished = r["training_batch_id"].map(lambda b: complete.get(b) is False).astype(bool)
-        reason[~orphan & unfinished] = "unfinished"
     r["reason"] = reason
     out = r[r["reason"].notna()].reset_index(drop=True)
     out["reason_text"] = out["reason"].map(ORPHAN_REASONS)
@@ -499,8 +488,8 @@ def find_orphans(tables: TraceTables, include_unfinished: bool = False) -> pd.Da
 def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd.DataFrame:
     """Роллауты из пакетов, чья версия верификатора ≠ ожидаемой их шагом.
 
-    expected_version — строка (одна на все шаги), {optimizer_step: версия} или None
-    (steps.expected_verifier_version; шаг незавершённого пакета — версия последнего шага).
+    expected_version — строка (одна на все шаги) или None (steps.expected_verifier_version;
+    шаг незавершённого пакета — версия последнего шага).
     Роллауты без пакета не сверяются (их ищет ``find_orphans``).
     """
     chain = full_chain(tables)  # проверяет tables
@@ -508,15 +497,6 @@ def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd
     used_steps = [int(s) for s in used["optimizer_step"]]
     if isinstance(expected_version, str):
         expected = dict.fromkeys(used_steps, text("expected_version", expected_version))
-    elif isinstance(expected_version, Mapping | pd.Series):
-        key = "expected_version: ключ словаря (номер шага)"
-        expected = {integer(key, k): v for k, v in expected_version.items()}
-        missing = sorted(set(used_steps) - set(expected))
-        if missing:
-            raise ValueError(
-                f"expected_version: нет ожидаемой версии для шагов {missing[:10]} "
-                "(словарь {optimizer_step: версия} должен покрывать все шаги с пакетами)"
-            )
     elif expected_version is None:
         steps = tables.steps.sort_values("optimizer_step")
         versions = steps["expected_verifier_version"]
@@ -525,7 +505,7 @@ def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd
         expected = {**dict.fromkeys(used_steps, last), **expected}
     else:
         raise ValueError(
-            f"expected_version должно быть строкой, {{шаг: версия}} или None: {expected_version!r}"
+            f"expected_version должно быть строкой или None, получено {expected_version!r}"
         )
     used["expected_verifier_version"] = [expected.get(s) for s in used_steps]
     ver, want = used["verifier_version"], used["expected_verifier_version"]
@@ -595,7 +575,9 @@ def check_chain(tables: TraceTables) -> list[str]:
             )
             if row.n_rollouts != len(members):
                 msgs.append(f"{where}: n_rollouts = {row.n_rollouts}, а в составе {len(members)}")
-            total = sum(int(tokens_of[x]) for x in members) if not ghost else row.tokens
+            unknown = [x for x in members if x in tokens_of and _is_missing(tokens_of[x])]
+            _report(msgs, unknown, f"{where}: у роллаутов {{}} не указано число токенов")
+            total = row.tokens if ghost or unknown else sum(int(tokens_of[x]) for x in members)
             if row.tokens != total:  # tokens пакета = Σ tokens роллаутов
                 msgs.append(f"{where}: tokens = {row.tokens}, а сумма по составу {total}")
         if _is_missing(step):

@@ -162,7 +162,7 @@ def test_to_frame_columns_with_extra_fields():
     ]
     assert frame["duration_s"].tolist() == [2.0, 1.0]
     assert frame["trace_id"].tolist() == ["r-7", "b-1"]
-    assert len(timer) == 2
+    assert len(timer.events) == 2
     empty = StageTimer().to_frame()
     assert list(empty.columns) == list(tracing.BASE_COLUMNS) and len(empty) == 0
     with pytest.raises(ValueError, match="основные столбцы"), timer.stage("x", duration_s=5):
