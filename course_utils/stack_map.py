@@ -95,18 +95,13 @@ def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     return frame
 
 
-def stack_cells(frame: pd.DataFrame, include_unconfirmed: bool = True) -> pd.DataFrame:
-    """Длинная таблица ``stack, placement, synchrony, confirmed``: стек в клетке карты.
-
-    Одна строка — один стек в одной клетке; ``confirmed=False`` — сочетание с «?».
-    """
-    _require_columns(frame, ("stack", "placement_synchrony"))
+def _stack_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Строка на стек в клетке карты: ``stack, placement, synchrony, confirmed`` (False — «?»)."""
     rows = [
         (stack, *_parse_pair(value))
         for stack, pairs in zip(frame["stack"], frame["placement_synchrony"])
         for value in pairs
     ]
-    rows = [row for row in rows if row[3] or include_unconfirmed]
     return pd.DataFrame(rows, columns=["stack", "placement", "synchrony", "confirmed"])
 
 
@@ -136,16 +131,14 @@ def supports(
     frame: pd.DataFrame,
     placement: str | Iterable[str] | None = None,
     synchrony: str | Iterable[str] | None = None,
-    *,
-    include_unconfirmed: bool = False,
     **column_contains: str | Iterable[str],
 ) -> pd.DataFrame:
-    """Стеки карты, удовлетворяющие всем требованиям сразу.
+    """Стеки карты, удовлетворяющие всем требованиям сразу (факты с «?» не засчитываются).
 
     Заданы обе оси — нужно каждое сочетание из ``placement_synchrony``, одна ось — значения
     её столбца; ``столбец="подстрока"`` (или список — нужны все) ищется без учёта регистра,
-    в списках — в элементах (``training_backends="Megatron"``, ``lora="да"``). Элементы с «?»
-    и столбцы из ``unconfirmed`` засчитываются только с ``include_unconfirmed=True``.
+    в списках — в элементах (``training_backends="Megatron"``, ``lora="да"``); столбцы из
+    ``unconfirmed`` не засчитываются.
     """
     _require_columns(frame, STACK_MAP_COLUMNS)
     placements = _as_tuple("placement", placement, PLACEMENTS)
@@ -159,36 +152,28 @@ def supports(
 
     keep = []
     for _, row in frame.iterrows():
-        pairs = {
-            (p, s)
-            for p, s, confirmed in map(_parse_pair, row["placement_synchrony"])
-            if confirmed or include_unconfirmed
-        }
+        pairs = {(p, s) for p, s, ok in map(_parse_pair, row["placement_synchrony"]) if ok}
         if placements and synchronies:
             ok = set(itertools.product(placements, synchronies)) <= pairs
-        else:  # одна ось: значения столбцов, с include_unconfirmed — и неподтверждённых сочетаний
-            have = {*row["placement"], *row["synchrony"]}
-            have |= {x for pair in pairs for x in pair} if include_unconfirmed else set()
-            ok = {*placements, *synchronies} <= have
-        keep.append(
-            ok and all(_matches(row, c, n, include_unconfirmed) for c, n in needles.items())
-        )
+        else:  # одна ось: значения её столбца
+            ok = {*placements, *synchronies} <= {*row["placement"], *row["synchrony"]}
+        keep.append(ok and all(_matches(row, c, n) for c, n in needles.items()))
     return frame[keep].reset_index(drop=True)
 
 
-def _matches(row: pd.Series, column: str, needles: tuple[str, ...], loose: bool) -> bool:
-    """Есть ли в ячейке каждая подстрока; без ``loose`` «?» и столбцы из unconfirmed не в счёт."""
+def _matches(row: pd.Series, column: str, needles: tuple[str, ...]) -> bool:
+    """Есть ли в ячейке каждая подстрока; элементы с «?» и столбцы из unconfirmed не в счёт."""
     cell = row[column]
     if isinstance(cell, list):
-        texts = [bare for bare, ok in map(_strip_mark, map(str, cell)) if ok or loose]
-    elif column in row["unconfirmed"] and not loose:
+        texts = [bare for bare, ok in map(_strip_mark, map(str, cell)) if ok]
+    elif column in row["unconfirmed"]:
         return False
     else:
         texts = [cell.isoformat() if isinstance(cell, _dt.date) else str(cell)]
     return all(_hits(needle, texts) for needle in needles)
 
 
-def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) -> str:
+def _snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) -> str:
     """Дата снимка относительно ``reference`` (по умолчанию снимок лекции 2026-08-06), по-русски.
 
     Возраст = reference − date, дни; старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
@@ -205,14 +190,14 @@ def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) ->
     return text
 
 
-def cell_text(column: str, value: object) -> str:
+def _cell_text(column: str, value: object) -> str:
     """Ячейка карты, выбора или ускорений словами: коды осей — по-русски, «?» — «(не подтверждено)».
 
     Списки — через «; », ``disaggregated:async`` — «раздельное × асинхронно», имена столбцов
     в ``unconfirmed`` — их заголовки, ``n/a`` — «нет», даты — ISO, ``True``/``False`` — «да»/«нет».
     """
     if isinstance(value, list):
-        return "; ".join(cell_text(column, v) for v in value) or "—"
+        return "; ".join(_cell_text(column, v) for v in value) or "—"
     if isinstance(value, bool):
         return "да" if value else "нет"
     if isinstance(value, _dt.date):
@@ -228,10 +213,10 @@ def cell_text(column: str, value: object) -> str:
 def display_table(
     frame: pd.DataFrame, columns: Iterable[str] | None = None, reference=LECTURE_SNAPSHOT
 ) -> pd.DataFrame:
-    """Таблица для показа: заголовки ``COLUMN_LABELS``, ячейки ``cell_text``, числа — числами.
+    """Таблица для показа: заголовки ``COLUMN_LABELS``, ячейки ``_cell_text``, числа — числами.
 
     Годится для карты, выбора (``choose_stacks``) и ускорений (``load_speedups``); рядом с
-    ``snapshot_date`` — столбец «относительно снимка лекции» (``snapshot_relation``).
+    ``snapshot_date`` — столбец «относительно снимка лекции» (``_snapshot_relation``).
     """
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"frame: ожидается таблица pandas, получено {type(frame).__name__}")
@@ -242,10 +227,10 @@ def display_table(
         values = frame[column]
         numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
         label = COLUMN_LABELS.get(column, column)
-        out[label] = list(values) if numeric else [cell_text(column, v) for v in values]
+        out[label] = list(values) if numeric else [_cell_text(column, v) for v in values]
         if column == "snapshot_date":
             out[f"относительно снимка лекции {reference.isoformat()}"] = [
-                snapshot_relation(d, reference) for d in values
+                _snapshot_relation(d, reference) for d in values
             ]
     return pd.DataFrame(out)
 
@@ -262,7 +247,7 @@ def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_S
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 6.6), layout="constrained")
-    cells = stack_cells(frame)
+    cells = _stack_cells(frame)
     stacks = list(frame["stack"])
     colors = plt.get_cmap("tab10").colors
     n_rows, n_cols = len(PLACEMENTS), len(SYNCHRONY)
