@@ -35,7 +35,7 @@ from course_utils.tracing_plots import (  # noqa: F401
 
 
 class StageTimer:
-    """Таймер стадий: событие = (trace_id, worker, stage, start_s, end_s), секунды от t0.
+    """Таймер стадий: событие = (worker, stage, start_s, end_s), секунды от создания таймера.
 
     ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock``, иначе
     асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
@@ -58,18 +58,15 @@ class StageTimer:
         return float(self.clock()) - self.t0
 
     @contextlib.contextmanager
-    def stage(self, name: str, trace_id: str | None = None, **extra: Any) -> Iterator[None]:
+    def stage(self, name: str) -> Iterator[None]:
         """Замеряет блок ``with``: duration_s = end_s − start_s, с; пишется и при исключении."""
-        name = text("name (имя этапа)", name)
-        if clash := sorted(set(extra) & set(BASE_COLUMNS)):
-            raise ValueError(f"доп. поля не могут называться как основные столбцы: {clash}")
-        event = {"trace_id": trace_id, "worker": self.worker, "stage": name}
+        event = {"worker": self.worker, "stage": text("name (имя этапа)", name)}
         self._events.append(event)  # место — по началу стадии, даже если внешняя ещё открыта
         event["start_s"] = self._now()
         try:
             yield
         finally:
-            event.update(end_s=self._now(), **extra)
+            event["end_s"] = self._now()
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -77,7 +74,7 @@ class StageTimer:
         return [ev for ev in self._events if "end_s" in ev]
 
     def to_frame(self) -> pd.DataFrame:
-        """Таблица событий: BASE_COLUMNS (duration_s = end_s − start_s, с), затем доп. поля."""
+        """Таблица событий: BASE_COLUMNS (duration_s = end_s − start_s, с)."""
         return _events_to_frame(self.events)
 
     def totals(self) -> dict[str, float]:
