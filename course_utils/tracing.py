@@ -250,13 +250,8 @@ _LOOP_STEP_EXTRA = ("loss", "mean_reward", "informative_groups", "clip_fraction"
 _LOOP_STEP_EXTRA += ("wall_s", "weight_sync_s", "peak_memory_bytes")
 
 
-def _loop_step_times(events: Any) -> pd.DataFrame:
+def _loop_step_times(events: pd.DataFrame) -> pd.DataFrame:
     """Строка на шаг: отметки _LOOP_STAMPS и границы шага start_s, end_s, с (NaN — стадии нет)."""
-    cols = [*_LOOP_STAMPS, "start_s", "end_s"]
-    if not isinstance(events, pd.DataFrame) or not {"step", "stage", "start_s", "end_s"} <= set(
-        events
-    ):
-        return pd.DataFrame(columns=cols, dtype=float)
     by = events.groupby(["step", "stage"])
     out = pd.DataFrame(
         {
@@ -285,8 +280,7 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
     times = _loop_step_times(events)
     stamps = times.reindex(sorted(step_of_version.values()))[list(_LOOP_STAMPS)]
     stamp_of = stamps.to_dict("index")
-    has_end = isinstance(events, pd.DataFrame) and len(events) and "end_s" in events
-    horizon = float(events["end_s"].max()) if has_end else math.nan
+    horizon = float(events["end_s"].max())  # с
 
     rows, prompt_tokens = [], {}
     for i, r in enumerate(records):
@@ -297,19 +291,17 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
                 "версией поведения шагов"
             )
         step = step_of_version[int(version)]
-        reward = r.reward if isinstance(r.reward, Mapping) else {}
-        prompt_id = r.prompt_id or r.group_id or r.sample_id
-        prompt_tokens.setdefault(prompt_id, len(r.prompt_tokens))
+        prompt_tokens.setdefault(r.prompt_id, len(r.prompt_tokens))
         rows.append(
             {
                 "rollout_id": r.sample_id,
                 "trace_id": r.trace_id,
-                "prompt_id": prompt_id,
-                "group_id": r.group_id or prompt_id,
+                "prompt_id": r.prompt_id,
+                "group_id": r.group_id,
                 "behavior_policy_version": int(version),
                 "verifier_version": r.verifier_version,
-                "reward": scalar_reward(reward),  # Σ w·reward
-                "correctness": float(reward.get("correctness", math.nan)),
+                "reward": scalar_reward(r.reward),  # Σ w·reward
+                "correctness": float(r.reward.get("correctness", math.nan)),
                 "tokens": len(r.response_tokens),
                 "stop_reason": r.stop_reason,
                 **stamp_of[step],
@@ -359,6 +351,7 @@ def trace_from_simulation(
     rollouts = pd.DataFrame(
         {
             "rollout_id": ids.to_numpy(),
+            "collector": src["collector"].to_numpy(),
             "trace_id": ("r" + ids.astype(str)).to_numpy(),
             "prompt_id": prompt_ids,
             "group_id": prompt_ids,
@@ -372,8 +365,6 @@ def trace_from_simulation(
             "training_batch_id": [None if _is_missing(s) else _batch_id(s) for s in step],
         }
     )
-    if "collector" in src:
-        rollouts.insert(1, "collector", src["collector"].to_numpy())
     rollouts["training_batch_id"] = rollouts["training_batch_id"].astype(object)
     rollouts["_step"] = step.to_numpy()
     # Версия тренера при сборе пакета шага s равна s (версия публикуется после шага).
@@ -389,9 +380,9 @@ def trace_from_simulation(
             "resulting_policy_version": st["version_published"].astype("int64").to_numpy(),
             "expected_verifier_version": verifier_version,
             "loss": math.nan,
-            "start_s": st["start"].to_numpy() if "start" in st else math.nan,
-            "end_s": st["end"].to_numpy() if "end" in st else math.nan,
-            **{c: st[c].to_numpy() for c in _SIM_STEP_EXTRA if c in st},
+            "start_s": st["start"].to_numpy(),
+            "end_s": st["end"].to_numpy(),
+            **{c: st[c].to_numpy() for c in _SIM_STEP_EXTRA},
         }
     )
     horizon = float(getattr(sim_result.config, "duration_s", math.nan))

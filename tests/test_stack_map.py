@@ -140,7 +140,9 @@ def test_snapshot_relation_against_day_counts():
     assert verl.startswith("за 189\u00a0дней до снимка лекции 2026-08-06") and "старше 180" in verl
     nemo = sm._snapshot_relation(dt.date(2026, 8, 22))
     assert nemo == "на 16\u00a0дней позже снимка лекции 2026-08-06"
-    assert sm._snapshot_relation(dt.date(2026, 8, 5)) == "за 1\u00a0день до снимка лекции 2026-08-06"
+    assert (
+        sm._snapshot_relation(dt.date(2026, 8, 5)) == "за 1\u00a0день до снимка лекции 2026-08-06"
+    )
     assert "3\u00a0дня позже" in sm._snapshot_relation(dt.date(2026, 8, 9))
     assert sm._snapshot_relation(lecture) == "в день снимка лекции 2026-08-06"
     edge = lecture - dt.timedelta(days=180)
