@@ -69,12 +69,6 @@ def _parse_pair(value: str) -> tuple[str, str, bool]:
     return placement, synchrony, confirmed
 
 
-def _disallowed(values: Iterable[str], allowed: tuple[str, ...], hint: str = "") -> str:
-    """Пояснение про значения не из ``allowed`` или пустая строка, если таких нет."""
-    bad = [v for v in values if v not in allowed]
-    return f"недопустимые значения {bad}; разрешены {allowed}{hint}" if bad else ""
-
-
 def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     """Карта стеков (по умолчанию ``data/stack_map.csv``): строка на стек, ``STACK_MAP_COLUMNS``.
 
@@ -117,8 +111,8 @@ def _as_tuple(name: str, value, allowed=None, hint: str = "") -> tuple[str, ...]
     values = (value,) if isinstance(value, str) else tuple(value)
     if not values or not all(isinstance(v, str) and v.strip() for v in values):
         raise ValueError(f"{name}: ожидается непустая строка или список строк, получено {value!r}")
-    if allowed is not None and (problem := _disallowed(values, allowed, hint)):
-        raise ValueError(f"{name}: {problem}")
+    if allowed is not None and (bad := [v for v in values if v not in allowed]):
+        raise ValueError(f"{name}: недопустимые значения {bad}; разрешены {allowed}{hint}")
     return values
 
 

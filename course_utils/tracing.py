@@ -1,11 +1,8 @@
 """Замер времени по стадиям и трасса «роллаут → шаг оптимизатора» (уроки 12.1–12.5).
 
-``StageTimer`` пишет события «стадия началась — закончилась» (секунды от создания таймера),
-``percentiles`` и ``gantt`` их сводят и рисуют. Цепочка трассировки урока 12.5.2
-(``TRACE_CHAIN``): запрос → роллаут → версия поведения → версия верификатора → пакет → шаг
-оптимизатора → версия после шага. ``trace_from_loop`` / ``trace_from_simulation`` строят
-таблицы ``TraceTables``; ``full_chain`` соединяет их, ``find_orphans``, ``verifier_mismatches`` и
-``check_chain`` ищут разрывы, ``dashboard`` сводит метрики панели наблюдения.
+``StageTimer`` пишет события стадий, ``percentiles`` и ``gantt`` их сводят и рисуют. Цепочка
+трассировки 12.5.2 (``TRACE_CHAIN``): запрос → роллаут → версия поведения → версия верификатора
+→ пакет → шаг оптимизатора → версия после шага; таблицы ``TraceTables`` строят ``trace_from_*``.
 """
 
 from __future__ import annotations
@@ -15,15 +12,16 @@ import dataclasses
 import functools
 import itertools
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from course_utils.args import integer, is_number, real, text
 from course_utils.arith_task import is_informative_group, scalar_reward
+from course_utils.csv_tables import read_exact_csv
 from course_utils.tracing_plots import (  # noqa: F401
     BASE_COLUMNS,
     _events_to_frame,
@@ -139,15 +137,8 @@ _TRACE_COLUMNS = {
     "prompts": ("prompt_id",),
     "rollouts": ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version")
     + ("reward", "tokens", "training_batch_id"),
-    "batches": (
-        "training_batch_id",
-        "optimizer_step",
-        "trainer_policy_version",
-        "n_rollouts",
-        "tokens",
-        "rollout_ids",
-        "complete",
-    ),
+    "batches": ("training_batch_id", "optimizer_step", "trainer_policy_version", "n_rollouts")
+    + ("tokens", "rollout_ids", "complete"),
     "steps": ("optimizer_step", "resulting_policy_version", "expected_verifier_version"),
 }
 
@@ -159,25 +150,10 @@ ORPHAN_REASONS = {
 }
 
 # Панель наблюдения: группа → {метрика: единицы} (KL, энтропии в таблицах трассы нет).
-_METRICS = """
-данные: роллаутов = шт.; запросов = шт.; средняя награда = у. е.; доля информативных групп = доля;
-  доля вырожденных групп = доля; токенов на роллаут, среднее = токенов;
-  токенов на роллаут, p95 = токенов
-политика: шагов оптимизатора = шт.; итоговая версия политики = версия;
-  задержка политики, средняя = версий; задержка политики, максимальная = версий;
-  доля несвежих роллаутов = доля; ESS/n, среднее по шагам = доля
-система: длительность роллаута, p50 = с; длительность роллаута, p95 = с;
-  длительность роллаута, p99 = с; время в очереди, среднее = с; время в очереди, p95 = с;
-  пропускная способность обучения = токенов/с; скорость генерации = токенов/с;
-  синхронизация весов, среднее = с; доля простоя тренера = доля; пиковая память = ГиБ (2³⁰ Б)
-надёжность: осиротевших роллаутов = шт.; доля осиротевших роллаутов = доля;
-  отброшено как несвежие = шт.; доля отброшенных = доля; несовпадений версии верификатора = шт.;
-  нарушений цепочки = шт.
-"""
-METRIC_GROUPS = {
-    group: dict(item.strip().split(" = ") for item in items.split(";"))
-    for group, items in (b.split(":", 1) for b in re.split(r"\n(?=\S)", _METRICS.strip()))
-}
+_METRICS_PATH = Path(__file__).resolve().parent.parent / "data" / "dashboard_metrics.csv"
+METRIC_GROUPS: dict[str, dict[str, str]] = {}
+for _, _row in read_exact_csv(_METRICS_PATH, ("group", "metric", "unit"), ValueError, "панель"):
+    METRIC_GROUPS.setdefault(_row["group"], {})[_row["metric"]] = _row["unit"]
 METRIC_UNITS = {name: unit for group in METRIC_GROUPS.values() for name, unit in group.items()}
 
 
@@ -420,10 +396,9 @@ def full_chain(tables: TraceTables) -> pd.DataFrame:
     steps = tables.steps.rename(columns={c: f"step_{c}" for c in tables.steps if c in out})
     steps = steps.rename(columns={"step_optimizer_step": "optimizer_step"})
     out = _merge(out, steps, "optimizer_step", "full_chain: steps")
-    for c in ("behavior_policy_version", "optimizer_step", "resulting_policy_version"):
-        out[c] = out[c].astype("Int64")
-    for c in ("trainer_policy_version", "batch_rollouts", "batch_tokens"):
-        out[c] = out[c].astype("Int64")
+    ints = ("behavior_policy_version", "optimizer_step", "resulting_policy_version")
+    for c in (*ints, "trainer_policy_version", "batch_rollouts", "batch_tokens"):
+        out[c] = out[c].astype("Int64")  # целые с пропусками: <NA> у роллаута без пакета
     return out[[*TRACE_CHAIN, *(c for c in out.columns if c not in TRACE_CHAIN)]]
 
 
