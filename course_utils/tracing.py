@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from course_utils.args import integer, is_number, real, text
-from course_utils.arith_task import is_informative_group, scalar_reward
+from course_utils.arith_task import VERIFIER_VERSION, is_informative_group, scalar_reward
 from course_utils.csv_tables import read_exact_csv
 from course_utils.tracing_plots import (  # noqa: F401
     BASE_COLUMNS,
@@ -240,18 +240,15 @@ def _loop_step_times(events: pd.DataFrame) -> pd.DataFrame:
     return out.astype(float)
 
 
-def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = None) -> TraceTables:
+def trace_from_loop(loop_result: Any) -> TraceTables:
     """Таблицы трассы из ``policy.sequential_loop``: пакет k — записи шага k, версия после — k + 1.
 
     Записи шага k сгенерированы версией k; шаг k обучается на них и публикует версию k + 1
     (синхронный цикл, задержка 0). reward = Σ w·reward (``arith_task.scalar_reward``), tokens —
-    токены ответа, отметки времени роллаута — стадии его шага, с. expected_verifier_version по
-    умолчанию ``arith_task.VERIFIER_VERSION``.
+    токены ответа, отметки времени роллаута — стадии его шага, с; шаги ждут верификатор
+    ``arith_task.VERIFIER_VERSION``.
     """
     steps, events, records = loop_result.steps, loop_result.events, list(loop_result.records)
-    if expected_verifier_version is None:
-        from course_utils.arith_task import VERIFIER_VERSION as expected_verifier_version
-    expected = text("expected_verifier_version", expected_verifier_version)
     step_of_version = {int(v): int(s) for s, v in zip(steps["step"], steps["behavior_version"])}
     times = _loop_step_times(events)
     stamps = times.reindex(sorted(step_of_version.values()))[list(_LOOP_STAMPS)]
@@ -295,7 +292,7 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
         {
             "optimizer_step": steps["step"].astype("int64").to_numpy(),
             "resulting_policy_version": (steps["behavior_version"].astype("int64") + 1).to_numpy(),
-            "expected_verifier_version": expected,
+            "expected_verifier_version": VERIFIER_VERSION,
             "start_s": bounds["start_s"].to_numpy(),
             "end_s": bounds["end_s"].to_numpy(),
             **{c: steps[c].to_numpy() for c in _LOOP_STEP_EXTRA if c in steps},
@@ -307,19 +304,17 @@ def trace_from_loop(loop_result: Any, expected_verifier_version: str | None = No
 
 
 _SIM_STEP_EXTRA = ("collect_start", "mean_lag", "max_lag", "ess_norm")
+_SIM_VERIFIER = "sim-verifier-v1"  # в модели конвейера верификатор не меняется
 
 
-def trace_from_simulation(
-    sim_result: Any, verifier_version: str = "sim-verifier-v1"
-) -> TraceTables:
+def trace_from_simulation(sim_result: Any) -> TraceTables:
     """Таблицы трассы из ``pipeline.simulate``: пакет шага s — роллауты с consumed_version = s.
 
     В модели нет запросов и наград: запрос ``sim-p{rollout_id}`` свой у каждого роллаута,
-    reward = NaN, версия верификатора — verifier_version. Роллаут с NaN в dequeue_time ни в один
+    reward = NaN, версия верификатора — «sim-verifier-v1». Роллаут с NaN в dequeue_time ни в один
     пакет не попал; пакет незавершённого шага записан с complete = False. horizon_s =
     config.duration_s, с.
     """
-    verifier_version = text("verifier_version", verifier_version)
     src, st = sim_result.rollouts, sim_result.steps
     step = src["consumed_version"].astype("Int64")
     ids = src["rollout_id"].astype("int64")
@@ -332,7 +327,7 @@ def trace_from_simulation(
             "prompt_id": prompt_ids,
             "group_id": prompt_ids,
             "behavior_policy_version": src["behavior_version"].astype("int64").to_numpy(),
-            "verifier_version": verifier_version,
+            "verifier_version": _SIM_VERIFIER,
             "reward": math.nan,
             "tokens": src["tokens"].astype("int64").to_numpy(),
             **{c: src[c].to_numpy() for c in ("gen_start", "gen_end")},
@@ -354,7 +349,7 @@ def trace_from_simulation(
         {
             "optimizer_step": st["step"].astype("int64").to_numpy(),
             "resulting_policy_version": st["version_published"].astype("int64").to_numpy(),
-            "expected_verifier_version": verifier_version,
+            "expected_verifier_version": _SIM_VERIFIER,
             "loss": math.nan,
             "start_s": st["start"].to_numpy(),
             "end_s": st["end"].to_numpy(),

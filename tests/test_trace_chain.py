@@ -484,8 +484,6 @@ def test_dashboard_reports_broken_chain():
 
 
 def test_bad_inputs(sim_tables):
-    with pytest.raises(ValueError, match="verifier_version"):
-        trace_from_simulation(pipeline.simulate(pipeline.SimConfig(duration_s=5.0)), "")
     with pytest.raises(ValueError, match="tables"):
         full_chain("таблицы")
     with pytest.raises(ValueError, match="rollout_id"):
@@ -507,8 +505,6 @@ def test_bad_loop_records(loop):
     fake.records[0].policy_version = 7
     with pytest.raises(ValueError, match="версия политики"):
         trace_from_loop(fake)
-    with pytest.raises(ValueError, match="expected_verifier_version"):
-        trace_from_loop(loop, expected_verifier_version="")
 
 
 def test_module_api_kept():
