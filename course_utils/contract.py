@@ -88,10 +88,6 @@ class RolloutRecord:
             raise ValueError("policy_mask должна быть списком, чтобы посчитать токены политики")
         return count
 
-    def response_mask(self) -> list[int]:
-        """Маска политики на позициях ответа: policy_mask[len(prompt_tokens):]."""
-        return list(self.policy_mask[len(self.prompt_tokens) :])
-
 
 _FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
 REQUIRED_FIELDS = tuple(
