@@ -167,13 +167,13 @@ def _matches(row: pd.Series, column: str, needles: tuple[str, ...]) -> bool:
     return all(_hits(needle, texts) for needle in needles)
 
 
-def _snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) -> str:
-    """Дата снимка относительно ``reference`` (по умолчанию снимок лекции 2026-08-06), по-русски.
+def _snapshot_relation(date: _dt.date) -> str:
+    """Дата снимка относительно снимка лекции по-русски; возраст = LECTURE_SNAPSHOT − date, дни.
 
-    Возраст = reference − date, дни; старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
+    Старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
     """
-    days = (reference - date).days
-    where = f"снимка лекции {reference.isoformat()}"
+    days = (LECTURE_SNAPSHOT - date).days
+    where = f"снимка лекции {LECTURE_SNAPSHOT.isoformat()}"
     if days < 0:
         return f"на {fmt.count(-days, 'день', 'дня', 'дней')} позже {where}"
     if days == 0:
@@ -204,9 +204,7 @@ def _cell_text(column: str, value: object) -> str:
     return bare if confirmed else f"{bare} (не подтверждено)"
 
 
-def display_table(
-    frame: pd.DataFrame, columns: Iterable[str] | None = None, reference=LECTURE_SNAPSHOT
-) -> pd.DataFrame:
+def display_table(frame: pd.DataFrame, columns: Iterable[str] | None = None) -> pd.DataFrame:
     """Таблица для показа: заголовки ``COLUMN_LABELS``, ячейки ``_cell_text``, числа — числами.
 
     Годится для карты, выбора (``choose_stacks``) и ускорений (``load_speedups``); рядом с
@@ -223,16 +221,16 @@ def display_table(
         label = COLUMN_LABELS.get(column, column)
         out[label] = list(values) if numeric else [_cell_text(column, v) for v in values]
         if column == "snapshot_date":
-            out[f"относительно снимка лекции {reference.isoformat()}"] = [
-                _snapshot_relation(d, reference) for d in values
+            out[f"относительно снимка лекции {LECTURE_SNAPSHOT.isoformat()}"] = [
+                _snapshot_relation(d) for d in values
             ]
     return pd.DataFrame(out)
 
 
-def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_SNAPSHOT):
+def plot_stack_map(frame: pd.DataFrame, ax=None):
     """Рисует карту «размещение × синхронность» (2×2 клетки со стеками) и возвращает ``Axes``.
 
-    «?» — сочетание не подтверждено; в заголовке — даты снимков и снимок лекции ``reference``,
+    «?» — сочетание не подтверждено; в заголовке — даты снимков и снимок лекции,
     внизу — дата каждого стека с пометкой «позже лекции» или «старше 180 дн.».
     """
     import matplotlib.pyplot as plt
@@ -280,22 +278,23 @@ def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_S
     ax.set_ylabel("размещение генерации и обучения", fontsize=11)
     ax.spines[:].set_visible(False)
     dates = sorted(set(frame["snapshot_date"]))
+    lecture = LECTURE_SNAPSHOT.isoformat()
     span = f"{dates[0].isoformat()} – {dates[-1].isoformat()}" if dates else "нет строк"
     ax.set_title(
         "Карта стеков RL: размещение × синхронность\n"
-        f"снимки {span} (снимок лекции {reference.isoformat()})\n"
+        f"снимки {span} (снимок лекции {lecture})\n"
         "датированный снимок, не рейтинг; «?» — сочетание не подтверждено",
         fontsize=12,
     )
     entries = []
     for stack, date in zip(stacks, frame["snapshot_date"]):
-        days = (reference - date).days
+        days = (LECTURE_SNAPSHOT - date).days
         mark = " (позже лекции)" if days < 0 else ""
         mark = f" (старше {STALE_AFTER_DAYS} дн.)" if days > STALE_AFTER_DAYS else mark
         entries.append(f"{stack} {date.isoformat()}{mark}")
     per_stack = "\n".join("   ".join(entries[i : i + 4]) for i in range(0, len(entries), 4))
     ax.annotate(
-        f"Даты снимков (возраст — на {reference.isoformat()}):\n{per_stack}",
+        f"Даты снимков (возраст — на {lecture}):\n{per_stack}",
         xy=(0.5, 0),
         xycoords="axes fraction",
         xytext=(0, -58),
