@@ -172,13 +172,13 @@ class TraceTables:
     horizon_s: float = math.nan
 
 
-def _check_tables(tables: Any, name: str = "tables") -> TraceTables:
+def _check_tables(tables: Any) -> TraceTables:
     if not isinstance(tables, TraceTables):
-        raise ValueError(f"{name} должно быть TraceTables, получено {type(tables).__name__}")
+        raise ValueError(f"tables должно быть TraceTables, получено {type(tables).__name__}")
     for table, cols in _TRACE_COLUMNS.items():
         frame = getattr(tables, table)
         if not isinstance(frame, pd.DataFrame) or not set(cols) <= set(frame.columns):
-            raise ValueError(f"{name}.{table}: нужна таблица со столбцами {list(cols)}")
+            raise ValueError(f"tables.{table}: нужна таблица со столбцами {list(cols)}")
     return tables
 
 
@@ -637,12 +637,11 @@ def dashboard(tables: TraceTables, loop_or_sim: Any = None) -> pd.DataFrame:
     if events is not None:
         dur = events["end_s"].astype(float) - events["start_s"].astype(float)
         m["синхронизация весов, среднее"] = _mean(dur[events["stage"] == "weight_sync"])
-        if "worker" in events:
-            is_tr = events["worker"].astype(str).str.startswith("trainer")
-            n_tr = events.loc[is_tr, "worker"].nunique()
-            if n_tr and h > 0:
-                idle = float(dur[is_tr & (events["stage"] == "queue_wait")].sum())
-                m["доля простоя тренера"] = idle / (n_tr * h)
+        is_tr = events["worker"].astype(str).str.startswith("trainer")
+        n_tr = events.loc[is_tr, "worker"].nunique()
+        if n_tr and h > 0:
+            idle = float(dur[is_tr & (events["stage"] == "queue_wait")].sum())
+            m["доля простоя тренера"] = idle / (n_tr * h)
     has_peak = "peak_memory_bytes" in s and len(s)
     m["пиковая память"] = float(s["peak_memory_bytes"].max()) / 2**30 if has_peak else nan  # ГиБ
 
