@@ -34,13 +34,14 @@ def is_count(x: Any) -> bool:
     return is_int(x) or (is_real(x) and float(x).is_integer())
 
 
-def _range_text(low: Any, high: Any) -> str:
+def _range_text(low: Any, high: Any, low_open: bool = False, high_open: bool = False) -> str:
+    """« в [low, high]», « ≥ low», « < high» и т. п. (открытая граница — скобка или строгий знак)."""
     if low is not None and high is not None:
-        return f" в [{low}, {high}]"
+        return f" в {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if low is not None:
-        return f" ≥ {low}"
+        return f" {'>' if low_open else '≥'} {low}"
     if high is not None:
-        return f" ≤ {high}"
+        return f" {'<' if high_open else '≤'} {high}"
     return ""
 
 
@@ -87,15 +88,8 @@ def real(
     if ok and high is not None:
         ok = value < high if high_open else value <= high
     if not ok:
-        if low is not None and high is not None:
-            left, right = "(" if low_open else "[", ")" if high_open else "]"
-            bound = f" в {left}{low:g}, {high:g}{right}"
-        elif low is not None:
-            bound = f" {'>' if low_open else '≥'} {low:g}"
-        elif high is not None:
-            bound = f" {'<' if high_open else '≤'} {high:g}"
-        else:
-            bound = ""
+        lo, hi = (None if x is None else f"{x:g}" for x in (low, high))
+        bound = _range_text(lo, hi, low_open, high_open)
         raise ValueError(f"{name} должно быть конечным числом{bound}, получено {value!r}")
     return float(value)
 

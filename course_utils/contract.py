@@ -72,7 +72,7 @@ class RolloutRecord:
         if not isinstance(d, Mapping):
             raise ValueError(f"from_dict ожидает словарь, получено {type(d).__name__}")
         problems = {
-            "нет обязательных полей": [k for k in REQUIRED_FIELDS if k not in d],
+            "нет обязательных полей": _missing(d),
             "неизвестные поля": [repr(k) for k in d if k not in _FIELDS],
         }
         if any(problems.values()):
@@ -88,15 +88,15 @@ class RolloutRecord:
             raise ValueError("policy_mask должна быть списком, чтобы посчитать токены политики")
         return count
 
-    def response_mask(self) -> list[int]:
-        """Маска политики на позициях ответа: policy_mask[len(prompt_tokens):]."""
-        return list(self.policy_mask[len(self.prompt_tokens) :])
-
 
 _FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
 REQUIRED_FIELDS = tuple(
     f.name for f in dataclasses.fields(RolloutRecord) if f.default is dataclasses.MISSING
 )
+
+
+def _missing(d: Mapping) -> list[str]:
+    return [k for k in REQUIRED_FIELDS if k not in d]
 
 
 def _is_nonneg_int(x) -> bool:
@@ -142,6 +142,13 @@ def validate_rollout(record) -> list[str]:
         return [f"[field_type] запись не удалось разобрать: {type(exc).__name__}: {exc}"]
 
 
+def _list_field(rec, k: str, out: list[str], expected: str) -> list | None:
+    """Поле-список k; None, если поля нет или это не список (тогда в out — [field_type])."""
+    if k in rec and not isinstance(rec[k], list):
+        out.append(f"[field_type] {k} {expected}, получено {fmt.short(rec[k])}")
+    return rec[k] if k in rec and isinstance(rec[k], list) else None
+
+
 def _validate(record) -> list[str]:
     if isinstance(record, RolloutRecord):
         rec = {k: getattr(record, k) for k in _FIELDS}
@@ -149,8 +156,7 @@ def _validate(record) -> list[str]:
         rec = record
     else:
         return [f"[field_type] ожидается словарь или RolloutRecord, получено {fmt.short(record)}"]
-    missing = [k for k in REQUIRED_FIELDS if k not in rec]
-    out = [f"[missing_field] в записи нет обязательного поля {k!r}" for k in missing]
+    out = [f"[missing_field] в записи нет обязательного поля {k!r}" for k in _missing(rec)]
     for k in ("sample_id", "trace_id", "prompt_id", "group_id"):
         value, required = rec.get(k, ""), k == "sample_id" and k in rec
         if not isinstance(value, str) or (required and not value.strip()):
@@ -159,10 +165,7 @@ def _validate(record) -> list[str]:
 
     lengths = {}
     for k in ("prompt_tokens", "response_tokens"):
-        toks = rec.get(k)
-        if k in rec and not isinstance(toks, list):
-            out.append(f"[field_type] {k} должен быть списком целых, получено {fmt.short(toks)}")
-        elif k in rec:
+        if (toks := _list_field(rec, k, out, "должен быть списком целых")) is not None:
             lengths[k] = len(toks)
             bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
             if bad:
@@ -171,12 +174,8 @@ def _validate(record) -> list[str]:
                 )
 
     n_policy = None
-    mask = rec.get("policy_mask")
-    if "policy_mask" in rec and not isinstance(mask, list):
-        out.append(
-            f"[field_type] policy_mask должна быть списком из 0 и 1, получено {fmt.short(mask)}"
-        )
-    elif "policy_mask" in rec:
+    mask = _list_field(rec, "policy_mask", out, "должна быть списком из 0 и 1")
+    if mask is not None:
         bad = [i for i, m in enumerate(mask) if not (is_int(m) and m in (0, 1))]
         if bad:
             out.append(f"[mask_values] маска политики не 0/1 на позициях {_positions(bad)}")
@@ -194,12 +193,8 @@ def _validate(record) -> list[str]:
                 "токены запроса не выбирались политикой"
             )
 
-    lps = rec.get("behavior_logprobs")
-    if "behavior_logprobs" in rec and not isinstance(lps, list):
-        out.append(
-            f"[field_type] behavior_logprobs должен быть списком чисел, получено {fmt.short(lps)}"
-        )
-    elif "behavior_logprobs" in rec:
+    lps = _list_field(rec, "behavior_logprobs", out, "должен быть списком чисел")
+    if lps is not None:
         if n_policy is not None and n_policy != len(lps):
             out.append(
                 f"[logprob_count] токенов политики (маска = 1): {n_policy}, "

@@ -28,13 +28,9 @@ def read_exact_csv(
     if tuple(found) != tuple(columns):
         missing = [c for c in columns if c not in found]
         extra = [c for c in found if c not in columns]
-        detail = []
-        if missing:
-            detail.append(f"не хватает столбцов: {', '.join(missing)}")
-        if extra:
-            detail.append(f"лишние столбцы: {', '.join(extra)}")
-        if not detail:
-            detail.append(f"порядок столбцов {', '.join(found)} не совпадает с ожидаемым")
+        detail = [f"не хватает столбцов: {', '.join(missing)}"] if missing else []
+        detail += [f"лишние столбцы: {', '.join(extra)}"] if extra else []
+        detail = detail or [f"порядок столбцов {', '.join(found)} не совпадает с ожидаемым"]
         raise error(f"{path}: {'; '.join(detail)}. Ожидаются ровно: {', '.join(columns)}")
     if raw.empty:
         raise error(f"{path}: {what}: нет ни одной строки")

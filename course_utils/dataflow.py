@@ -1,13 +1,13 @@
 """Поток данных одного онлайн-обновления (шаг 12.1.1): восемь этапов и шесть ролей.
 
-Описание — обычные данные (кортежи ``DataflowStage``), картинка рисуется из них matplotlib.
+Описание — обычные данные (именованные кортежи), картинка рисуется из них matplotlib.
 Поле ``loop_stages`` связывает этап лекции с этапами эталонного цикла
 ``course_utils.policy.sequential_loop``, чтобы в ноутбуке показать настоящий вывод каждого этапа.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 ROLES = (
     ("scheduler", "планировщик запросов"),
@@ -19,8 +19,7 @@ ROLES = (
 )
 
 
-@dataclass(frozen=True)
-class DataflowStage:
+class _Stage(NamedTuple):
     """Этап обновления: номер, роль-исполнитель, что делает, что передаёт дальше."""
 
     number: int
@@ -31,22 +30,22 @@ class DataflowStage:
 
 
 STAGES = (
-    DataflowStage(1, "scheduler", "выбрать\nзапросы", "id запросов,\nтокены", ("prepare",)),
-    DataflowStage(
+    _Stage(1, "scheduler", "выбрать\nзапросы", "id запросов,\nтокены", ("prepare",)),
+    _Stage(
         2, "engine", "сгенерировать\nроллауты", "токены, log μᵥ,\nверсия v", ("prefill", "decode")
     ),
-    DataflowStage(3, "verifier", "вычислить\nнаграды", "награды,\nверсия проверки", ("reward",)),
-    DataflowStage(
+    _Stage(3, "verifier", "вычислить\nнаграды", "награды,\nверсия проверки", ("reward",)),
+    _Stage(
         4, "trainer", "восстановить\nмаски и log π", "маска,\nlog π_old", ("logprob_recompute",)
     ),
-    DataflowStage(5, "trainer", "собрать\nмини-пакет", "пакет,\nпреимущества A", ()),
-    DataflowStage(6, "trainer", "потери и\nградиенты", "градиенты", ("forward_backward",)),
-    DataflowStage(7, "trainer", "обновить\nпараметры", "веса версии v+1", ("optimizer_step",)),
-    DataflowStage(8, "sync", "опубликовать\nверсию v+1", "веса v+1\nу движка", ("weight_sync",)),
+    _Stage(5, "trainer", "собрать\nмини-пакет", "пакет,\nпреимущества A", ()),
+    _Stage(6, "trainer", "потери и\nградиенты", "градиенты", ("forward_backward",)),
+    _Stage(7, "trainer", "обновить\nпараметры", "веса версии v+1", ("optimizer_step",)),
+    _Stage(8, "sync", "опубликовать\nверсию v+1", "веса v+1\nу движка", ("weight_sync",)),
 )
 
 
-def plot_dataflow(ax=None, stages=STAGES):
+def plot_dataflow(ax=None):
     """Схема: роли — горизонтальные дорожки, этапы 1–8 — блоки слева направо, стрелки — данные.
 
     Хранилище и телеметрия получают копию роллаутов и метрик (пунктир). Возвращает Axes.
@@ -57,7 +56,7 @@ def plot_dataflow(ax=None, stages=STAGES):
     if ax is None:
         _, ax = plt.subplots(figsize=(14, 6.2))
     lane = {key: i for i, (key, _) in enumerate(ROLES)}
-    n = len(stages)
+    stages, n = STAGES, len(STAGES)
     colors = plt.get_cmap("tab10")
     w, h = 0.9, 0.84
     mid = {"ha": "center", "va": "center", "zorder": 3}

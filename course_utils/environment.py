@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def setup_notebook() -> dict:

@@ -20,7 +20,7 @@ BRANCH = "main"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_URL = f"https://github.com/{ORG}/{REPO}"
-BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
+_BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
 
 LESSONS = (
     ("12.1", "12_1_rl_loop_dataflow.ipynb", "RL-контур как поток данных"),
@@ -47,9 +47,9 @@ def colab_url(notebook: str) -> str:
     )
 
 
-def badge(notebook: str) -> str:
+def _badge(notebook: str) -> str:
     """Значок «Open in Colab» в Markdown."""
-    return f"[![Open In Colab]({BADGE_IMG})]({colab_url(notebook)})"
+    return f"[![Open In Colab]({_BADGE_IMG})]({colab_url(notebook)})"
 
 
 def lessons_table(root: Path = REPO_ROOT) -> str:
@@ -57,7 +57,7 @@ def lessons_table(root: Path = REPO_ROOT) -> str:
     rows = ["| урок | тема | ноутбук | Colab |", "|---|---|---|---|"]
     for num, nb, title in LESSONS:
         if (root / "notebooks" / nb).exists():
-            rows.append(f"| {num} | {title} | [`{nb}`](notebooks/{nb}) | {badge(nb)} |")
+            rows.append(f"| {num} | {title} | [`{nb}`](notebooks/{nb}) | {_badge(nb)} |")
         else:
             rows.append(f"| {num} | {title} | `{nb}` | в разработке |")
     return "\n".join(rows)
@@ -72,11 +72,11 @@ def render_readme(text: str, root: Path = REPO_ROOT) -> str:
     return f"{head}{_START}\n{lessons_table(root)}\n{_END}{tail}"
 
 
-def render_notebook_source(source: str, notebook: str) -> str:
+def _render_notebook_source(source: str, notebook: str) -> str:
     """Подставляет REPO_URL, BRANCH и значок Colab в текст ячейки ноутбука."""
     source = re.sub(r'REPO_URL = "[^"]*"', f'REPO_URL = "{REPO_URL}"', source)
     source = re.sub(r'BRANCH = "[^"]*"', f'BRANCH = "{BRANCH}"', source)
-    return re.sub(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)", badge(notebook), source)
+    return re.sub(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)", _badge(notebook), source)
 
 
 def sync(root: Path = REPO_ROOT) -> list[Path]:
@@ -95,7 +95,7 @@ def sync(root: Path = REPO_ROOT) -> list[Path]:
         dirty = False
         for cell in nb["cells"][:2]:
             src = "".join(cell["source"])
-            upd = render_notebook_source(src, nb_name)
+            upd = _render_notebook_source(src, nb_name)
             if upd != src:
                 cell["source"] = upd.splitlines(keepends=True)
                 dirty = True

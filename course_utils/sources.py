@@ -1,11 +1,7 @@
 """Реестр источников модуля 12 (``data/module_12_sources.csv``): загрузка и выборка по шагу.
 
-Лекция ссылается на «Module_12_Sources»: одна строка CSV — одно утверждение одного шага урока.
-Столбцы ``SOURCES_COLUMNS``: ``claim_id`` (строчные латинские буквы, цифры, ``-_.``),
-``lesson_step`` (``12.<урок>.<шаг>``), ``claim`` (утверждение по-русски), ``source`` (название
-и адрес), ``evidence_class`` (ключ ``EVIDENCE_LABELS``: статья, официальная документация, код,
-заявление авторов, вывод курса), ``date_checked`` (ISO ``ГГГГ-ММ-ДД``, дата прочитанного
-снимка), ``boundary`` (чего утверждение *не* говорит).
+Лекция ссылается на «Module_12_Sources»: одна строка CSV — одно утверждение одного шага урока;
+столбцы ``SOURCES_COLUMNS`` описаны в ``data/SOURCES.md``.
 """
 
 from __future__ import annotations
@@ -36,10 +32,7 @@ _LESSON = re.compile(r"^12\.[1-5]$")
 
 
 def load_sources(path: str | Path | None = None) -> pd.DataFrame:
-    """Реестр источников (по умолчанию ``data/module_12_sources.csv``): столбцы ``SOURCES_COLUMNS``.
-
-    ``date_checked`` возвращается как ``datetime.date``; соглашения файла проверяют тесты.
-    """
+    """Реестр источников (по умолчанию ``data/module_12_sources.csv``); date_checked — date."""
     path = Path(path) if path is not None else DEFAULT_PATH
     rows = read_exact_csv(path, SOURCES_COLUMNS, ValueError, "реестр источников")
     frame = pd.DataFrame.from_records([c for _, c in rows], columns=list(SOURCES_COLUMNS))

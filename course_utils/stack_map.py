@@ -69,12 +69,6 @@ def _parse_pair(value: str) -> tuple[str, str, bool]:
     return placement, synchrony, confirmed
 
 
-def _disallowed(values: Iterable[str], allowed: tuple[str, ...], hint: str = "") -> str:
-    """Пояснение про значения не из ``allowed`` или пустая строка, если таких нет."""
-    bad = [v for v in values if v not in allowed]
-    return f"недопустимые значения {bad}; разрешены {allowed}{hint}" if bad else ""
-
-
 def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     """Карта стеков (по умолчанию ``data/stack_map.csv``): строка на стек, ``STACK_MAP_COLUMNS``.
 
@@ -95,18 +89,13 @@ def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     return frame
 
 
-def stack_cells(frame: pd.DataFrame, include_unconfirmed: bool = True) -> pd.DataFrame:
-    """Длинная таблица ``stack, placement, synchrony, confirmed``: стек в клетке карты.
-
-    Одна строка — один стек в одной клетке; ``confirmed=False`` — сочетание с «?».
-    """
-    _require_columns(frame, ("stack", "placement_synchrony"))
+def _stack_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Строка на стек в клетке карты: ``stack, placement, synchrony, confirmed`` (False — «?»)."""
     rows = [
         (stack, *_parse_pair(value))
         for stack, pairs in zip(frame["stack"], frame["placement_synchrony"])
         for value in pairs
     ]
-    rows = [row for row in rows if row[3] or include_unconfirmed]
     return pd.DataFrame(rows, columns=["stack", "placement", "synchrony", "confirmed"])
 
 
@@ -122,8 +111,8 @@ def _as_tuple(name: str, value, allowed=None, hint: str = "") -> tuple[str, ...]
     values = (value,) if isinstance(value, str) else tuple(value)
     if not values or not all(isinstance(v, str) and v.strip() for v in values):
         raise ValueError(f"{name}: ожидается непустая строка или список строк, получено {value!r}")
-    if allowed is not None and (problem := _disallowed(values, allowed, hint)):
-        raise ValueError(f"{name}: {problem}")
+    if allowed is not None and (bad := [v for v in values if v not in allowed]):
+        raise ValueError(f"{name}: недопустимые значения {bad}; разрешены {allowed}{hint}")
     return values
 
 
@@ -136,16 +125,14 @@ def supports(
     frame: pd.DataFrame,
     placement: str | Iterable[str] | None = None,
     synchrony: str | Iterable[str] | None = None,
-    *,
-    include_unconfirmed: bool = False,
     **column_contains: str | Iterable[str],
 ) -> pd.DataFrame:
-    """Стеки карты, удовлетворяющие всем требованиям сразу.
+    """Стеки карты, удовлетворяющие всем требованиям сразу (факты с «?» не засчитываются).
 
     Заданы обе оси — нужно каждое сочетание из ``placement_synchrony``, одна ось — значения
     её столбца; ``столбец="подстрока"`` (или список — нужны все) ищется без учёта регистра,
-    в списках — в элементах (``training_backends="Megatron"``, ``lora="да"``). Элементы с «?»
-    и столбцы из ``unconfirmed`` засчитываются только с ``include_unconfirmed=True``.
+    в списках — в элементах (``training_backends="Megatron"``, ``lora="да"``); столбцы из
+    ``unconfirmed`` не засчитываются.
     """
     _require_columns(frame, STACK_MAP_COLUMNS)
     placements = _as_tuple("placement", placement, PLACEMENTS)
@@ -159,42 +146,34 @@ def supports(
 
     keep = []
     for _, row in frame.iterrows():
-        pairs = {
-            (p, s)
-            for p, s, confirmed in map(_parse_pair, row["placement_synchrony"])
-            if confirmed or include_unconfirmed
-        }
+        pairs = {(p, s) for p, s, ok in map(_parse_pair, row["placement_synchrony"]) if ok}
         if placements and synchronies:
             ok = set(itertools.product(placements, synchronies)) <= pairs
-        else:  # одна ось: значения столбцов, с include_unconfirmed — и неподтверждённых сочетаний
-            have = {*row["placement"], *row["synchrony"]}
-            have |= {x for pair in pairs for x in pair} if include_unconfirmed else set()
-            ok = {*placements, *synchronies} <= have
-        keep.append(
-            ok and all(_matches(row, c, n, include_unconfirmed) for c, n in needles.items())
-        )
+        else:  # одна ось: значения её столбца
+            ok = {*placements, *synchronies} <= {*row["placement"], *row["synchrony"]}
+        keep.append(ok and all(_matches(row, c, n) for c, n in needles.items()))
     return frame[keep].reset_index(drop=True)
 
 
-def _matches(row: pd.Series, column: str, needles: tuple[str, ...], loose: bool) -> bool:
-    """Есть ли в ячейке каждая подстрока; без ``loose`` «?» и столбцы из unconfirmed не в счёт."""
+def _matches(row: pd.Series, column: str, needles: tuple[str, ...]) -> bool:
+    """Есть ли в ячейке каждая подстрока; элементы с «?» и столбцы из unconfirmed не в счёт."""
     cell = row[column]
     if isinstance(cell, list):
-        texts = [bare for bare, ok in map(_strip_mark, map(str, cell)) if ok or loose]
-    elif column in row["unconfirmed"] and not loose:
+        texts = [bare for bare, ok in map(_strip_mark, map(str, cell)) if ok]
+    elif column in row["unconfirmed"]:
         return False
     else:
         texts = [cell.isoformat() if isinstance(cell, _dt.date) else str(cell)]
     return all(_hits(needle, texts) for needle in needles)
 
 
-def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) -> str:
-    """Дата снимка относительно ``reference`` (по умолчанию снимок лекции 2026-08-06), по-русски.
+def _snapshot_relation(date: _dt.date) -> str:
+    """Дата снимка относительно снимка лекции по-русски; возраст = LECTURE_SNAPSHOT − date, дни.
 
-    Возраст = reference − date, дни; старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
+    Старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
     """
-    days = (reference - date).days
-    where = f"снимка лекции {reference.isoformat()}"
+    days = (LECTURE_SNAPSHOT - date).days
+    where = f"снимка лекции {LECTURE_SNAPSHOT.isoformat()}"
     if days < 0:
         return f"на {fmt.count(-days, 'день', 'дня', 'дней')} позже {where}"
     if days == 0:
@@ -205,14 +184,14 @@ def snapshot_relation(date: _dt.date, reference: _dt.date = LECTURE_SNAPSHOT) ->
     return text
 
 
-def cell_text(column: str, value: object) -> str:
+def _cell_text(column: str, value: object) -> str:
     """Ячейка карты, выбора или ускорений словами: коды осей — по-русски, «?» — «(не подтверждено)».
 
     Списки — через «; », ``disaggregated:async`` — «раздельное × асинхронно», имена столбцов
     в ``unconfirmed`` — их заголовки, ``n/a`` — «нет», даты — ISO, ``True``/``False`` — «да»/«нет».
     """
     if isinstance(value, list):
-        return "; ".join(cell_text(column, v) for v in value) or "—"
+        return "; ".join(_cell_text(column, v) for v in value) or "—"
     if isinstance(value, bool):
         return "да" if value else "нет"
     if isinstance(value, _dt.date):
@@ -225,13 +204,11 @@ def cell_text(column: str, value: object) -> str:
     return bare if confirmed else f"{bare} (не подтверждено)"
 
 
-def display_table(
-    frame: pd.DataFrame, columns: Iterable[str] | None = None, reference=LECTURE_SNAPSHOT
-) -> pd.DataFrame:
-    """Таблица для показа: заголовки ``COLUMN_LABELS``, ячейки ``cell_text``, числа — числами.
+def display_table(frame: pd.DataFrame, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """Таблица для показа: заголовки ``COLUMN_LABELS``, ячейки ``_cell_text``, числа — числами.
 
     Годится для карты, выбора (``choose_stacks``) и ускорений (``load_speedups``); рядом с
-    ``snapshot_date`` — столбец «относительно снимка лекции» (``snapshot_relation``).
+    ``snapshot_date`` — столбец «относительно снимка лекции» (``_snapshot_relation``).
     """
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"frame: ожидается таблица pandas, получено {type(frame).__name__}")
@@ -242,18 +219,18 @@ def display_table(
         values = frame[column]
         numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
         label = COLUMN_LABELS.get(column, column)
-        out[label] = list(values) if numeric else [cell_text(column, v) for v in values]
+        out[label] = list(values) if numeric else [_cell_text(column, v) for v in values]
         if column == "snapshot_date":
-            out[f"относительно снимка лекции {reference.isoformat()}"] = [
-                snapshot_relation(d, reference) for d in values
+            out[f"относительно снимка лекции {LECTURE_SNAPSHOT.isoformat()}"] = [
+                _snapshot_relation(d) for d in values
             ]
     return pd.DataFrame(out)
 
 
-def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_SNAPSHOT):
+def plot_stack_map(frame: pd.DataFrame, ax=None):
     """Рисует карту «размещение × синхронность» (2×2 клетки со стеками) и возвращает ``Axes``.
 
-    «?» — сочетание не подтверждено; в заголовке — даты снимков и снимок лекции ``reference``,
+    «?» — сочетание не подтверждено; в заголовке — даты снимков и снимок лекции,
     внизу — дата каждого стека с пометкой «позже лекции» или «старше 180 дн.».
     """
     import matplotlib.pyplot as plt
@@ -262,7 +239,7 @@ def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_S
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 6.6), layout="constrained")
-    cells = stack_cells(frame)
+    cells = _stack_cells(frame)
     stacks = list(frame["stack"])
     colors = plt.get_cmap("tab10").colors
     n_rows, n_cols = len(PLACEMENTS), len(SYNCHRONY)
@@ -301,22 +278,23 @@ def plot_stack_map(frame: pd.DataFrame, ax=None, reference: _dt.date = LECTURE_S
     ax.set_ylabel("размещение генерации и обучения", fontsize=11)
     ax.spines[:].set_visible(False)
     dates = sorted(set(frame["snapshot_date"]))
+    lecture = LECTURE_SNAPSHOT.isoformat()
     span = f"{dates[0].isoformat()} – {dates[-1].isoformat()}" if dates else "нет строк"
     ax.set_title(
         "Карта стеков RL: размещение × синхронность\n"
-        f"снимки {span} (снимок лекции {reference.isoformat()})\n"
+        f"снимки {span} (снимок лекции {lecture})\n"
         "датированный снимок, не рейтинг; «?» — сочетание не подтверждено",
         fontsize=12,
     )
     entries = []
     for stack, date in zip(stacks, frame["snapshot_date"]):
-        days = (reference - date).days
+        days = (LECTURE_SNAPSHOT - date).days
         mark = " (позже лекции)" if days < 0 else ""
         mark = f" (старше {STALE_AFTER_DAYS} дн.)" if days > STALE_AFTER_DAYS else mark
         entries.append(f"{stack} {date.isoformat()}{mark}")
     per_stack = "\n".join("   ".join(entries[i : i + 4]) for i in range(0, len(entries), 4))
     ax.annotate(
-        f"Даты снимков (возраст — на {reference.isoformat()}):\n{per_stack}",
+        f"Даты снимков (возраст — на {lecture}):\n{per_stack}",
         xy=(0.5, 0),
         xycoords="axes fraction",
         xytext=(0, -58),

@@ -14,12 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from course_utils.args import choice
 from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 _REQUIRED = ("worker", "stage", "start_s", "end_s")
-_TIME_UNITS = {"с": 1.0, "мс": 1e3, "мкс": 1e6, "мин": 1.0 / 60.0}  # подпись → множитель от с
 
 
 def _event_row(i: int, ev: Any) -> dict[str, Any]:
@@ -110,20 +108,17 @@ def _nesting_levels(starts: list[float], ends: list[float]) -> list[int]:
     return levels
 
 
-def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: str = "с"):
-    """Диаграмма Ганта: строка на исполнителя, полоса на событие [start_s, end_s] × множитель.
+def gantt(frame_or_events: Any, ax=None, title: str | None = None):
+    """Диаграмма Ганта: строка на исполнителя, полоса на событие [start_s, end_s], с.
 
-    Ось x — время в time_unit ("с", "мс", "мкс", "мин"); цвет — по стадии (легенда справа,
-    внутри рисунка); вложенные события рисуются поверх более узкими полосами. Подписи —
-    ``stage_label`` и ``worker_label``. Возвращает matplotlib Axes.
+    Цвет — по стадии (легенда справа, внутри рисунка); вложенные события — поверх более узкими
+    полосами; подписи — ``stage_label`` и ``worker_label``. Возвращает matplotlib Axes.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    scale = _TIME_UNITS[choice("time_unit", time_unit, _TIME_UNITS)]
     df = _to_frame(frame_or_events, "frame_or_events").reset_index(drop=True)
-    start = df["start_s"].astype(float) * scale  # время, time_unit = секунды × множитель
-    end = df["end_s"].astype(float) * scale
+    start, end = df["start_s"].astype(float), df["end_s"].astype(float)  # с
     worker, stage = df["worker"].astype(str), df["stage"].astype(str)
     workers, stages = list(pd.unique(worker)), list(pd.unique(stage))
     colors = stage_colors(stages)
@@ -152,7 +147,7 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None, time_unit: st
     ax.set_yticks(range(len(workers)))
     ax.set_yticklabels([worker_label(w) for w in workers])
     ax.set_ylim(len(workers) - 0.5, -0.5)  # первый исполнитель сверху
-    ax.set_xlabel(f"время, {time_unit}")
+    ax.set_xlabel("время, с")
     ax.set_ylabel("исполнитель")
     ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
     ax.set_axisbelow(True)

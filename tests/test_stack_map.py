@@ -102,7 +102,7 @@ def test_prime_rl_has_one_placement(frame):
     assert row["placement"] == ["disaggregated"]
     assert row["placement_synchrony"] == ["disaggregated:async"]
     assert row["unconfirmed"] == []
-    cells = sm.stack_cells(frame)
+    cells = sm._stack_cells(frame)
     assert set(cells.loc[cells["stack"] == "PRIME-RL", "placement"]) == {"disaggregated"}
 
 
@@ -135,17 +135,19 @@ def test_vocabulary_shared_with_exercise_12_1_7():
 def test_snapshot_relation_against_day_counts():
     lecture = dt.date(2026, 8, 6)
     assert sm.LECTURE_SNAPSHOT == lecture and sm.STALE_AFTER_DAYS == 180
-    verl = sm.snapshot_relation(dt.date(2026, 1, 29))
+    verl = sm._snapshot_relation(dt.date(2026, 1, 29))
     assert (lecture - dt.date(2026, 1, 29)).days == 189
     assert verl.startswith("за 189\u00a0дней до снимка лекции 2026-08-06") and "старше 180" in verl
-    nemo = sm.snapshot_relation(dt.date(2026, 8, 22))
+    nemo = sm._snapshot_relation(dt.date(2026, 8, 22))
     assert nemo == "на 16\u00a0дней позже снимка лекции 2026-08-06"
-    assert sm.snapshot_relation(dt.date(2026, 8, 5)) == "за 1\u00a0день до снимка лекции 2026-08-06"
-    assert "3\u00a0дня позже" in sm.snapshot_relation(dt.date(2026, 8, 9))
-    assert sm.snapshot_relation(lecture) == "в день снимка лекции 2026-08-06"
+    assert (
+        sm._snapshot_relation(dt.date(2026, 8, 5)) == "за 1\u00a0день до снимка лекции 2026-08-06"
+    )
+    assert "3\u00a0дня позже" in sm._snapshot_relation(dt.date(2026, 8, 9))
+    assert sm._snapshot_relation(lecture) == "в день снимка лекции 2026-08-06"
     edge = lecture - dt.timedelta(days=180)
-    assert "старше" not in sm.snapshot_relation(edge)
-    assert "старше" in sm.snapshot_relation(edge - dt.timedelta(days=1))
+    assert "старше" not in sm._snapshot_relation(edge)
+    assert "старше" in sm._snapshot_relation(edge - dt.timedelta(days=1))
 
 
 def test_later_snapshots_are_explained(frame):
@@ -185,9 +187,9 @@ def test_display_table_is_russian(frame):
     for column in ("размещение", "синхронность", "варианты асинхронности"):
         words = {w for cell in shown[column] for w in cell.replace(";", " ").split()}
         assert not words & codes, column
-    assert sm.cell_text("staleness_default", "n/a") == "нет"
-    assert sm.cell_text("staleness_default", "unconfirmed") == "не подтверждено"
-    assert sm.cell_text("matches", True) == "да"
+    assert sm._cell_text("staleness_default", "n/a") == "нет"
+    assert sm._cell_text("staleness_default", "unconfirmed") == "не подтверждено"
+    assert sm._cell_text("matches", True) == "да"
     for lora in frame["lora"]:
         assert not lora.startswith("yes"), lora  # текст ячеек — по-русски
     with pytest.raises(ValueError, match="load_stack_map"):
@@ -337,17 +339,12 @@ def test_pairs_not_cartesian_product(frame):
     assert _names(sm.supports(frame, "colocated", "async")) == ["NeMo RL"]
 
 
-def test_unconfirmed_excluded_by_default(frame):
+def test_unconfirmed_not_counted(frame):
     strict = set(_names(sm.supports(frame, "disaggregated", "sync")))
-    loose = set(_names(sm.supports(frame, "disaggregated", "sync", include_unconfirmed=True)))
-    assert loose - strict == {"NeMo RL", "SkyRL"}
+    assert not strict & {"NeMo RL", "SkyRL"}  # у них это сочетание с «?»
     assert "NeMo RL" not in _names(sm.supports(frame, generation_engines="sglang"))
-    assert "NeMo RL" in _names(
-        sm.supports(frame, generation_engines="sglang", include_unconfirmed=True)
-    )
     assert "NeMo RL" in _names(sm.supports(frame, generation_engines="vllm"))
-    assert "OpenRLHF" not in _names(sm.supports(frame, lora="флаги"))
-    assert "OpenRLHF" in _names(sm.supports(frame, lora="флаги", include_unconfirmed=True))
+    assert "OpenRLHF" not in _names(sm.supports(frame, lora="флаги"))  # ячейка не подтверждена
 
 
 def test_single_axis_and_column_filters(frame):
@@ -389,7 +386,7 @@ def test_supports_rejects_bad_arguments(frame):
 
 
 def test_stack_cells(frame):
-    cells = sm.stack_cells(frame)
+    cells = sm._stack_cells(frame)
     assert set(cells.columns) == {"stack", "placement", "synchrony", "confirmed"}
     areal = cells[cells["stack"] == "AReaL"]
     assert set(zip(areal["placement"], areal["synchrony"], areal["confirmed"])) == {
@@ -397,7 +394,6 @@ def test_stack_cells(frame):
         ("disaggregated", "async", True),
         ("colocated", "sync", False),
     }
-    assert len(sm.stack_cells(frame, include_unconfirmed=False)) == cells["confirmed"].sum()
 
 
 # --- рисунок --------------------------------------------------------------------
@@ -470,5 +466,3 @@ def test_single_axis_uses_axis_columns(frame):
     assert "AReaL" in _names(sm.supports(frame, placement="colocated"))
     assert "AReaL" not in _names(sm.supports(frame, "colocated", "sync"))
     assert "PRIME-RL" not in _names(sm.supports(frame, placement="colocated"))
-    loose = _names(sm.supports(frame, placement="colocated", include_unconfirmed=True))
-    assert "PRIME-RL" not in loose and "AReaL" in loose
