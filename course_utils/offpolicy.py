@@ -2,8 +2,8 @@
 
 μ_v — политика поведения (движок), π_old — знаменатель PPO-подобной цели, π_θ — обучаемая;
 задержка — v < u, TIM — разные вероятности при одной версии весов. Входы — torch, numpy или
-списки; результат — того же вида, сводки — float. μ = 0 < π даёт log w = +inf
-(``support_violations``), π = 0 — w = 0; NaN и log-вероятность > ``LOGPROB_TOL`` — ошибка входа.
+списки; результат — массив numpy float64, сводки — float. μ = 0 < π даёт log w = +inf
+(``support_violations``), π = 0 — w = 0; NaN и log-вероятность > ``_LOGPROB_TOL`` — ошибка входа.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from course_utils.args import integer, is_number, nonnegative, optional_integer,
 
 # Допуск на округление: log-вероятность до +1e-6 ещё принимается (float32 log_softmax даёт
 # +1e-7 там, где точное значение 0); больше — это вероятность > 1, то есть ошибка входа.
-LOGPROB_TOL = 1e-6
+_LOGPROB_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------- общие помощники
@@ -27,28 +27,6 @@ def _is_tensor(x) -> bool:
     """Тензор torch (если torch не импортирован, тензоров на входе быть не может)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
-
-
-class _Kind:
-    """Вид результата: numpy или torch (с устройством и типом первого тензора среди входов)."""
-
-    def __init__(self, *inputs):
-        self.tensor = next((x for x in inputs if _is_tensor(x)), None)
-        first = next((x for x in inputs if x is not None), None)
-        f32 = isinstance(first, np.ndarray) and first.dtype == np.float32
-        self.np_dtype = np.float32 if self.tensor is None and f32 else np.float64
-
-    def out(self, arr):
-        arr = np.asarray(arr)
-        if self.tensor is None:
-            res = arr.astype(self.np_dtype) if arr.dtype.kind == "f" else arr
-            return res[()] if res.ndim == 0 else res
-        torch = sys.modules["torch"]
-        src = torch.from_numpy(np.array(arr, order="C"))  # 0-d остаётся 0-d
-        if arr.dtype.kind != "f":
-            return src.to(device=self.tensor.device)
-        dtype = torch.float64 if self.tensor.dtype == torch.float64 else torch.float32
-        return src.to(device=self.tensor.device, dtype=dtype)
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -79,12 +57,12 @@ def _floats(x, name: str, *, allow_neg_inf: bool = True, allow_pos_inf: bool = F
 
 
 def _logprobs(x, name: str) -> np.ndarray:
-    """Массив log-вероятностей: без NaN и +inf, −inf разрешён (p = 0), значения ≤ LOGPROB_TOL."""
+    """Массив log-вероятностей: без NaN и +inf, −inf разрешён (p = 0), значения ≤ _LOGPROB_TOL."""
     arr = _floats(x, name)
-    above = arr > LOGPROB_TOL
+    above = arr > _LOGPROB_TOL
     if above.any():
         raise ValueError(
-            f"{name}: log-вероятность должна быть ≤ 0 (допуск {LOGPROB_TOL:g} на округление), "
+            f"{name}: log-вероятность должна быть ≤ 0 (допуск {_LOGPROB_TOL:g} на округление), "
             f"а на {int(above.sum())} позициях больше, максимум {float(arr.max()):.4g} — "
             "похоже, переданы сами вероятности, а не их логарифмы"
         )
@@ -107,14 +85,13 @@ def _mask(mask, shape: tuple, name: str = "mask") -> np.ndarray:
 
 
 def _pair(logp_target, logp_behavior, mask=None, names=("logp_target", "logp_behavior")):
-    """Вид результата, проверенные log π и log μ одной формы и маска (None — все позиции)."""
-    kind = _Kind(logp_target, logp_behavior, mask)
+    """Проверенные log π и log μ одной формы и маска (None — все позиции)."""
     lt, lb = _logprobs(logp_target, names[0]), _logprobs(logp_behavior, names[1])
     if lt.shape != lb.shape:
         raise ValueError(
             f"{names[0]} и {names[1]}: формы различаются, {lt.shape} против {lb.shape}"
         )
-    return kind, lt, lb, _mask(mask, lt.shape)
+    return lt, lb, _mask(mask, lt.shape)
 
 
 def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
@@ -143,9 +120,9 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def importance_ratios(logp_target, logp_behavior):
     """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)); μ = 0 < π даёт +inf, π = 0 — 0."""
-    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
+    lt, lb, _ = _pair(logp_target, logp_behavior)
     with np.errstate(over="ignore"):
-        return kind.out(np.exp(_log_ratio_np(lt, lb)))
+        return np.exp(_log_ratio_np(lt, lb))[()]
 
 
 def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -165,8 +142,8 @@ def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
 def sequence_log_ratio(logp_target, logp_behavior, mask=None):
     """Последовательностный логарифм отношения: log w_seq = Σ_t m_t·(log π_t − log μ_t), нат.
     Сумма по последней оси; маска m (0/1) исключает токены запроса и среды — не политики."""
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    return kind.out(_seq_sum(_log_ratio_np(lt, lb), m))
+    lt, lb, m = _pair(logp_target, logp_behavior, mask)
+    return _seq_sum(_log_ratio_np(lt, lb), m)[()]
 
 
 # --------------------------------------------------------------------------- ESS
@@ -260,10 +237,7 @@ def log_weight_stats(log_weights, mask=None) -> dict:
     """Сводка log w по маске, нат: mean/max |log w|, mean/min/max log w, n_tokens,
     support_violations (число +inf); среднее при ±inf — NaN."""
     d = _floats(log_weights, "log_weights", allow_pos_inf=True)
-    return _log_w_stats(d[_mask(mask, d.shape)])
-
-
-def _log_w_stats(d: np.ndarray) -> dict:
+    d = d[_mask(mask, d.shape)]
     if d.size == 0:
         raise ValueError("mask: не осталось ни одного токена")
     with np.errstate(invalid="ignore"):
@@ -309,8 +283,7 @@ def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0
     out = lp.gather(-1, torch.from_numpy(tok).to(lp.device).unsqueeze(-1)).squeeze(-1)
     if _is_tensor(logits):
         return out
-    res = out.detach().cpu().numpy()
-    return res[()] if res.ndim == 0 else res
+    return out.detach().cpu().numpy()[()]
 
 
 def raw_logprob(logits, token, temperature: float = 1.0):
@@ -323,8 +296,8 @@ def raw_logprob(logits, token, temperature: float = 1.0):
 
 
 def _checked_weights(ratios, mask):
-    """Вид результата, веса w и маска; w = +inf на маске — ошибка (поддержку не восстановить)."""
-    kind, w = _Kind(ratios, mask), _ratios(ratios)
+    """Веса w и маска; w = +inf на маске — ошибка (поддержку не восстановить)."""
+    w = _ratios(ratios)
     m = _mask(mask, w.shape)
     if not m.any():
         raise ValueError("mask: не осталось ни одного токена")
@@ -334,14 +307,14 @@ def _checked_weights(ratios, mask):
             f"ratios: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
             "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
         )
-    return kind, w, m
+    return w, m
 
 
 def truncated_weights(ratios, cap: float, mask=None):
     """Усечённые веса (TIS): w̃ = min(w, C), вне маски 0. Возвращает (w̃, доля маски с w > C)."""
     cap = positive("cap", cap)
-    kind, w, m = _checked_weights(ratios, mask)
-    return kind.out(np.where(m, np.minimum(w, cap), 0.0)), float(((w > cap) & m).sum() / m.sum())
+    w, m = _checked_weights(ratios, mask)
+    return np.where(m, np.minimum(w, cap), 0.0)[()], float(((w > cap) & m).sum() / m.sum())
 
 
 def masked_weights(ratios, low: float, high: float, mask=None):
@@ -350,9 +323,9 @@ def masked_weights(ratios, low: float, high: float, mask=None):
     low = nonnegative("low", low)
     if not (is_number(high) and high > low):
         raise ValueError(f"high должно быть числом > low = {low:g} (можно inf), получено {high!r}")
-    kind, w, m = _checked_weights(ratios, mask)
+    w, m = _checked_weights(ratios, mask)
     inside = (w >= low) & (w <= float(high))
-    return kind.out(np.where(m & inside, w, 0.0)), float((m & ~inside).sum() / m.sum())
+    return np.where(m & inside, w, 0.0)[()], float((m & ~inside).sum() / m.sum())
 
 
 # --------------------------------------------------------------------------- условие поддержки
@@ -362,13 +335,13 @@ def support_violations(logp_target, logp_behavior, mask=None) -> dict:
     """Позиции, где μ(y) = 0 (log μ = −inf), а π(y) > 0: там w = π/μ = +inf. Ключи: count,
     share (доля маски), indices ([count, ndim]), target_mass = Σ π(y) по ним (масса вне носителя μ).
     """
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
+    lt, lb, m = _pair(logp_target, logp_behavior, mask)
     bad = np.isneginf(lb) & ~np.isneginf(lt) & m
     n = int(m.sum())
     return {
         "count": int(bad.sum()),
         "share": float(bad.sum() / n) if n else 0.0,
-        "indices": kind.out(np.argwhere(bad).astype(np.int64)),
+        "indices": np.argwhere(bad).astype(np.int64),
         "target_mass": float(np.exp(lt[bad]).sum()),
     }
 
@@ -521,7 +494,6 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
     (Σ_t Δ_t), token_/seq_ess_fraction (ESS/n; NaN при нарушении поддержки) и счётчики."""
     threshold = positive("threshold", threshold)
     inputs = (engine_logprobs, trainer_logprobs)
-    kind = _Kind(*(x[0] if _is_ragged(x) else x for x in inputs))
     if any(map(_is_ragged, inputs)):
         if not all(map(_is_ragged, inputs)) or mask is not None:
             raise ValueError("engine_logprobs и trainer_logprobs: оба — списки, mask — None")
@@ -531,7 +503,7 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
             raise ValueError(f"engine_logprobs и trainer_logprobs: длины {len_e} и {len_t}")
     else:
         names = ("trainer_logprobs", "engine_logprobs")
-        _, lt, lb, m = _pair(trainer_logprobs, engine_logprobs, mask, names)
+        lt, lb, m = _pair(trainer_logprobs, engine_logprobs, mask, names)
         if lb.ndim != 2:
             raise ValueError(f"engine_logprobs: нужна форма [batch, T], получено {lb.shape}")
     if not m.any():
@@ -550,7 +522,7 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
     }
     out |= {"abs_delta_max": float(ad.max()), "mean_delta": mean_delta}
     out |= {"share_above_threshold": float((ad > threshold).mean()), "threshold": threshold}
-    out |= {"seq_log_ratio": kind.out(seq), "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
+    out |= {"seq_log_ratio": seq, "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
     out["token_ess_fraction"] = nan if violations else normalized_ess(d, log=True)
     out["seq_ess_fraction"] = nan if violations else normalized_ess(seq[rows], log=True)
     return out | {"support_violations": violations}

@@ -26,7 +26,6 @@ from course_utils.offpolicy import (
 )
 
 # Ключи стратегий и их подписи в таблице.
-STRATEGIES = ("as_is", "drop", "truncate", "mask", "one_update")
 _LABELS = {
     "as_is": "как есть",
     "drop": "отбросить задержку > {drop_above}",
@@ -196,7 +195,7 @@ def stale_experiment(
             counts = rng.multinomial(len_pool[idx], np.exp(log_mu))
             log_rho = policy.logprobs(u) - log_mu
             draws[name] = (lag, counts, log_rho, (counts * log_rho).sum(-1), counts[..., -1] == 0)
-        for kind in STRATEGIES:
+        for kind in _LABELS:
             lag, counts, log_rho, log_w, reward = draws["once" if kind == "one_update" else "reuse"]
             w = _strategy_weights(kind, log_w, lag, drop_above, cap, band)
             frame = pd.DataFrame(

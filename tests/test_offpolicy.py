@@ -31,8 +31,8 @@ def _t(x):
 def test_importance_ratios_torch_in_vs_numpy_reference():
     lt, lb = _logps((4, 7))
     ours = op.importance_ratios(_t(lt), _t(lb))
-    assert isinstance(ours, torch.Tensor) and ours.dtype == torch.float64
-    np.testing.assert_allclose(ours.numpy(), np.exp(lt - lb), rtol=1e-12)
+    assert isinstance(ours, np.ndarray) and ours.dtype == np.float64
+    np.testing.assert_allclose(ours, np.exp(lt - lb), rtol=1e-12)
 
 
 def test_importance_ratios_numpy_in_vs_torch_reference():
@@ -43,13 +43,11 @@ def test_importance_ratios_numpy_in_vs_torch_reference():
     np.testing.assert_allclose(ours, ref, rtol=1e-12)
 
 
-def test_float32_and_lists_keep_kind():
+def test_low_precision_and_lists_give_float64():
     lt, lb = _logps((2, 3), seed=2)
-    out = op.importance_ratios(torch.tensor(lt, dtype=torch.float32), lb)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
     out16 = op.importance_ratios(torch.tensor(lt, dtype=torch.bfloat16), lb)
-    assert out16.dtype == torch.float32  # не bf16: exp в bf16 легко переполняется
-    assert op.importance_ratios(lt.astype(np.float32), lb.astype(np.float32)).dtype == np.float32
+    assert out16.dtype == np.float64  # не bf16: exp в bf16 легко переполняется
+    assert op.importance_ratios(lt.astype(np.float32), lb.astype(np.float32)).dtype == np.float64
     assert isinstance(op.importance_ratios(lt.tolist(), lb.tolist()), np.ndarray)
 
 
@@ -64,9 +62,9 @@ def test_sequence_log_ratio_vs_loop_and_mask():
     lt, lb = _logps((5, 9), seed=3)
     mask = RNG.integers(0, 2, size=(5, 9))
     ours = op.sequence_log_ratio(_t(lt), _t(lb), _t(mask))
-    assert isinstance(ours, torch.Tensor) and ours.shape == (5,)
+    assert ours.shape == (5,)
     ref = [sum(mask[i, j] * (lt[i, j] - lb[i, j]) for j in range(9)) for i in range(5)]
-    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
     # значения на позициях вне маски (токены запроса и среды) не влияют на ответ
     lt2 = np.where(mask == 1, lt, -50.0)
     np.testing.assert_allclose(op.sequence_log_ratio(lt2, lb, mask), ref, rtol=1e-12, atol=1e-12)
@@ -79,8 +77,7 @@ def test_sequence_log_ratio_1d_is_scalar():
     out = op.sequence_log_ratio(lt, lb, [1, 1, 0, 1, 0, 1])
     assert np.ndim(out) == 0
     assert out == pytest.approx(sum((lt - lb)[[0, 1, 3, 5]]), abs=1e-12)
-    out_t = op.sequence_log_ratio(_t(lt), _t(lb))
-    assert isinstance(out_t, torch.Tensor) and out_t.dim() == 0
+    assert np.ndim(op.sequence_log_ratio(_t(lt), _t(lb))) == 0
 
 
 def test_sequence_bad_inputs():
@@ -313,8 +310,7 @@ def test_truncated_weights():
     np.testing.assert_array_equal(out, [0.5, 1.0, 2.0, 2.0, 0.1])
     assert share == pytest.approx(2 / 5)
     out_t, share_m = op.truncated_weights(torch.tensor(w), 2.0, mask=[1, 1, 1, 0, 1])
-    assert isinstance(out_t, torch.Tensor)
-    np.testing.assert_array_equal(out_t.numpy(), [0.5, 1.0, 2.0, 0.0, 0.1])
+    np.testing.assert_array_equal(out_t, [0.5, 1.0, 2.0, 0.0, 0.1])
     assert share_m == pytest.approx(1 / 4)
     rand = RNG.lognormal(0, 1, size=(5, 6))
     out_r, share_r = op.truncated_weights(rand, 1.5)
@@ -330,7 +326,7 @@ def test_masked_weights():
     out_t, share_m = op.masked_weights(
         torch.tensor(w), 0.2, 3.0, mask=torch.tensor([1, 1, 0, 0, 1])
     )
-    np.testing.assert_array_equal(out_t.numpy(), [0.5, 1.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(out_t, [0.5, 1.0, 0.0, 0.0, 0.0])
     assert share_m == pytest.approx(1 / 3)
     rand = RNG.lognormal(0, 1, size=(4, 7))
     out_r, share_r = op.masked_weights(rand, 0.5, 2.0)
@@ -371,7 +367,7 @@ def test_support_violations_reported_not_hidden():
     np.testing.assert_array_equal(rep["indices"], [[0, 2], [1, 1]])
     assert rep["target_mass"] == pytest.approx(0.2 + 0.4)
     rep_m = op.support_violations(_t(lt), _t(lb), mask=[[1, 1, 0, 1], [1, 1, 1, 1]])
-    assert rep_m["count"] == 1 and isinstance(rep_m["indices"], torch.Tensor)
+    assert rep_m["count"] == 1
     assert rep_m["indices"].tolist() == [[1, 1]]
     # и остальные функции это показывают
     w = op.importance_ratios(lt, lb)
@@ -459,8 +455,7 @@ def test_tim_report_vs_numpy():
     assert rep["abs_delta_p99"] == pytest.approx(np.percentile(np.abs(d), 99), rel=1e-12)
     assert rep["abs_delta_max"] == pytest.approx(np.abs(d).max(), rel=1e-12)
     assert rep["share_above_threshold"] == pytest.approx((np.abs(d) > 1e-3).mean())
-    assert isinstance(rep["seq_log_ratio"], torch.Tensor)
-    np.testing.assert_allclose(rep["seq_log_ratio"].numpy(), seq, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(rep["seq_log_ratio"], seq, rtol=1e-10, atol=1e-14)
     assert rep["token_ess_fraction"] == pytest.approx(_ess_ref(np.exp(d)) / d.size, rel=1e-10)
     assert rep["seq_ess_fraction"] == pytest.approx(_ess_ref(np.exp(seq)) / 6, rel=1e-10)
     assert rep["support_violations"] == 0
@@ -476,7 +471,7 @@ def test_tim_report_ragged_lists_and_identity():
     rep = op.tim_report(engine, trainer)
     assert rep["n_tokens"] == 15 and rep["seq_log_ratio"].shape == (3,)
     ref = [float((t.double() - e.double()).sum()) for e, t in zip(engine, trainer)]
-    np.testing.assert_allclose(rep["seq_log_ratio"].numpy(), ref, rtol=1e-5)
+    np.testing.assert_allclose(rep["seq_log_ratio"], ref, rtol=1e-5)
     # записи контракта: списки чисел → numpy
     rep_l = op.tim_report([e.tolist() for e in engine], [t.tolist() for t in trainer])
     assert isinstance(rep_l["seq_log_ratio"], np.ndarray)
