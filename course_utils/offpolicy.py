@@ -171,9 +171,8 @@ def _ess(weights, mask, log: bool) -> tuple[float, int]:
 
 
 def effective_sample_size(weights, mask=None, *, log: bool = False) -> float:
-    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n, роллаутов.
-
-    Веса ≥ 0 конечны, маска (0/1) выбирает учитываемые; ``log=True`` — на входе log w."""
+    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n, роллаутов;
+    веса ≥ 0 конечны, маска (0/1) выбирает учитываемые, ``log=True`` — на входе log w."""
     return _ess(weights, mask, log)[0]
 
 
@@ -194,11 +193,9 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
 
 
 def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
-    """Клиппированная потеря PPO/GRPO по токенам (тензоры torch одной формы), нат·ед. A.
-
-    ρ_t = exp(log π_θ − log π_old), L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t);
-    N — num_tokens (весь пакет при микропакетах), иначе Σ m_t (без маски — число токенов).
-    """
+    """Потеря PPO/GRPO по токенам (тензоры torch), нат·ед. A: ρ_t = exp(log π_θ − log π_old),
+    L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
+    микропакетах), иначе Σ m_t (без маски — число токенов)."""
     ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
     surr = ratio * advantages
     surr = surr.minimum(ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)

@@ -83,11 +83,8 @@ def truncate_durations(durations: Iterable[float], timeout: float) -> tuple[np.n
 def best_device_split(
     K: int, gen_rate_per_device: float, train_rate_per_device: float
 ) -> tuple[int, int, float]:
-    """Разбиение K ≥ 2 устройств: max min(k_gen·r_g, k_train·r_t) при k_gen + k_train = K.
-
-    r_g, r_t — токенов/с на устройство; возвращает (k_gen, k_train, токенов/с), при ничьей —
-    меньший k_gen. Линейное масштабирование — приближение (узким местом бывают сеть и память).
-    """
+    """(k_gen, k_train, токенов/с) = argmax min(k_gen·r_g, k_train·r_t), k_gen + k_train = K ≥ 2;
+    r_g, r_t — токенов/с на устройство (линейное масштабирование), при ничьей — меньший k_gen."""
     K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
     r_t = positive("train_rate_per_device", train_rate_per_device)
@@ -355,12 +352,9 @@ class _Loop:
 
 
 def simulate(config: SimConfig | None = None) -> SimResult:
-    """Прогон модели на config.duration_s виртуальных секунд (SimPy; тот же seed — те же таблицы).
-
-    summary: throughput = токены завершённых шагов / duration_s; lag = consumed_version −
-    behavior_version, версий; ess_norm — среднее ESS/n = (Σw)² / (n·Σw²); доли простоя —
-    queue_wait тренера и backpressure сборщиков от полного времени.
-    """
+    """Прогон модели на config.duration_s виртуальных секунд (тот же seed — те же таблицы).
+    summary: throughput = токены завершённых шагов / duration_s, lag = consumed_version −
+    behavior_version (версий), ess_norm — среднее по шагам ESS/n = (Σw)² / (n·Σw²)."""
     cfg = SimConfig() if config is None else config
     if not isinstance(cfg, SimConfig):
         raise ValueError(f"config должно быть SimConfig или None, получено {type(cfg)}")

@@ -80,7 +80,7 @@ def test_fmt_bytes_groups_digits_the_russian_way():
     assert fmt_bytes(131_072, "B") == f"131{NBSP}072{NBSP}Б"
     assert fmt_bytes(2048 * GIB, digits=1) == f"2{NBSP}048.0{NBSP}ГиБ (2³⁰ Б)"
     assert "," not in fmt_bytes(10**15, "B") + fmt_bytes(10**15, "KiB")
-    assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("TB")
+    assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("GB")
 
 
 def test_module_import_does_not_import_torch():
@@ -397,10 +397,10 @@ def test_lora_against_peft_printouts():
     t = lora_trainable_params(q05, 8)
     assert t == 1_081_344
     assert q05.num_params + t == 495_114_112
-    q15 = memory.MODEL_CONFIGS_DIR / "Qwen2.5-1.5B.json"
+    q15 = ModelShape.from_name("Qwen2.5-1.5B")
     t = lora_trainable_params(q15, 8, memory.LORA_TARGETS)
     assert t == 9_232_384
-    assert ModelShape.from_config(q15).num_params + t == 1_552_946_688
+    assert q15.num_params + t == 1_552_946_688
     # линейно по рангу
     assert lora_trainable_params(q05, 16) == 2 * lora_trainable_params(q05, 8)
 
@@ -420,7 +420,7 @@ def test_lora_shapes_match_real_linear_layers(name):
         for full, mod in model.named_modules()
         if full.rsplit(".", 1)[-1] in memory.LORA_TARGETS
     )
-    assert lora_trainable_params(d, r, memory.LORA_TARGETS) == expected
+    assert lora_trainable_params(ModelShape.from_config(d), r, memory.LORA_TARGETS) == expected
 
 
 def test_lora_bad_input():
