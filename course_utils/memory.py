@@ -61,14 +61,13 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
     return f"{short} ({power})" if explain and power else short
 
 
-def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool = True) -> str:
+def fmt_bytes(n_bytes: Real, unit: str = "GiB", explain: bool = True) -> str:
     """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (explain=False — без скобок), unit="B" →
     "1 234 567 Б"; пробелы — неразрывные."""
     nonnegative("n_bytes", n_bytes)
-    digits = integer("digits", digits, 0)
     if choice("unit", unit, _UNITS) == "B":
         return f"{num(_bytes(n_bytes))}{NBSP}Б"
-    return f"{num(to_unit(n_bytes, unit), digits)}{NBSP}{unit_label(unit, explain)}"
+    return f"{num(to_unit(n_bytes, unit), 2)}{NBSP}{unit_label(unit, explain)}"
 
 
 # ---------------------------------------------------------------- рецепты, состояние, KV-кэш
@@ -284,9 +283,7 @@ class ModelShape:
     @classmethod
     def from_name(cls, name: str) -> ModelShape:
         """Форма модели из ``data/model_configs/<name>.json`` (см. ``available_model_configs``)."""
-        names = available_model_configs()
-        if name not in names:
-            raise ValueError(f"нет конфигурации {name!r}; доступны: {', '.join(names)}")
+        choice("name (конфигурация data/model_configs)", name, available_model_configs())
         return cls.from_config(MODEL_CONFIGS_DIR / f"{name}.json")
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
@@ -514,12 +511,10 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
     }
 
 
-def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE_DTYPES) -> str:
-    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети (модель на meta из
-    config: имя из data/model_configs, путь или словарь)."""
-    known = isinstance(config, str) and config in HUB_REPOS
-    d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
-    dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
+def accelerate_printout(name: str) -> str:
+    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети: модель на meta
+    по конфигурации name из data/model_configs (ключ ``HUB_REPOS``), все типы ACCELERATE_DTYPES."""
+    d = _config_dict(MODEL_CONFIGS_DIR / f"{choice('name', name, HUB_REPOS)}.json")
     import contextlib
     import io
     from unittest import mock
@@ -533,8 +528,9 @@ def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE
         with init_empty_weights():
             return AutoModel.from_config(AutoConfig.for_model(**d), dtype=torch.float32)
 
-    name = HUB_REPOS[config] if known else "config.json"
-    args = est.estimate_command_parser().parse_args([name, "--dtypes", *dtypes])
+    args = est.estimate_command_parser().parse_args(
+        [HUB_REPOS[name], "--dtypes", *ACCELERATE_DTYPES]
+    )
     out = io.StringIO()
     with mock.patch.object(est, "create_empty_model", on_meta), contextlib.redirect_stdout(out):
         est.estimate_command(args)

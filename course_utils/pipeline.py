@@ -431,23 +431,19 @@ PROFILE_INDEX_NOTE = (
 PROFILE_BASE = SimConfig(decode_tokens_per_s=160.0)
 
 
-def profile_over_lag(
-    base: SimConfig | None = None, lags: Iterable[int | None] = (0, 1, 2, 4, None)
-) -> pd.DataFrame:
-    """Профиль по глубине перекрытия: строка на max_policy_lag = η (None — «∞»), остальное — из
-    base (``PROFILE_BASE``); столбцы — ``PROFILE_COLUMNS``, индекс — ``PROFILE_INDEX``."""
+def profile_over_lag(base: SimConfig | None = None) -> pd.DataFrame:
+    """Профиль по глубине перекрытия: строка на max_policy_lag = η ∈ 0, 1, 2, 4, «∞» (None),
+    остальное — из base (``PROFILE_BASE``); столбцы — ``PROFILE_COLUMNS``."""
     base = PROFILE_BASE if base is None else base
-    rows, index = [], []
-    for eta in list(lags):
-        index.append("∞" if eta is None else str(integer("lags[...]", eta, 0, strict=True)))
+    lags, rows = (0, 1, 2, 4, None), []
+    for eta in lags:
         s = simulate(dataclasses.replace(base, max_policy_lag=eta)).summary
         row = {}
         for column, key, scale, digits, _ in _PROFILE.itertuples(index=False):
             row[column] = round(float(scale) * s[key], int(digits)) if digits else s[key]
         rows.append(row)
-    if not rows:
-        raise ValueError("lags не должно быть пустым")
-    return pd.DataFrame(rows, index=pd.Index(index, name=PROFILE_INDEX))
+    index = pd.Index(["∞" if eta is None else str(eta) for eta in lags], name=PROFILE_INDEX)
+    return pd.DataFrame(rows, index=index)
 
 
 def _queue_steps(result: Any, threshold_tokens: float | None):
@@ -507,7 +503,7 @@ def sum_of_work(intervals: Any, exclude_stages: Iterable[str] = WAIT_STAGES) -> 
 
 
 def critical_path(
-    intervals: Any, deps: Mapping | None = None, exclude_stages=WAIT_STAGES, unlimited_workers=()
+    intervals: Any, deps: Mapping | None = None, unlimited_workers=()
 ) -> tuple[float, pd.DataFrame]:
     """Критический путь: L = max по цепочкам зависимых интервалов Σ (end_s − start_s), с →
     (L, цепочка). Интервал зависит от прошлого интервала своего исполнителя (кроме
@@ -515,7 +511,7 @@ def critical_path(
     if isinstance(unlimited_workers, str):
         raise ValueError(f"unlimited_workers должно быть списком имён: {unlimited_workers!r}")
     unlimited = {str(w) for w in unlimited_workers}
-    df = _intervals(intervals, exclude_stages)
+    df = _intervals(intervals, WAIT_STAGES)
     if df.empty:
         raise ValueError("intervals: нет ни одного интервала работы")
     preds = {i: list(d) for i, d in (deps or {}).items()}  # строка → предшественники
@@ -549,16 +545,13 @@ def critical_path(
 
 
 def pool_utilization(
-    intervals: Any,
-    pools: Mapping[str, str],
-    horizon: float | None = None,
-    exclude_stages=WAIT_STAGES,
+    intervals: Any, pools: Mapping[str, str], horizon: float | None = None
 ) -> pd.Series:
     """Загрузка пулов: U = Σ занятое время / (исполнителей пула · H), доля; pools — «исполнитель
     → пул», занятое время — объединение интервалов на [0, H], H = horizon или max end_s, с."""
     if not isinstance(pools, Mapping) or not pools:
         raise ValueError(f"pools должно быть непустым словарём «исполнитель → пул»: {pools!r}")
-    df = _intervals(intervals, exclude_stages)
+    df = _intervals(intervals, WAIT_STAGES)
     if df.empty and horizon is None:
         raise ValueError("intervals: нет интервалов работы, а horizon не задан")
     unknown = sorted(set(df["worker"].astype(str)) - set(map(str, pools)))

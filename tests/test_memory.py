@@ -64,8 +64,8 @@ PUBLISHED_PARAMS = {
 def test_fmt_bytes_names_the_unit():
     assert fmt_bytes(1.5 * GIB) == f"1.50{NBSP}ГиБ (2³⁰ Б)"
     assert fmt_bytes(1.5 * GIB, explain=False) == f"1.50{NBSP}ГиБ"
-    assert fmt_bytes(120 * GB, "GB", digits=1) == f"120.0{NBSP}ГБ (10⁹ Б)"
-    assert fmt_bytes(128 * KIB, "KiB", digits=0) == f"128{NBSP}КиБ (2¹⁰ Б)"
+    assert fmt_bytes(120 * GB, "GB") == f"120.00{NBSP}ГБ (10⁹ Б)"
+    assert fmt_bytes(128 * KIB, "KiB") == f"128.00{NBSP}КиБ (2¹⁰ Б)"
     # 1 ГБ ≠ 1 ГиБ: 10^9 / 2^30 ≈ 0.93
     assert memory.to_unit(GB, "GiB") == pytest.approx(0.9313225746)
     with pytest.raises(ValueError, match="unit"):
@@ -78,7 +78,7 @@ def test_fmt_bytes_groups_digits_the_russian_way():
     """Разряды — неразрывный пробел, не запятая (131,072 читается как «131 целая»)."""
     assert fmt_bytes(1_234_567, "B") == f"1{NBSP}234{NBSP}567{NBSP}Б"
     assert fmt_bytes(131_072, "B") == f"131{NBSP}072{NBSP}Б"
-    assert fmt_bytes(2048 * GIB, digits=1) == f"2{NBSP}048.0{NBSP}ГиБ (2³⁰ Б)"
+    assert fmt_bytes(2048 * GIB) == f"2{NBSP}048.00{NBSP}ГиБ (2³⁰ Б)"
     assert "," not in fmt_bytes(10**15, "B") + fmt_bytes(10**15, "KiB")
     assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("GB")
 
@@ -383,7 +383,7 @@ def test_from_config_sources_agree():
 def test_from_config_bad_input(config, arg):
     with pytest.raises(ValueError, match=arg):
         ModelShape.from_config(config)
-    with pytest.raises(ValueError, match="нет конфигурации"):
+    with pytest.raises(ValueError, match="конфигурация data/model_configs.*Qwen2.5-0.5B"):
         ModelShape.from_name("GPT-5")
 
 
@@ -643,10 +643,11 @@ def test_accelerate_dtypes_are_the_cli_choices():
     for call in (
         lambda: memory.accelerate_rule(10**9, "bfloat16"),
         lambda: memory.accelerate_estimate(10**9, "bfloat16"),
-        lambda: memory.accelerate_printout("Qwen2.5-0.5B", ["bfloat16"]),
     ):
         with pytest.raises(ValueError, match="bfloat16"):
             call()
+    with pytest.raises(ValueError, match="name"):  # только конфигурации data/model_configs
+        memory.accelerate_printout("config.json")
 
 
 def test_accelerate_printout_is_the_real_table_offline(monkeypatch):

@@ -93,7 +93,6 @@ def test_best_device_split():
         (lambda: pl.best_device_split(4, 0, 1), "gen_rate_per_device"),
         (lambda: pl.best_device_split(4, 1, True), "train_rate_per_device"),
         (lambda: pl.pool_utilization([("a", "x", 0, 1)], {"a": "p"}), "intervals"),
-        (lambda: pl.profile_over_lag(lags=[-1]), "lags"),
         (lambda: simulate({"duration_s": 10}), "config"),
     ],
 )
