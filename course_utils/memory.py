@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from typing import Any
 from course_utils.args import choice, integer, nonnegative, positive, real, text
 from course_utils.fmt import NBSP, count, num
 
-MODEL_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "data" / "model_configs"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+MODEL_CONFIGS_DIR = DATA_DIR / "model_configs"
 
 KIB = 2**10
 MIB = 2**20
@@ -33,11 +35,7 @@ _UNITS: dict[str, tuple[int, str, str]] = {
     "KiB": (KIB, "КиБ", "2¹⁰ Б"),
     "MiB": (MIB, "МиБ", "2²⁰ Б"),
     "GiB": (GIB, "ГиБ", "2³⁰ Б"),
-    "TiB": (2**40, "ТиБ", "2⁴⁰ Б"),
-    "KB": (10**3, "КБ", "10³ Б"),
-    "MB": (10**6, "МБ", "10⁶ Б"),
     "GB": (GB, "ГБ", "10⁹ Б"),
-    "TB": (10**12, "ТБ", "10¹² Б"),
 }
 
 
@@ -63,14 +61,13 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
     return f"{short} ({power})" if explain and power else short
 
 
-def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool = True) -> str:
+def fmt_bytes(n_bytes: Real, unit: str = "GiB", explain: bool = True) -> str:
     """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (explain=False — без скобок), unit="B" →
     "1 234 567 Б"; пробелы — неразрывные."""
     nonnegative("n_bytes", n_bytes)
-    digits = integer("digits", digits, 0)
     if choice("unit", unit, _UNITS) == "B":
         return f"{num(_bytes(n_bytes))}{NBSP}Б"
-    return f"{num(to_unit(n_bytes, unit), digits)}{NBSP}{unit_label(unit, explain)}"
+    return f"{num(to_unit(n_bytes, unit), 2)}{NBSP}{unit_label(unit, explain)}"
 
 
 # ---------------------------------------------------------------- рецепты, состояние, KV-кэш
@@ -106,28 +103,14 @@ class TrainingRecipe:
         return f"{line} — {self.label}" if self.label else line
 
 
-# Байты на параметр (b_param, b_grad, b_m1, b_m2, b_master) и подпись каждого рецепта.
-_RECIPE_BYTES = {
-    "fp32_adam": (4, 4, 4, 4, 0),
-    "bf16_mixed_adam": (2, 2, 4, 4, 4),
-    "mixed_fp32_grads": (2, 4, 4, 4, 4),
-    "bf16_pure_adam": (2, 2, 2, 2, 0),
-    "adam8bit_mixed": (2, 2, 1, 1, 4),
-    "sgd_fp32": (4, 4, 0, 0, 0),
-    "sgd_momentum_fp32": (4, 4, 4, 0, 0),
-}
-_RECIPE_LABELS = {
-    "fp32_adam": "Adam целиком в float32: веса, градиенты, m и v (отдельной мастер-копии нет)",
-    "bf16_mixed_adam": "смешанная точность: bf16-веса и bf16-градиенты, Adam m и v во float32, fp32-мастер-копия (те самые «16 байт», ZeRO: 2 + 2 + K, K = 12)",
-    "mixed_fp32_grads": "bf16/fp16-веса, градиенты во float32, Adam во float32, fp32-мастер-копия (18 Б: умолчание калькулятора EleutherAI; DeepSpeed в оценке ZeRO-2 добавляет ещё 2 Б fp16-градиентов)",
-    "bf16_pure_adam": "всё в bfloat16: веса, градиенты, m и v; мастер-копии нет",
-    "adam8bit_mixed": "bf16-веса и градиенты, 8-битный AdamW bitsandbytes (m и v по 1 Б), fp32-мастер-копия; масштабы блоков (absmax) и 32-битные состояния тензоров меньше min_8bit_size = 4096 элементов не учтены",
-    "sgd_fp32": "SGD без момента во float32: только веса и градиенты",
-    "sgd_momentum_fp32": "SGD с моментом во float32: веса, градиенты, один буфер момента",
-}
-RECIPES: dict[str, TrainingRecipe] = {
-    name: TrainingRecipe(*parts, _RECIPE_LABELS[name]) for name, parts in _RECIPE_BYTES.items()
-}
+def _read_recipes() -> dict[str, TrainingRecipe]:
+    """Рецепты из data/training_recipes.csv: имя, b_param, b_grad, b_m1, b_m2, b_master, подпись."""
+    with open(DATA_DIR / "training_recipes.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))[1:]  # без строки заголовка
+    return {name: TrainingRecipe(*map(int, parts), label) for name, *parts, label in rows}
+
+
+RECIPES = _read_recipes()
 
 
 def recipe(name: str) -> TrainingRecipe:
@@ -300,9 +283,7 @@ class ModelShape:
     @classmethod
     def from_name(cls, name: str) -> ModelShape:
         """Форма модели из ``data/model_configs/<name>.json`` (см. ``available_model_configs``)."""
-        names = available_model_configs()
-        if name not in names:
-            raise ValueError(f"нет конфигурации {name!r}; доступны: {', '.join(names)}")
+        choice("name (конфигурация data/model_configs)", name, available_model_configs())
         return cls.from_config(MODEL_CONFIGS_DIR / f"{name}.json")
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
@@ -352,30 +333,20 @@ def available_model_configs() -> list[str]:
     return sorted(p.stem for p in MODEL_CONFIGS_DIR.glob("*.json"))
 
 
-def _as_shape(value: Any, name: str = "shape_or_config") -> ModelShape:
-    if isinstance(value, ModelShape):
-        return value
-    try:
-        return ModelShape.from_config(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from exc
-
-
 def lora_trainable_params(
-    shape_or_config: Any, rank: int, target_modules: tuple[str, ...] | list[str] = LORA_TARGETS[:4]
+    shape: ModelShape, rank: int, target_modules: tuple[str, ...] | list[str] = LORA_TARGETS[:4]
 ) -> int:
     """Обучаемые параметры LoRA: L·Σ_целей r·(d_in + d_out) по настоящим формам (по умолчанию
     цели q, k, v, o; bias="none")."""
-    shape = _as_shape(shape_or_config)
     r = integer("rank", rank, 1)
-    targets = target_modules if isinstance(target_modules, tuple | list) else ()
-    if not targets or any(t not in LORA_TARGETS for t in targets):
+    targets = set(target_modules)  # строка "q_proj" даст буквы и не пройдёт проверку
+    if not targets or not targets <= set(LORA_TARGETS):
         raise ValueError(
             f"target_modules: допустимы непустые подмножества {LORA_TARGETS}, "
             f"получено {target_modules!r}"
         )
     shapes = shape.projection_shapes()
-    return shape.num_layers * sum(r * sum(shapes[t]) for t in set(targets))  # L·Σ r(i+o)
+    return shape.num_layers * sum(r * sum(shapes[t]) for t in targets)  # L·Σ r(i+o)
 
 
 # ---------------------------------------------------------------- совместное размещение
@@ -503,16 +474,16 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
     сумма) статей model, gradients, optimizer, step: float32 — 4P, 4P, 8P, 16P; float16 — 4P,
     6P, 8P, 8P; int8, int4 — N/A."""
     dtype = choice("dtype", dtype, ACCELERATE_DTYPES)
-    if isinstance(n_params_or_shape, Real):  # число параметров: 7.5e9 можно, 7.5 нельзя
-        counted = integer("n_params_or_shape", n_params_or_shape, 1)
-        buffers, largest, lm_head = 0, None, 0
-    else:
-        shape = _as_shape(n_params_or_shape, "n_params_or_shape")
+    if isinstance(n_params_or_shape, ModelShape):
+        shape = n_params_or_shape
         b = shape.param_breakdown()
         counted = b["embeddings"] + b["layers"] + b["final_norm"]  # AutoModel: без lm_head
         lm_head = b["lm_head"]  # 0, если голова связана с эмбеддингами
         buffers = shape.head_dim  # inv_freq + original_inv_freq, по d_h/2 float32
         largest = 4 * max(b["embeddings"], shape.layer_params(), shape.hidden_size, buffers)
+    else:  # число параметров: 7.5e9 можно, 7.5 нельзя
+        counted = integer("n_params_or_shape", n_params_or_shape, 1)
+        buffers, largest, lm_head = 0, None, 0
     total = 4 * (counted + buffers)  # 4·P_acc байт
     usage = None  # статьи estimate_training_usage(total); для int8 и int4 их нет
     if dtype == "float32":
@@ -540,12 +511,10 @@ def accelerate_rule(n_params_or_shape: Any, dtype: str = "float16") -> dict[str,
     }
 
 
-def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE_DTYPES) -> str:
-    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети (модель на meta из
-    config: имя из data/model_configs, путь или словарь)."""
-    known = isinstance(config, str) and config in HUB_REPOS
-    d = _config_dict(MODEL_CONFIGS_DIR / f"{config}.json" if known else config)
-    dtypes = [choice("dtypes[]", x, ACCELERATE_DTYPES) for x in dtypes] or list(ACCELERATE_DTYPES)
+def accelerate_printout(name: str) -> str:
+    """Таблица настоящего ``accelerate estimate-memory`` его же кодом, без сети: модель на meta
+    по конфигурации name из data/model_configs (ключ ``HUB_REPOS``), все типы ACCELERATE_DTYPES."""
+    d = _config_dict(MODEL_CONFIGS_DIR / f"{choice('name', name, HUB_REPOS)}.json")
     import contextlib
     import io
     from unittest import mock
@@ -559,8 +528,9 @@ def accelerate_printout(config: Any, dtypes: tuple[str, ...] | list = ACCELERATE
         with init_empty_weights():
             return AutoModel.from_config(AutoConfig.for_model(**d), dtype=torch.float32)
 
-    name = HUB_REPOS[config] if known else "config.json"
-    args = est.estimate_command_parser().parse_args([name, "--dtypes", *dtypes])
+    args = est.estimate_command_parser().parse_args(
+        [HUB_REPOS[name], "--dtypes", *ACCELERATE_DTYPES]
+    )
     out = io.StringIO()
     with mock.patch.object(est, "create_empty_model", on_meta), contextlib.redirect_stdout(out):
         est.estimate_command(args)

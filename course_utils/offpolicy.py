@@ -2,8 +2,8 @@
 
 μ_v — политика поведения (движок), π_old — знаменатель PPO-подобной цели, π_θ — обучаемая;
 задержка — v < u, TIM — разные вероятности при одной версии весов. Входы — torch, numpy или
-списки; результат — того же вида, сводки — float. μ = 0 < π даёт log w = +inf
-(``support_violations``), π = 0 — w = 0; NaN и log-вероятность > ``LOGPROB_TOL`` — ошибка входа.
+списки; результат — массив numpy float64, сводки — float. μ = 0 < π даёт log w = +inf
+(``support_violations``), π = 0 — w = 0; NaN и log-вероятность > ``_LOGPROB_TOL`` — ошибка входа.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from course_utils.args import integer, is_number, nonnegative, optional_integer,
 
 # Допуск на округление: log-вероятность до +1e-6 ещё принимается (float32 log_softmax даёт
 # +1e-7 там, где точное значение 0); больше — это вероятность > 1, то есть ошибка входа.
-LOGPROB_TOL = 1e-6
+_LOGPROB_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------- общие помощники
@@ -27,28 +27,6 @@ def _is_tensor(x) -> bool:
     """Тензор torch (если torch не импортирован, тензоров на входе быть не может)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
-
-
-class _Kind:
-    """Вид результата: numpy или torch (с устройством и типом первого тензора среди входов)."""
-
-    def __init__(self, *inputs):
-        self.tensor = next((x for x in inputs if _is_tensor(x)), None)
-        first = next((x for x in inputs if x is not None), None)
-        f32 = isinstance(first, np.ndarray) and first.dtype == np.float32
-        self.np_dtype = np.float32 if self.tensor is None and f32 else np.float64
-
-    def out(self, arr):
-        arr = np.asarray(arr)
-        if self.tensor is None:
-            res = arr.astype(self.np_dtype) if arr.dtype.kind == "f" else arr
-            return res[()] if res.ndim == 0 else res
-        torch = sys.modules["torch"]
-        src = torch.from_numpy(np.array(arr, order="C"))  # 0-d остаётся 0-d
-        if arr.dtype.kind != "f":
-            return src.to(device=self.tensor.device)
-        dtype = torch.float64 if self.tensor.dtype == torch.float64 else torch.float32
-        return src.to(device=self.tensor.device, dtype=dtype)
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -79,42 +57,39 @@ def _floats(x, name: str, *, allow_neg_inf: bool = True, allow_pos_inf: bool = F
 
 
 def _logprobs(x, name: str) -> np.ndarray:
-    """Массив log-вероятностей: без NaN и +inf, −inf разрешён (p = 0), значения ≤ LOGPROB_TOL."""
+    """Массив log-вероятностей: без NaN и +inf, −inf разрешён (p = 0), значения ≤ _LOGPROB_TOL."""
     arr = _floats(x, name)
-    above = arr > LOGPROB_TOL
+    above = arr > _LOGPROB_TOL
     if above.any():
         raise ValueError(
-            f"{name}: log-вероятность должна быть ≤ 0 (допуск {LOGPROB_TOL:g} на округление), "
+            f"{name}: log-вероятность должна быть ≤ 0 (допуск {_LOGPROB_TOL:g} на округление), "
             f"а на {int(above.sum())} позициях больше, максимум {float(arr.max()):.4g} — "
             "похоже, переданы сами вероятности, а не их логарифмы"
         )
     return arr
 
 
-def _mask(mask, shape: tuple, name: str = "mask") -> np.ndarray:
+def _mask(mask, shape: tuple) -> np.ndarray:
     """Булева маска формы ``shape``; None — все позиции учитываются. Значения только 0/1."""
     if mask is None:
         return np.ones(shape, dtype=bool)
-    m = _to_numpy(mask, name)
+    m = _to_numpy(mask, "mask")
     if m.shape != tuple(shape):
-        raise ValueError(f"{name}: форма {m.shape} не совпадает с формой данных {tuple(shape)}")
+        raise ValueError(f"mask: форма {m.shape} не совпадает с формой данных {tuple(shape)}")
     if m.dtype == bool:
         return m
     mf = m.astype(np.float64)
     if np.isnan(mf).any() or not np.isin(mf, (0.0, 1.0)).all():
-        raise ValueError(f"{name}: допустимы только значения 0 и 1 (или True/False)")
+        raise ValueError("mask: допустимы только значения 0 и 1 (или True/False)")
     return mf == 1.0
 
 
-def _pair(logp_target, logp_behavior, mask=None, names=("logp_target", "logp_behavior")):
-    """Вид результата, проверенные log π и log μ одной формы и маска (None — все позиции)."""
-    kind = _Kind(logp_target, logp_behavior, mask)
-    lt, lb = _logprobs(logp_target, names[0]), _logprobs(logp_behavior, names[1])
+def _pair(logp_target, logp_behavior, mask=None):
+    """Проверенные log π и log μ одной формы и маска (None — все позиции)."""
+    lt, lb = _logprobs(logp_target, "logp_target"), _logprobs(logp_behavior, "logp_behavior")
     if lt.shape != lb.shape:
-        raise ValueError(
-            f"{names[0]} и {names[1]}: формы различаются, {lt.shape} против {lb.shape}"
-        )
-    return kind, lt, lb, _mask(mask, lt.shape)
+        raise ValueError(f"logp_target и logp_behavior: формы различаются, {lt.shape} и {lb.shape}")
+    return lt, lb, _mask(mask, lt.shape)
 
 
 def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
@@ -143,9 +118,9 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 def importance_ratios(logp_target, logp_behavior):
     """Поэлементно w = π(y)/μ(y) = exp(log π(y) − log μ(y)); μ = 0 < π даёт +inf, π = 0 — 0."""
-    kind, lt, lb, _ = _pair(logp_target, logp_behavior)
+    lt, lb, _ = _pair(logp_target, logp_behavior)
     with np.errstate(over="ignore"):
-        return kind.out(np.exp(_log_ratio_np(lt, lb)))
+        return np.exp(_log_ratio_np(lt, lb))[()]
 
 
 def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -165,19 +140,18 @@ def _seq_sum(d: np.ndarray, m: np.ndarray) -> np.ndarray:
 def sequence_log_ratio(logp_target, logp_behavior, mask=None):
     """Последовательностный логарифм отношения: log w_seq = Σ_t m_t·(log π_t − log μ_t), нат.
     Сумма по последней оси; маска m (0/1) исключает токены запроса и среды — не политики."""
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
-    return kind.out(_seq_sum(_log_ratio_np(lt, lb), m))
+    lt, lb, m = _pair(logp_target, logp_behavior, mask)
+    return _seq_sum(_log_ratio_np(lt, lb), m)[()]
 
 
 # --------------------------------------------------------------------------- ESS
 
 
-def _ess(weights, mask, log: bool) -> tuple[float, int]:
+def _ess(weights, log: bool) -> tuple[float, int]:
     name = "log_weights" if log else "weights"
-    w = _floats(weights, name, allow_pos_inf=True, allow_neg_inf=log)
-    v = w[_mask(mask, w.shape)]
+    v = _floats(weights, name, allow_pos_inf=True, allow_neg_inf=log).ravel()
     if v.size == 0:
-        raise ValueError(f"{name}: после маски не осталось ни одного веса")
+        raise ValueError(f"{name}: нет ни одного веса")
     if np.isposinf(v).any():
         raise ValueError(
             f"{name}: вес +inf на {int(np.isposinf(v).sum())} позициях — нарушено условие "
@@ -193,16 +167,15 @@ def _ess(weights, mask, log: bool) -> tuple[float, int]:
     return min(max(ess, 1.0), float(v.size)), int(v.size)
 
 
-def effective_sample_size(weights, mask=None, *, log: bool = False) -> float:
-    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n, роллаутов.
+def effective_sample_size(weights, *, log: bool = False) -> float:
+    """Эффективный размер выборки Киша: ESS = (Σ_i w_i)² / Σ_i w_i², 1 ≤ ESS ≤ n, роллаутов;
+    веса ≥ 0 конечны, ``log=True`` — на входе log w."""
+    return _ess(weights, log)[0]
 
-    Веса ≥ 0 конечны, маска (0/1) выбирает учитываемые; ``log=True`` — на входе log w."""
-    return _ess(weights, mask, log)[0]
 
-
-def normalized_ess(weights, mask=None, *, log: bool = False) -> float:
+def normalized_ess(weights, *, log: bool = False) -> float:
     """ESS/n ∈ (0, 1], где n — число учтённых весов; 1 — все веса равны."""
-    ess, n = _ess(weights, mask, log)
+    ess, n = _ess(weights, log)
     return ess / n
 
 
@@ -217,11 +190,9 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
 
 
 def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
-    """Клиппированная потеря PPO/GRPO по токенам (тензоры torch одной формы), нат·ед. A.
-
-    ρ_t = exp(log π_θ − log π_old), L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t);
-    N — num_tokens (весь пакет при микропакетах), иначе Σ m_t (без маски — число токенов).
-    """
+    """Потеря PPO/GRPO по токенам (тензоры torch), нат·ед. A: ρ_t = exp(log π_θ − log π_old),
+    L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
+    микропакетах), иначе Σ m_t (без маски — число токенов)."""
     ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
     surr = ratio * advantages
     surr = surr.minimum(ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
@@ -232,15 +203,14 @@ def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.
     return -surr.mean() if mask is None else -surr.sum() / mask.sum().clamp(min=1)
 
 
-def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high=None) -> float:
-    """Доля клиппирования PPO среди токенов маски: без A — доля r вне [1 − ε, 1 + ε_high]
+def clip_fraction(ratios, eps: float = 0.2, advantages=None, eps_high=None) -> float:
+    """Доля клиппирования PPO среди токенов: без A — доля r вне [1 − ε, 1 + ε_high]
     (ε_high = ε по умолчанию); с A (по токену или последовательности) — доля ``clipped``."""
     eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     eps_high = eps if eps_high is None else positive("eps_high", eps_high)
     r = _ratios(ratios)
-    m = _mask(mask, r.shape)
-    if not m.any():
-        raise ValueError("mask: не осталось ни одного токена, доля не определена")
+    if r.size == 0:
+        raise ValueError("ratios: нет ни одного токена, доля не определена")
     if advantages is None:
         hit = (r < 1 - eps) | (r > 1 + eps_high)
     else:
@@ -253,19 +223,15 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, mask=None, eps_high
                 f"или {r.shape[:-1]} (по последовательности)"
             )
         hit = clipped(r, a, eps, eps_high)
-    return float((hit & m).sum() / m.sum())
+    return float(hit.mean())
 
 
-def log_weight_stats(log_weights, mask=None) -> dict:
-    """Сводка log w по маске, нат: mean/max |log w|, mean/min/max log w, n_tokens,
-    support_violations (число +inf); среднее при ±inf — NaN."""
-    d = _floats(log_weights, "log_weights", allow_pos_inf=True)
-    return _log_w_stats(d[_mask(mask, d.shape)])
-
-
-def _log_w_stats(d: np.ndarray) -> dict:
+def log_weight_stats(log_weights) -> dict:
+    """Сводка log w, нат: mean/max |log w|, mean/min/max log w, n_tokens, support_violations
+    (число +inf); среднее при ±inf — NaN."""
+    d = _floats(log_weights, "log_weights", allow_pos_inf=True).ravel()
     if d.size == 0:
-        raise ValueError("mask: не осталось ни одного токена")
+        raise ValueError("log_weights: нет ни одного токена")
     with np.errstate(invalid="ignore"):
         mean = float(d.mean())
     return {
@@ -309,8 +275,7 @@ def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0
     out = lp.gather(-1, torch.from_numpy(tok).to(lp.device).unsqueeze(-1)).squeeze(-1)
     if _is_tensor(logits):
         return out
-    res = out.detach().cpu().numpy()
-    return res[()] if res.ndim == 0 else res
+    return out.detach().cpu().numpy()[()]
 
 
 def raw_logprob(logits, token, temperature: float = 1.0):
@@ -322,37 +287,36 @@ def raw_logprob(logits, token, temperature: float = 1.0):
 # --------------------------------------------------------------------------- TIS и MIS
 
 
-def _checked_weights(ratios, mask):
-    """Вид результата, веса w и маска; w = +inf на маске — ошибка (поддержку не восстановить)."""
-    kind, w = _Kind(ratios, mask), _ratios(ratios)
-    m = _mask(mask, w.shape)
-    if not m.any():
-        raise ValueError("mask: не осталось ни одного токена")
-    bad = np.isposinf(w) & m
+def _checked_weights(ratios) -> np.ndarray:
+    """Непустые веса w; w = +inf — ошибка (поддержку не восстановить)."""
+    w = _ratios(ratios)
+    if w.size == 0:
+        raise ValueError("ratios: нет ни одного веса")
+    bad = np.isposinf(w)
     if bad.any():
         raise ValueError(
             f"ratios: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
             "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
         )
-    return kind, w, m
+    return w
 
 
-def truncated_weights(ratios, cap: float, mask=None):
-    """Усечённые веса (TIS): w̃ = min(w, C), вне маски 0. Возвращает (w̃, доля маски с w > C)."""
+def truncated_weights(ratios, cap: float):
+    """Усечённые веса (TIS): w̃ = min(w, C). Возвращает (w̃, доля весов с w > C)."""
     cap = positive("cap", cap)
-    kind, w, m = _checked_weights(ratios, mask)
-    return kind.out(np.where(m, np.minimum(w, cap), 0.0)), float(((w > cap) & m).sum() / m.sum())
+    w = _checked_weights(ratios)
+    return np.minimum(w, cap)[()], float((w > cap).mean())
 
 
-def masked_weights(ratios, low: float, high: float, mask=None):
-    """Маскированные веса (MIS/IcePop): w̃ = w·1[a ≤ w ≤ b], вне маски 0; 0 ≤ a < b ≤ inf.
-    Возвращает (w̃, доля токенов маски вне [a, b])."""
+def masked_weights(ratios, low: float, high: float):
+    """Маскированные веса (MIS/IcePop): w̃ = w·1[a ≤ w ≤ b], 0 ≤ a < b ≤ inf. Возвращает (w̃,
+    доля весов вне [a, b])."""
     low = nonnegative("low", low)
     if not (is_number(high) and high > low):
         raise ValueError(f"high должно быть числом > low = {low:g} (можно inf), получено {high!r}")
-    kind, w, m = _checked_weights(ratios, mask)
+    w = _checked_weights(ratios)
     inside = (w >= low) & (w <= float(high))
-    return kind.out(np.where(m & inside, w, 0.0)), float((m & ~inside).sum() / m.sum())
+    return np.where(inside, w, 0.0)[()], float((~inside).mean())
 
 
 # --------------------------------------------------------------------------- условие поддержки
@@ -362,13 +326,13 @@ def support_violations(logp_target, logp_behavior, mask=None) -> dict:
     """Позиции, где μ(y) = 0 (log μ = −inf), а π(y) > 0: там w = π/μ = +inf. Ключи: count,
     share (доля маски), indices ([count, ndim]), target_mass = Σ π(y) по ним (масса вне носителя μ).
     """
-    kind, lt, lb, m = _pair(logp_target, logp_behavior, mask)
+    lt, lb, m = _pair(logp_target, logp_behavior, mask)
     bad = np.isneginf(lb) & ~np.isneginf(lt) & m
     n = int(m.sum())
     return {
         "count": int(bad.sum()),
         "share": float(bad.sum() / n) if n else 0.0,
-        "indices": kind.out(np.argwhere(bad).astype(np.int64)),
+        "indices": np.argwhere(bad).astype(np.int64),
         "target_mass": float(np.exp(lt[bad]).sum()),
     }
 
@@ -435,14 +399,12 @@ def expected_ess_fraction(
 # --------------------------------------------------------------------------- TIM по позициям
 
 
-def position_shift_report(logits_target, logits_behavior, tokens, temperature: float = 1.0) -> dict:
-    """TIM по позициям токенов y_t (логиты [..., T, vocab], z = logits/T), нат. Массивы [..., T]:
-    eps — ε_t = max_i |Δz_{t,i}|, log_ratio — log π(y_t) − log μ(y_t), cum_log_ratio,
-    cum_bound — Σ_{s≤t} 2ε_s; eps_max, bound = 2·eps_max, holds — |log w_t| ≤ 2ε_t везде."""
-    temperature = positive("temperature", temperature)
-    pairs, shape = _logit_pair(
-        logits_target, logits_behavior, "logits_target", "logits_behavior", temperature
-    )
+def position_shift_report(logits_target, logits_behavior, tokens) -> dict:
+    """TIM по позициям токенов y_t (логиты z [..., T, vocab]), нат. Массивы [..., T]: eps —
+    ε_t = max_i |Δz_{t,i}|, log_ratio — log π(y_t) − log μ(y_t), cum_log_ratio, cum_bound —
+    Σ_{s≤t} 2ε_s; eps_max, bound = 2·eps_max, holds — |log w_t| ≤ 2ε_t везде."""
+    names = ("logits_target", "logits_behavior")
+    pairs, shape = _logit_pair(logits_target, logits_behavior, *names, 1.0)
     flat_tok = _token_ids(tokens, shape, "tokens").reshape(-1, 1)
     eps, d, start = [], [], 0
     for za, zb in pairs:
@@ -514,26 +476,18 @@ def _pad(seqs, name: str):
     return out, m, lengths
 
 
-def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 1e-3) -> dict:
+def tim_report(engine_logprobs, trainer_logprobs) -> dict:
     """Сводка TIM на одной версии весов, нат: Δ_t = log π_trainer(y_t) − log μ_engine(y_t) по
-    токенам политики; входы — [batch, T] с маской или списки последовательностей. Ключи:
-    abs_delta_mean/p99/max, mean_delta, share_above_threshold (|Δ| > threshold), seq_log_ratio
+    токенам ответов (входы — списки последовательностей log-вероятностей). Ключи:
+    abs_delta_mean/p99/max, mean_delta, share_above_threshold (|Δ| > 10⁻³ нат), seq_log_ratio
     (Σ_t Δ_t), token_/seq_ess_fraction (ESS/n; NaN при нарушении поддержки) и счётчики."""
-    threshold = positive("threshold", threshold)
-    inputs = (engine_logprobs, trainer_logprobs)
-    kind = _Kind(*(x[0] if _is_ragged(x) else x for x in inputs))
-    if any(map(_is_ragged, inputs)):
-        if not all(map(_is_ragged, inputs)) or mask is not None:
-            raise ValueError("engine_logprobs и trainer_logprobs: оба — списки, mask — None")
-        lb, m, len_e = _pad(engine_logprobs, "engine_logprobs")
-        lt, _, len_t = _pad(trainer_logprobs, "trainer_logprobs")
-        if len_e != len_t:
-            raise ValueError(f"engine_logprobs и trainer_logprobs: длины {len_e} и {len_t}")
-    else:
-        names = ("trainer_logprobs", "engine_logprobs")
-        _, lt, lb, m = _pair(trainer_logprobs, engine_logprobs, mask, names)
-        if lb.ndim != 2:
-            raise ValueError(f"engine_logprobs: нужна форма [batch, T], получено {lb.shape}")
+    threshold = 1e-3  # нат
+    if not (_is_ragged(engine_logprobs) and _is_ragged(trainer_logprobs)):
+        raise ValueError("engine_logprobs и trainer_logprobs: нужны списки последовательностей")
+    lb, m, len_e = _pad(engine_logprobs, "engine_logprobs")
+    lt, _, len_t = _pad(trainer_logprobs, "trainer_logprobs")
+    if len_e != len_t:
+        raise ValueError(f"engine_logprobs и trainer_logprobs: длины {len_e} и {len_t}")
     if not m.any():
         raise ValueError("нет ни одного токена политики для сравнения")
     d_all = _log_ratio_np(lt, lb)
@@ -550,7 +504,7 @@ def tim_report(engine_logprobs, trainer_logprobs, mask=None, threshold: float = 
     }
     out |= {"abs_delta_max": float(ad.max()), "mean_delta": mean_delta}
     out |= {"share_above_threshold": float((ad > threshold).mean()), "threshold": threshold}
-    out |= {"seq_log_ratio": kind.out(seq), "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
+    out |= {"seq_log_ratio": seq, "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
     out["token_ess_fraction"] = nan if violations else normalized_ess(d, log=True)
     out["seq_ess_fraction"] = nan if violations else normalized_ess(seq[rows], log=True)
     return out | {"support_violations": violations}

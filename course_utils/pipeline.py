@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,11 +83,8 @@ def truncate_durations(durations: Iterable[float], timeout: float) -> tuple[np.n
 def best_device_split(
     K: int, gen_rate_per_device: float, train_rate_per_device: float
 ) -> tuple[int, int, float]:
-    """Разбиение K ≥ 2 устройств: max min(k_gen·r_g, k_train·r_t) при k_gen + k_train = K.
-
-    r_g, r_t — токенов/с на устройство; возвращает (k_gen, k_train, токенов/с), при ничьей —
-    меньший k_gen. Линейное масштабирование — приближение (узким местом бывают сеть и память).
-    """
+    """(k_gen, k_train, токенов/с) = argmax min(k_gen·r_g, k_train·r_t), k_gen + k_train = K ≥ 2;
+    r_g, r_t — токенов/с на устройство (линейное масштабирование), при ничьей — меньший k_gen."""
     K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
     r_t = positive("train_rate_per_device", train_rate_per_device)
@@ -100,23 +98,22 @@ def best_device_split(
 
 # --------------------------------------------------------------------------- конфигурация
 
-_COUNTS = {"seed": 0, "num_collectors": 1, "batch_tokens": 1, "num_trainers": 1, "max_tokens": 1}
-_LIMITS = {"max_queue_tokens": 1, "max_queue_rollouts": 1, "max_policy_lag": 0}  # None — нет
+_COUNTS = {"seed": 0, "num_collectors": 1, "batch_tokens": 1, "max_tokens": 1}
+_LIMITS = {"max_queue_tokens": 1, "max_policy_lag": 0}  # None — без предела
 _POSITIVE = ("duration_s", "decode_tokens_per_s", "train_tokens_per_s")
-_NONNEG = "length_sigma prefill_s reward_s train_fixed_s weight_sync_s is_sigma_per_lag".split()
+_NONNEG = ("length_sigma", "prefill_s", "train_fixed_s", "weight_sync_s", "is_sigma_per_lag")
 
 
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
     """Параметры модели асинхронного RL-цикла (время — виртуальные секунды, объём — токены).
 
-    Роллаут: prefill_s + tokens / decode_tokens_per_s (+ reward_s); длина — length_dist
-    ("lognormal": среднее mean_tokens, σ логарифма length_sigma; "deterministic"; "uniform":
-    1…2·mean_tokens − 1), не больше max_tokens; measured_rollouts — пары (токены, с) вместо них.
-    Шаг: tokens / (train_tokens_per_s·num_trainers) + train_fixed_s + weight_sync_s, версия + 1.
-    Обратное давление (None — нет) запрещает ЗАПУСК роллаута при очереди ≥ max_queue_tokens /
-    max_queue_rollouts, возрасте старейшего ≥ max_age_s или задержке > max_policy_lag = η; шаг s
-    ждёт все версии ≤ s − η (drop_stale=True — выбрасывает lag > η). Пакет — FIFO до
+    Роллаут: prefill_s + tokens / decode_tokens_per_s; длина — length_dist ("lognormal": среднее
+    mean_tokens, σ логарифма length_sigma; "deterministic"; "uniform": 1…2·mean_tokens − 1), не
+    больше max_tokens; measured_rollouts — пары (токены, с) вместо них. Шаг тренера: tokens /
+    train_tokens_per_s + train_fixed_s + weight_sync_s, версия + 1. Обратное давление (None — нет)
+    запрещает ЗАПУСК роллаута при очереди ≥ max_queue_tokens или задержке > max_policy_lag = η;
+    шаг s ждёт все версии ≤ s − η (drop_stale=True — выбрасывает lag > η). Пакет — FIFO до
     batch_tokens (batch_when_ready — разом, как уровень C); log w ~ N(0, (is_sigma_per_lag·lag)²).
     """
 
@@ -124,10 +121,7 @@ class SimConfig:
     seed: int = 0
     num_collectors: int = 8
     batch_tokens: int = 4096
-    num_trainers: int = 1
     max_queue_tokens: int | None = None
-    max_queue_rollouts: int | None = None
-    max_age_s: float | None = None
     max_policy_lag: int | None = None
     drop_stale: bool = False
     length_dist: str = "lognormal"
@@ -136,7 +130,6 @@ class SimConfig:
     max_tokens: int = 2048
     decode_tokens_per_s: float = 128.0
     prefill_s: float = 0.2
-    reward_s: float = 0.0
     train_tokens_per_s: float = 1200.0
     train_fixed_s: float = 0.3
     weight_sync_s: float = 0.5
@@ -150,8 +143,6 @@ class SimConfig:
                 integer(name, getattr(self, name), low, strict=True)
         for name in _POSITIVE:
             positive(name, getattr(self, name))
-        if self.max_age_s is not None:
-            positive("max_age_s", self.max_age_s)
         for name in _NONNEG:
             nonnegative(name, getattr(self, name))
         flag("drop_stale", self.drop_stale)
@@ -165,11 +156,7 @@ class SimConfig:
             integer(f"measured_rollouts[{i}][0]", tokens, 1, strict=True)
             nonnegative(f"measured_rollouts[{i}][1]", seconds)
         choice("length_dist", self.length_dist, ("lognormal", "deterministic", "uniform"))
-        real("mean_tokens", self.mean_tokens, 1.0)
-        if self.mean_tokens > self.max_tokens:
-            raise ValueError(
-                f"mean_tokens не может превышать max_tokens: {self.mean_tokens=}, {self.max_tokens=}"
-            )
+        real("mean_tokens", self.mean_tokens, 1.0, self.max_tokens)
 
 
 # --------------------------------------------------------------------------- модель на SimPy
@@ -225,7 +212,6 @@ class _Loop:
         self.rollouts, self.steps, self.events = [], [], []  # строки таблиц результата
         self.queue_log = [(0.0, 0, 0, 0)]
         self.open: dict[str, tuple] = {}  # исполнитель → (стадия, начало, trace_id)
-        self.trainers = [f"trainer-{i}" for i in range(cfg.num_trainers)]
         self.z: list[float] = []  # по номеру роллаута: z ~ N(0, 1) для log w = σ0·lag·z
         self._changed = self.env.event()
 
@@ -243,10 +229,9 @@ class _Loop:
                 self.events.append((worker, w_stage, start, now, tid))
         self.open[worker] = (stage, now, trace_id)
 
-    def work(self, workers: list[str], stage: str, trace_id: str, seconds: float):
-        """Стадия работы длиной seconds у исполнителей workers (процесс SimPy: ``yield from``)."""
-        for w in workers:
-            self.begin(w, stage, trace_id)
+    def work(self, worker: str, stage: str, trace_id: str, seconds: float):
+        """Стадия работы длиной seconds у исполнителя worker (процесс SimPy: ``yield from``)."""
+        self.begin(worker, stage, trace_id)
         yield self.env.timeout(seconds)
 
     def log_queue(self) -> None:
@@ -258,11 +243,6 @@ class _Loop:
         cfg = self.cfg
         if cfg.max_queue_tokens is not None and self.queued_tokens >= cfg.max_queue_tokens:
             return False
-        if cfg.max_queue_rollouts is not None and len(self.queue) >= cfg.max_queue_rollouts:
-            return False
-        if cfg.max_age_s is not None and self.queue:
-            if self.env.now - self.queue[0]["enqueue_time"] >= cfg.max_age_s:
-                return False
         if cfg.max_policy_lag is not None:  # остаток ёмкости шагов v…v+η, токенов
             eta, B = cfg.max_policy_lag, cfg.batch_tokens
             capacity = (eta + 1) * B - self.batch_collected if self.collecting else eta * B
@@ -286,7 +266,7 @@ class _Loop:
         return tokens, tokens / cfg.decode_tokens_per_s
 
     def collector(self, c: int):
-        """Сборщик c: допуск → prefill → decode → (reward) → в очередь."""
+        """Сборщик c: допуск → prefill → decode → в очередь."""
         cfg, env, worker, nan = self.cfg, self.env, f"collector-{c}", math.nan
         rng = np.random.default_rng([cfg.seed, c])
         while True:
@@ -303,12 +283,9 @@ class _Loop:
             tid = f"r{row['rollout_id']}"
             self.in_flight_tokens += tokens
             self.in_flight_by_version[self.version] += 1
-            yield from self.work([worker], "prefill", tid, cfg.prefill_s)
-            yield from self.work([worker], "decode", tid, decode_s)
-            row["gen_end"] = env.now
-            if cfg.reward_s > 0:
-                yield from self.work([worker], "reward", tid, cfg.reward_s)
-            row["enqueue_time"] = env.now
+            yield from self.work(worker, "prefill", tid, cfg.prefill_s)
+            yield from self.work(worker, "decode", tid, decode_s)
+            row["gen_end"] = row["enqueue_time"] = env.now
             self.queue.append(row)
             self.queued_tokens += tokens
             self.in_flight_tokens -= tokens
@@ -337,8 +314,7 @@ class _Loop:
         cfg, env = self.cfg, self.env
         while True:
             s, collect_start, batch = self.version, env.now, []
-            for w in self.trainers:
-                self.begin(w, "queue_wait")
+            self.begin("trainer-0", "queue_wait")
             while cfg.batch_when_ready and self.queued_tokens < cfg.batch_tokens:
                 yield self._changed
             while (r := self.next_for_batch(s)) is not None or not self.batch_ready(s):  # набор
@@ -361,10 +337,10 @@ class _Loop:
             self.collecting = False
             self.notify()
             tokens, train_start, tid = self.batch_collected, env.now, f"s{s}"
-            fb_s = tokens / (cfg.train_tokens_per_s * cfg.num_trainers)
-            yield from self.work(self.trainers, "forward_backward", tid, fb_s)
-            yield from self.work(self.trainers, "optimizer_step", tid, cfg.train_fixed_s)
-            yield from self.work(self.trainers, "weight_sync", tid, cfg.weight_sync_s)
+            fb_s = tokens / cfg.train_tokens_per_s
+            yield from self.work("trainer-0", "forward_backward", tid, fb_s)
+            yield from self.work("trainer-0", "optimizer_step", tid, cfg.train_fixed_s)
+            yield from self.work("trainer-0", "weight_sync", tid, cfg.weight_sync_s)
             lags = np.array([s - r["behavior_version"] for r in batch], dtype=float)
             ess_norm = normalized_ess(np.array([r["log_weight"] for r in batch]), log=True)
             values = (s, collect_start, train_start, env.now, tokens, len(batch), lags.mean())
@@ -376,12 +352,9 @@ class _Loop:
 
 
 def simulate(config: SimConfig | None = None) -> SimResult:
-    """Прогон модели на config.duration_s виртуальных секунд (SimPy; тот же seed — те же таблицы).
-
-    summary: throughput = токены завершённых шагов / duration_s; lag = consumed_version −
-    behavior_version, версий; ess_norm — среднее ESS/n = (Σw)² / (n·Σw²); доли простоя —
-    queue_wait тренера и backpressure сборщиков от полного времени.
-    """
+    """Прогон модели на config.duration_s виртуальных секунд (тот же seed — те же таблицы).
+    summary: throughput = токены завершённых шагов / duration_s, lag = consumed_version −
+    behavior_version (версий), ess_norm — среднее по шагам ESS/n = (Σw)² / (n·Σw²)."""
     cfg = SimConfig() if config is None else config
     if not isinstance(cfg, SimConfig):
         raise ValueError(f"config должно быть SimConfig или None, получено {type(cfg)}")
@@ -439,21 +412,14 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     return out | {"in_flight_at_end": int((~enqueued).sum())}
 
 
-# Столбцы profile_over_lag: заголовок → что он значит (ноутбук печатает пояснения из словаря).
-PROFILE_COLUMNS = {
-    "пропускная способность, токенов/с": "токены завершённых шагов оптимизатора / длительность "
-    "прогона (при конечном η пакет бывает больше batch_tokens: шаг s забирает все роллауты версий "
-    "≤ s − η)",
-    "сгенерировано, токенов/с": "токены роллаутов, дошедших до очереди, / длительность прогона",
-    "шагов оптимизатора": "сколько шагов тренер завершил за прогон",
-    "средняя задержка, версий": "среднее по взятым в пакеты роллаутам: версия шага − версия "
-    "генерации",
-    "макс. задержка, версий": "наибольшая такая задержка за прогон",
-    "ESS/n": "среднее по шагам (Σw)² / (n·Σw²) синтетических весов важности, доля от 1",
-    "простой тренера, %": "доля времени прогона, когда тренер ждал пакет (`queue_wait`)",
-    "простой сборщиков, %": "доля времени сборщиков в обратном давлении (`backpressure`)",
-    "пик очереди, токенов": "наибольшая глубина очереди за прогон",
-}
+# Столбцы profile_over_lag: заголовок, ключ summary, множитель, знаков после запятой (пусто —
+# целое без округления) и что столбец значит (ноутбук печатает пояснения из PROFILE_COLUMNS).
+_PROFILE = pd.read_csv(
+    Path(__file__).resolve().parent.parent / "data" / "pipeline_profile_columns.csv",
+    dtype=str,
+    keep_default_na=False,
+)
+PROFILE_COLUMNS = dict(zip(_PROFILE["column"], _PROFILE["note"]))
 PROFILE_INDEX = "предел задержки η"
 PROFILE_INDEX_NOTE = (
     "`max_policy_lag`: сборщик не начинает роллаут, который попал бы в шаг с задержкой больше η "
@@ -465,31 +431,19 @@ PROFILE_INDEX_NOTE = (
 PROFILE_BASE = SimConfig(decode_tokens_per_s=160.0)
 
 
-def profile_over_lag(
-    base: SimConfig | None = None, lags: Iterable[int | None] = (0, 1, 2, 4, None)
-) -> pd.DataFrame:
-    """Профиль по глубине перекрытия: строка на max_policy_lag = η (None — «∞»), остальное — из
-    base (``PROFILE_BASE``); столбцы — ``PROFILE_COLUMNS``, индекс — ``PROFILE_INDEX``."""
+def profile_over_lag(base: SimConfig | None = None) -> pd.DataFrame:
+    """Профиль по глубине перекрытия: строка на max_policy_lag = η ∈ 0, 1, 2, 4, «∞» (None),
+    остальное — из base (``PROFILE_BASE``); столбцы — ``PROFILE_COLUMNS``."""
     base = PROFILE_BASE if base is None else base
-    rows, index = [], []
-    for eta in list(lags):
-        index.append("∞" if eta is None else str(integer("lags[...]", eta, 0, strict=True)))
+    lags, rows = (0, 1, 2, 4, None), []
+    for eta in lags:
         s = simulate(dataclasses.replace(base, max_policy_lag=eta)).summary
-        values = (
-            round(s["throughput_tokens_per_s"], 1),
-            round(s["generated_tokens_per_s"], 1),
-            s["optimizer_steps"],
-            round(s["mean_policy_lag"], 2),
-            s["max_policy_lag"],
-            round(s["ess_norm"], 3),
-            round(100 * s["trainer_idle_share"], 1),
-            round(100 * s["collector_idle_share"], 1),
-            s["peak_queue_tokens"],
-        )
-        rows.append(dict(zip(PROFILE_COLUMNS, values)))
-    if not rows:
-        raise ValueError("lags не должно быть пустым")
-    return pd.DataFrame(rows, index=pd.Index(index, name=PROFILE_INDEX))
+        row = {}
+        for column, key, scale, digits, _ in _PROFILE.itertuples(index=False):
+            row[column] = round(float(scale) * s[key], int(digits)) if digits else s[key]
+        rows.append(row)
+    index = pd.Index(["∞" if eta is None else str(eta) for eta in lags], name=PROFILE_INDEX)
+    return pd.DataFrame(rows, index=index)
 
 
 def _queue_steps(result: Any, threshold_tokens: float | None):
@@ -549,7 +503,7 @@ def sum_of_work(intervals: Any, exclude_stages: Iterable[str] = WAIT_STAGES) -> 
 
 
 def critical_path(
-    intervals: Any, deps: Mapping | None = None, exclude_stages=WAIT_STAGES, unlimited_workers=()
+    intervals: Any, deps: Mapping | None = None, unlimited_workers=()
 ) -> tuple[float, pd.DataFrame]:
     """Критический путь: L = max по цепочкам зависимых интервалов Σ (end_s − start_s), с →
     (L, цепочка). Интервал зависит от прошлого интервала своего исполнителя (кроме
@@ -557,18 +511,13 @@ def critical_path(
     if isinstance(unlimited_workers, str):
         raise ValueError(f"unlimited_workers должно быть списком имён: {unlimited_workers!r}")
     unlimited = {str(w) for w in unlimited_workers}
-    df = _intervals(intervals, exclude_stages)
+    df = _intervals(intervals, WAIT_STAGES)
     if df.empty:
         raise ValueError("intervals: нет ни одного интервала работы")
-    deps = {} if deps is None else deps
-    if not isinstance(deps, Mapping):
-        raise ValueError(f"deps должно быть словарём «номер строки → предшественники»: {deps!r}")
-    preds: dict[int, list[int]] = {}
-    for i, d in deps.items():
-        preds[i] = list(d) if isinstance(d, Iterable) else [d]
-        bad = [j for j in [i, *preds[i]] if not is_int(j) or j not in df.index]
-        if bad:
-            raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
+    preds = {i: list(d) for i, d in (deps or {}).items()}  # строка → предшественники
+    bad = [j for i, d in preds.items() for j in [i, *d] if not is_int(j) or j not in df.index]
+    if bad:
+        raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
     start, end = df["start_s"].to_dict(), df["end_s"].to_dict()
     for worker, g in df.groupby(df["worker"].astype(str), sort=False):
         if worker in unlimited:
@@ -596,16 +545,13 @@ def critical_path(
 
 
 def pool_utilization(
-    intervals: Any,
-    pools: Mapping[str, str],
-    horizon: float | None = None,
-    exclude_stages=WAIT_STAGES,
+    intervals: Any, pools: Mapping[str, str], horizon: float | None = None
 ) -> pd.Series:
     """Загрузка пулов: U = Σ занятое время / (исполнителей пула · H), доля; pools — «исполнитель
     → пул», занятое время — объединение интервалов на [0, H], H = horizon или max end_s, с."""
     if not isinstance(pools, Mapping) or not pools:
         raise ValueError(f"pools должно быть непустым словарём «исполнитель → пул»: {pools!r}")
-    df = _intervals(intervals, exclude_stages)
+    df = _intervals(intervals, WAIT_STAGES)
     if df.empty and horizon is None:
         raise ValueError("intervals: нет интервалов работы, а horizon не задан")
     unknown = sorted(set(df["worker"].astype(str)) - set(map(str, pools)))
@@ -660,8 +606,7 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
     ax.set_title("Глубина очереди роллаутов")
     ax.grid(linestyle=":", alpha=0.6)
     ax.legend(loc="upper left", fontsize="small", ncols=1, frameon=True, framealpha=0.9)
-    if ax.figure is not None:
-        ax.figure.tight_layout()
+    ax.figure.tight_layout()
     return ax
 
 

@@ -26,7 +26,6 @@ from course_utils.offpolicy import (
 )
 
 # Ключи стратегий и их подписи в таблице.
-STRATEGIES = ("as_is", "drop", "truncate", "mask", "one_update")
 _LABELS = {
     "as_is": "как есть",
     "drop": "отбросить задержку > {drop_above}",
@@ -38,14 +37,10 @@ _LABELS = {
 
 @dataclass(frozen=True)
 class ToyPolicy:
-    """Политика игрушечной задачи: токены ответа независимы, словарь — ``n_neutral``
-    нейтральных токенов и один ошибочный (последний).
-
-    Логиты версии v: z_v = z_0 + v·d. Нейтральная часть d — случайное направление, подобранное
-    так, что за одну версию средний |Δ log p| выбранного токена равен ``drift_nat`` нат (как у
-    шага обучения настоящей модели); логит ошибки за версию падает на ``learn_nat`` нат
-    (политика учится). У версии 0 вероятность ошибки на токен — ``error_prob``.
-    """
+    """Игрушечная политика: n_neutral нейтральных токенов и один ошибочный (последний), токены
+    ответа независимы. Логиты версии v: z_v = z_0 + v·d, нат; d подобрано так, что за версию
+    средний |Δ log p| выбранного токена = drift_nat, логит ошибки падает на learn_nat нат,
+    p_err(0) = error_prob."""
 
     n_neutral: int = 15
     error_prob: float = 1e-3
@@ -100,14 +95,10 @@ def _mean_shift(lp0: np.ndarray, lp1: np.ndarray) -> float:
 def batch_figures(
     weights, lengths, rewards, counts, token_log_ratio, eps: float = 0.2
 ) -> dict[str, float]:
-    """Цифры пакета после стратегии: веса w̃_i ≥ 0 (0 — не сохранён), длины T_i, награды r_i,
-    ``counts`` [n, K] — вхождения токена k в ответ i, ``token_log_ratio`` [n, K] — log ρ_ik, нат.
-
-    Ключи: kept_rollouts (доля w̃ > 0), kept_tokens (Σ T сохранённых / Σ T), length_ratio, ess
-    (Киша по w̃ > 0), ess_per_kept и ess_per_generated (ESS/n на сохранённые или все роллауты),
-    clip (доля сохранённых токенов, где ``clipped`` при A_i = r_i − среднее r) и estimate
-    (Σ w̃ r / Σ w̃ — оценка J; NaN без весов).
-    """
+    """Цифры пакета (веса w̃_i ≥ 0, 0 — не сохранён; длины T_i; награды r_i; counts и
+    token_log_ratio [n, K] — вхождения токена k в ответ i и log ρ_ik, нат): доли kept_rollouts и
+    kept_tokens, length_ratio, ess (Киша по w̃ > 0), ess_per_kept и ess_per_generated, clip (доля
+    токенов, где ``clipped`` при A_i = r_i − mean r), estimate = Σ w̃ r / Σ w̃ (NaN без весов)."""
     eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     w = np.asarray(weights, dtype=float)
     t = np.asarray(lengths, dtype=float)
@@ -158,15 +149,10 @@ def stale_experiment(
     reuse_share: float = 0.5,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Задержка политики × стратегия: доли сохранённого, ESS/n, клиппирование, смещение и разброс.
-
-    ``pools`` — {L: (задержки в версиях, длины в токенах)} из симуляции с max_policy_lag = L.
-    В каждом из ``repeats`` повторов пакет из ``batch`` роллаутов тянется из пула с возвращением;
-    политика — версия u = 5, роллаут собран версией u − ℓ, «как есть» берёт роллаут в два
-    обновления (доля ``reuse_share`` старше ещё на версию). Стратегии меняют одно: отбросить
-    задержку > ``drop_above``, усечь min(w, cap), маскировать w·1[a ≤ w ≤ b], одно обновление.
-    Оценка J(π_u) = Σ w̃ r / Σ w̃; строка — (L, стратегия), смещение и разброс — в п. п.
-    """
+    """Задержка политики L × стратегия (_LABELS): доли сохранённого, ESS/n, клиппирование,
+    смещение и разброс оценки J(π_u) = Σ w̃ r / Σ w̃, п. п. pools — {L: (задержки, длины)} из
+    симуляции с max_policy_lag = L; repeats пакетов по batch роллаутов с возвращением; u = 5,
+    «как есть» берёт роллаут в два обновления (доля reuse_share старше ещё на версию)."""
     policy = ToyPolicy() if policy is None else policy
     batch = integer("batch", batch, 2)
     repeats = integer("repeats", repeats, 2)
@@ -196,7 +182,7 @@ def stale_experiment(
             counts = rng.multinomial(len_pool[idx], np.exp(log_mu))
             log_rho = policy.logprobs(u) - log_mu
             draws[name] = (lag, counts, log_rho, (counts * log_rho).sum(-1), counts[..., -1] == 0)
-        for kind in STRATEGIES:
+        for kind in _LABELS:
             lag, counts, log_rho, log_w, reward = draws["once" if kind == "one_update" else "reuse"]
             w = _strategy_weights(kind, log_w, lag, drop_above, cap, band)
             frame = pd.DataFrame(

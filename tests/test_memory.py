@@ -64,8 +64,8 @@ PUBLISHED_PARAMS = {
 def test_fmt_bytes_names_the_unit():
     assert fmt_bytes(1.5 * GIB) == f"1.50{NBSP}ГиБ (2³⁰ Б)"
     assert fmt_bytes(1.5 * GIB, explain=False) == f"1.50{NBSP}ГиБ"
-    assert fmt_bytes(120 * GB, "GB", digits=1) == f"120.0{NBSP}ГБ (10⁹ Б)"
-    assert fmt_bytes(128 * KIB, "KiB", digits=0) == f"128{NBSP}КиБ (2¹⁰ Б)"
+    assert fmt_bytes(120 * GB, "GB") == f"120.00{NBSP}ГБ (10⁹ Б)"
+    assert fmt_bytes(128 * KIB, "KiB") == f"128.00{NBSP}КиБ (2¹⁰ Б)"
     # 1 ГБ ≠ 1 ГиБ: 10^9 / 2^30 ≈ 0.93
     assert memory.to_unit(GB, "GiB") == pytest.approx(0.9313225746)
     with pytest.raises(ValueError, match="unit"):
@@ -78,9 +78,9 @@ def test_fmt_bytes_groups_digits_the_russian_way():
     """Разряды — неразрывный пробел, не запятая (131,072 читается как «131 целая»)."""
     assert fmt_bytes(1_234_567, "B") == f"1{NBSP}234{NBSP}567{NBSP}Б"
     assert fmt_bytes(131_072, "B") == f"131{NBSP}072{NBSP}Б"
-    assert fmt_bytes(2048 * GIB, digits=1) == f"2{NBSP}048.0{NBSP}ГиБ (2³⁰ Б)"
+    assert fmt_bytes(2048 * GIB) == f"2{NBSP}048.00{NBSP}ГиБ (2³⁰ Б)"
     assert "," not in fmt_bytes(10**15, "B") + fmt_bytes(10**15, "KiB")
-    assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("TB")
+    assert memory.unit_label("GiB") == "ГиБ (2³⁰ Б)" and "^" not in memory.unit_label("GB")
 
 
 def test_module_import_does_not_import_torch():
@@ -383,7 +383,7 @@ def test_from_config_sources_agree():
 def test_from_config_bad_input(config, arg):
     with pytest.raises(ValueError, match=arg):
         ModelShape.from_config(config)
-    with pytest.raises(ValueError, match="нет конфигурации"):
+    with pytest.raises(ValueError, match="конфигурация data/model_configs.*Qwen2.5-0.5B"):
         ModelShape.from_name("GPT-5")
 
 
@@ -397,10 +397,10 @@ def test_lora_against_peft_printouts():
     t = lora_trainable_params(q05, 8)
     assert t == 1_081_344
     assert q05.num_params + t == 495_114_112
-    q15 = memory.MODEL_CONFIGS_DIR / "Qwen2.5-1.5B.json"
+    q15 = ModelShape.from_name("Qwen2.5-1.5B")
     t = lora_trainable_params(q15, 8, memory.LORA_TARGETS)
     assert t == 9_232_384
-    assert ModelShape.from_config(q15).num_params + t == 1_552_946_688
+    assert q15.num_params + t == 1_552_946_688
     # линейно по рангу
     assert lora_trainable_params(q05, 16) == 2 * lora_trainable_params(q05, 8)
 
@@ -420,7 +420,7 @@ def test_lora_shapes_match_real_linear_layers(name):
         for full, mod in model.named_modules()
         if full.rsplit(".", 1)[-1] in memory.LORA_TARGETS
     )
-    assert lora_trainable_params(d, r, memory.LORA_TARGETS) == expected
+    assert lora_trainable_params(ModelShape.from_config(d), r, memory.LORA_TARGETS) == expected
 
 
 def test_lora_bad_input():
@@ -643,10 +643,11 @@ def test_accelerate_dtypes_are_the_cli_choices():
     for call in (
         lambda: memory.accelerate_rule(10**9, "bfloat16"),
         lambda: memory.accelerate_estimate(10**9, "bfloat16"),
-        lambda: memory.accelerate_printout("Qwen2.5-0.5B", ["bfloat16"]),
     ):
         with pytest.raises(ValueError, match="bfloat16"):
             call()
+    with pytest.raises(ValueError, match="name"):  # только конфигурации data/model_configs
+        memory.accelerate_printout("config.json")
 
 
 def test_accelerate_printout_is_the_real_table_offline(monkeypatch):

@@ -93,7 +93,6 @@ def test_best_device_split():
         (lambda: pl.best_device_split(4, 0, 1), "gen_rate_per_device"),
         (lambda: pl.best_device_split(4, 1, True), "train_rate_per_device"),
         (lambda: pl.pool_utilization([("a", "x", 0, 1)], {"a": "p"}), "intervals"),
-        (lambda: pl.profile_over_lag(lags=[-1]), "lags"),
         (lambda: simulate({"duration_s": 10}), "config"),
     ],
 )
@@ -115,10 +114,7 @@ def test_helpers_reject_bad_input(call, name):
         ("num_collectors", 0),
         ("num_collectors", 2.0),
         ("batch_tokens", 0),
-        ("num_trainers", True),
         ("max_queue_tokens", 0),
-        ("max_queue_rollouts", -3),
-        ("max_age_s", 0.0),
         ("max_policy_lag", -1),
         ("drop_stale", 1),
         ("length_dist", "pareto"),
@@ -145,7 +141,7 @@ def test_bad_config_names_the_field_in_russian(field, value):
 
 
 def test_mean_tokens_above_max_tokens_rejected():
-    with pytest.raises(ValueError, match="max_tokens"):
+    with pytest.raises(ValueError, match=r"mean_tokens .*\[1, 512\]"):
         SimConfig(mean_tokens=600, max_tokens=512)
     with pytest.raises(dataclasses.FrozenInstanceError):
         SimConfig().num_collectors = 0  # проверенную конфигурацию нельзя испортить после
@@ -194,8 +190,8 @@ CONFIGS = [
     SimConfig(duration_s=400.0, max_queue_tokens=6000),
     SimConfig(duration_s=400.0, seed=1, max_policy_lag=2),
     SimConfig(duration_s=400.0, seed=2, max_policy_lag=1, drop_stale=True, length_dist="uniform"),
-    SimConfig(duration_s=400.0, seed=3, num_collectors=3, max_queue_rollouts=4, max_age_s=5.0),
-    SimConfig(duration_s=400.0, seed=4, max_policy_lag=0, num_trainers=2, reward_s=0.3),
+    SimConfig(duration_s=400.0, seed=3, num_collectors=3),
+    SimConfig(duration_s=400.0, seed=4, max_policy_lag=0),
     SimConfig(
         duration_s=400.0,
         seed=5,
