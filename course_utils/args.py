@@ -29,7 +29,7 @@ def is_real(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def is_count(x: Any) -> bool:
+def _is_count(x: Any) -> bool:
     """Целое число или float с целым значением (7.5e9), но не bool."""
     return is_int(x) or (is_real(x) and float(x).is_integer())
 
@@ -52,7 +52,7 @@ def integer(
 
     strict=True — только значение целого типа (2.0 не принимается: это счётчик, а не измерение)."""
     if (
-        not (is_int(value) if strict else is_count(value))
+        not (is_int(value) if strict else _is_count(value))
         or (low is not None and value < low)
         or (high is not None and value > high)
     ):
