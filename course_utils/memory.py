@@ -61,13 +61,13 @@ def unit_label(unit: str = "GiB", explain: bool = True) -> str:
     return f"{short} ({power})" if explain and power else short
 
 
-def fmt_bytes(n_bytes: Real, unit: str = "GiB", explain: bool = True) -> str:
-    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (explain=False — без скобок), unit="B" →
-    "1 234 567 Б"; пробелы — неразрывные."""
+def fmt_bytes(n_bytes: Real, unit: str = "GiB", digits: int = 2, explain: bool = True) -> str:
+    """Байты строкой: 1.5·2³⁰ → "1.50 ГиБ (2³⁰ Б)" (digits знаков; explain=False — без скобок),
+    unit="B" → "1 234 567 Б"; пробелы — неразрывные."""
     nonnegative("n_bytes", n_bytes)
     if choice("unit", unit, _UNITS) == "B":
         return f"{num(_bytes(n_bytes))}{NBSP}Б"
-    return f"{num(to_unit(n_bytes, unit), 2)}{NBSP}{unit_label(unit, explain)}"
+    return f"{num(to_unit(n_bytes, unit), digits)}{NBSP}{unit_label(unit, explain)}"
 
 
 # ---------------------------------------------------------------- рецепты, состояние, KV-кэш
