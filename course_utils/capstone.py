@@ -30,6 +30,7 @@ from course_utils.checkpoint import (
     remove_incomplete,
     save_checkpoint,
 )
+from course_utils.csv_tables import DATA_DIR
 from course_utils.fmt import count, num
 from course_utils.guarantees import GUARANTEES
 from course_utils.memory import MIB
@@ -41,7 +42,7 @@ from course_utils.multiproc.checkpointed_trainer import (
     step_lines,
 )
 
-SPECS_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"
+SPECS_DIR = DATA_DIR / "capstone"
 _ENTRY = "course_utils.capstone:capstone_trainer"
 SYNC_LOG, CHECKPOINT_LOG, CHECKPOINTS = "sync_log.jsonl", "checkpoint_log.jsonl", "checkpoints"
 # Полная контрольная точка итогового прогона; «только веса» — первые два компонента.

@@ -31,6 +31,7 @@ import numpy as np
 
 from course_utils import atomic
 from course_utils.args import integer, is_int, is_real, path as _path
+from course_utils.csv_tables import DATA_DIR
 
 if TYPE_CHECKING:
     from course_utils.toy_run import ToyRLRun
@@ -46,7 +47,7 @@ _COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 # Компонент состояния ToyRLRun → (что в нём, что ломается без него); порядок — порядок записи:
 # policy, optimizer, scheduler, counters, rng, data_cursor, curriculum, normalizer, versions, queue.
-_COMPONENTS_FILE = Path(__file__).resolve().parent.parent / "data" / "checkpoint_components.json"
+_COMPONENTS_FILE = DATA_DIR / "checkpoint_components.json"
 COMPONENTS: dict[str, tuple[str, str]] = {
     name: (row["что в нём"], row["что ломается без него"])
     for name, row in json.loads(_COMPONENTS_FILE.read_text(encoding="utf-8")).items()

@@ -1,5 +1,5 @@
-"""Чтение маленьких таблиц курса из CSV со строгой проверкой столбцов (карта стеков, ускорения,
-реестр источников): одна реализация вместо трёх."""
+"""Данные курса: корень репозитория, каталог ``data/`` и чтение его маленьких CSV-таблиц со строгой
+проверкой столбцов (карта стеков, реестр источников, русские подписи)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO_ROOT / "data"
+
 
 def read_exact_csv(
-    path: Path, columns: tuple[str, ...], error: type[ValueError], what: str
+    path: Path, columns: tuple[str, ...], what: str, error: type[ValueError] = ValueError
 ) -> list[tuple[int, dict[str, str]]]:
     """Строки CSV в UTF-8 как [(номер строки файла, {столбец: значение без пробелов по краям})].
 

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as dt
 import glob
 import importlib
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils import atomic
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 
 try:
     import fcntl as _fcntl
@@ -44,10 +44,10 @@ class _Placeholder:
 
 ____ = _Placeholder()
 
-with open(
-    Path(__file__).resolve().parent.parent / "data" / "course_steps.csv", encoding="utf-8"
-) as f:
-    COURSE_STEPS: dict[str, str] = {row["id"]: row["title"] for row in csv.DictReader(f)}
+COURSE_STEPS: dict[str, str] = {
+    row["id"]: row["title"]
+    for _, row in read_exact_csv(DATA_DIR / "course_steps.csv", ("id", "title"), "шаги курса")
+}
 
 
 class AnswerError(Exception):

@@ -12,16 +12,8 @@ import pandas as pd
 
 from course_utils.args import choice
 from course_utils.checkpoint import COMPONENTS as _COMPONENTS
+from course_utils.tracing import TRACE_CHAIN
 
-_TRACE_IDS = (
-    "prompt_id",
-    "rollout_id",
-    "behavior_policy_version",
-    "verifier_version",
-    "training_batch_id",
-    "optimizer_step",
-    "resulting_policy_version",
-)
 _RECORD_FIELDS = ("tokens", "policy_mask", "behavior_logprobs", "reward", "stop_reason", "versions")
 _SYNC_PROPERTIES = ("version_id", "atomic_switch", "readiness_barrier", "verification")
 _RUN_KEYS = frozenset(
@@ -84,7 +76,7 @@ def _check(run: Mapping) -> dict[str, list[str]]:
     if not run.get("crash_tested"):
         ckpt.append("восстановление не проверено принудительным сбоем")
     out["full_checkpoint"] = ckpt
-    out["trace_chain"] = missing("trace_ids", _TRACE_IDS, "в трассе нет {}")
+    out["trace_chain"] = missing("trace_ids", TRACE_CHAIN, "в трассе нет {}")
     return out
 
 
@@ -93,7 +85,7 @@ def preflight(run: Mapping) -> pd.DataFrame:
 
     ``run`` — словарь с ключами из ``_RUN_KEYS`` (queue_limit: "tokens", "rollouts" или None;
     sync — из _SYNC_PROPERTIES, checkpoint_components — из checkpoint.COMPONENTS, trace_ids — из
-    _TRACE_IDS). Отсутствующий ключ = «не заявлено».
+    TRACE_CHAIN). Отсутствующий ключ = «не заявлено».
     """
     if not isinstance(run, Mapping):
         raise ValueError(f"run должен быть словарём-описанием, получено {type(run).__name__}")
@@ -125,7 +117,7 @@ def example_runs() -> dict[str, dict]:
         "sync": list(_SYNC_PROPERTIES),
         "checkpoint_components": list(_COMPONENTS),
         "crash_tested": True,
-        "trace_ids": list(_TRACE_IDS),
+        "trace_ids": list(TRACE_CHAIN),
     }
     quick = {
         "name": "быстрый прототип",

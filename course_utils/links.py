@@ -13,12 +13,12 @@ import re
 from pathlib import Path
 
 from course_utils import atomic
+from course_utils.csv_tables import REPO_ROOT
 
 ORG = "rl-llm-course"
 REPO = "module12-rl-infra"
 BRANCH = "main"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_URL = f"https://github.com/{ORG}/{REPO}"
 _BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from course_utils.args import choice, integer, nonnegative, positive, real, text
+from course_utils.csv_tables import DATA_DIR
 from course_utils.fmt import NBSP, count, num
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODEL_CONFIGS_DIR = DATA_DIR / "model_configs"
 
 KIB = 2**10

@@ -15,13 +15,13 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from course_utils.args import choice, flag, integer, is_int, nonnegative, positive, real
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.offpolicy import normalized_ess
 
 # Стадии ожидания: не работа, а простой исполнителя (не входят в сумму работы и загрузку пулов).
@@ -414,12 +414,15 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
 
 # Столбцы profile_over_lag: заголовок, ключ summary, множитель, знаков после запятой (пусто —
 # целое без округления) и что столбец значит (ноутбук печатает пояснения из PROFILE_COLUMNS).
-_PROFILE = pd.read_csv(
-    Path(__file__).resolve().parent.parent / "data" / "pipeline_profile_columns.csv",
-    dtype=str,
-    keep_default_na=False,
-)
-PROFILE_COLUMNS = dict(zip(_PROFILE["column"], _PROFILE["note"]))
+_PROFILE = [
+    row
+    for _, row in read_exact_csv(
+        DATA_DIR / "pipeline_profile_columns.csv",
+        ("column", "summary_key", "scale", "digits", "note"),
+        "столбцы профиля",
+    )
+]
+PROFILE_COLUMNS = {row["column"]: row["note"] for row in _PROFILE}
 PROFILE_INDEX = "предел задержки η"
 PROFILE_INDEX_NOTE = (
     "`max_policy_lag`: сборщик не начинает роллаут, который попал бы в шаг с задержкой больше η "
@@ -439,7 +442,7 @@ def profile_over_lag(base: SimConfig | None = None) -> pd.DataFrame:
     for eta in lags:
         s = simulate(dataclasses.replace(base, max_policy_lag=eta)).summary
         row = {}
-        for column, key, scale, digits, _ in _PROFILE.itertuples(index=False):
+        for column, key, scale, digits, _ in (r.values() for r in _PROFILE):
             row[column] = round(float(scale) * s[key], int(digits)) if digits else s[key]
         rows.append(row)
     index = pd.Index(["∞" if eta is None else str(eta) for eta in lags], name=PROFILE_INDEX)

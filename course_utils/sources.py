@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils.csv_tables import read_exact_csv
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 
 SOURCES_COLUMNS = tuple(
     "claim_id lesson_step claim source evidence_class date_checked boundary".split()
@@ -25,7 +25,7 @@ EVIDENCE_LABELS: Mapping[str, str] = {
     "authors_claim": "заявление авторов",
     "derived": "вывод курса",
 }
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "module_12_sources.csv"
+DEFAULT_PATH = DATA_DIR / "module_12_sources.csv"
 
 _STEP = re.compile(r"^12\.[1-5]\.([1-9]|1[0-3])$")
 _LESSON = re.compile(r"^12\.[1-5]$")
@@ -34,7 +34,7 @@ _LESSON = re.compile(r"^12\.[1-5]$")
 def load_sources(path: str | Path | None = None) -> pd.DataFrame:
     """Реестр источников (по умолчанию ``data/module_12_sources.csv``); date_checked — date."""
     path = Path(path) if path is not None else DEFAULT_PATH
-    rows = read_exact_csv(path, SOURCES_COLUMNS, ValueError, "реестр источников")
+    rows = read_exact_csv(path, SOURCES_COLUMNS, "реестр источников")
     frame = pd.DataFrame.from_records([c for _, c in rows], columns=list(SOURCES_COLUMNS))
     frame["date_checked"] = [_dt.date.fromisoformat(d) for d in frame["date_checked"]]
     frame.attrs["source"] = str(path)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from course_utils import args, fmt
-from course_utils.csv_tables import read_exact_csv
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 
 STACK_MAP_COLUMNS: tuple[str, ...] = tuple(
     "stack placement synchrony async_variants placement_synchrony staleness_control_key"
@@ -38,7 +38,7 @@ SUPPORTED_PREFIX = "да"  # ячейки lora и multi_turn начинаютс�
 LECTURE_SNAPSHOT = _dt.date(2026, 8, 6)
 STALE_AFTER_DAYS = 180  # строка старше стольких дней на LECTURE_SNAPSHOT помечается
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "stack_map.csv"
+DEFAULT_PATH = DATA_DIR / "stack_map.csv"
 SPEEDUPS_PATH = DEFAULT_PATH.parent / "stack_speedups.csv"
 _NA, _UNCONFIRMED = "n/a", "unconfirmed"
 _ONE_STEP_HINT = "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, а one_step_off — в столбец async_variants"
@@ -48,7 +48,7 @@ _ONLY_LOOSE = " (засчитывается только с include_unconfirmed=
 def _table(name: str, columns: str, what: str) -> list[dict[str, str]]:
     """Служебная таблица ``data/<name>`` (имена столбцов через пробел) — список строк-словарей."""
     path = DEFAULT_PATH.parent / name
-    return [row for _, row in read_exact_csv(path, tuple(columns.split()), ValueError, what)]
+    return [row for _, row in read_exact_csv(path, tuple(columns.split()), what)]
 
 
 # Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
@@ -75,7 +75,7 @@ def load_stack_map(path: str | Path | None = None) -> pd.DataFrame:
     Столбцы ``LIST_COLUMNS`` — списки строк (элементы с «?» как есть), ``snapshot_date`` —
     ``datetime.date``.
     """
-    rows = read_exact_csv(path or DEFAULT_PATH, STACK_MAP_COLUMNS, ValueError, "карта стеков")
+    rows = read_exact_csv(path or DEFAULT_PATH, STACK_MAP_COLUMNS, "карта стеков")
     records = [
         {
             c: [v.strip() for v in cell.split("|")] if c in LIST_COLUMNS and cell else cell
@@ -527,7 +527,7 @@ def load_speedups(path: str | Path | None = None) -> pd.DataFrame:
     (меньше 1 — медленнее); ``kind``: range — диапазон, up_to — «до X раз», point — одно число,
     approx — «примерно в X раз»; ``date`` — строка ГГГГ-ММ-ДД, ГГГГ-ММ или ГГГГ.
     """
-    rows = read_exact_csv(path or SPEEDUPS_PATH, SPEEDUP_COLUMNS, ValueError, "таблица ускорений")
+    rows = read_exact_csv(path or SPEEDUPS_PATH, SPEEDUP_COLUMNS, "таблица ускорений")
     frame = pd.DataFrame.from_records([cells for _, cells in rows], columns=list(SPEEDUP_COLUMNS))
     for column in ("speedup_low", "speedup_high"):
         frame[column] = frame[column].str.replace(",", ".").astype(float)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from course_utils.args import integer, path
 from course_utils.arith_task import ArithTask, make_tasks, target_response
+from course_utils.csv_tables import DATA_DIR
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY_MODEL_DIR = REPO_ROOT / "data" / "tiny_arith_lm"
+TINY_MODEL_DIR = DATA_DIR / "tiny_arith_lm"
 
 _SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Шаблон чата в стиле Qwen2.5 (без системного сообщения по умолчанию).

@@ -14,14 +14,13 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from course_utils.args import integer, is_number, real, text
 from course_utils.arith_task import VERIFIER_VERSION, is_informative_group, scalar_reward
-from course_utils.csv_tables import read_exact_csv
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.tracing_plots import (  # noqa: F401
     BASE_COLUMNS,
     _events_to_frame,
@@ -150,9 +149,9 @@ ORPHAN_REASONS = {
 }
 
 # Панель наблюдения: группа → {метрика: единицы} (KL, энтропии в таблицах трассы нет).
-_METRICS_PATH = Path(__file__).resolve().parent.parent / "data" / "dashboard_metrics.csv"
+_METRICS_PATH = DATA_DIR / "dashboard_metrics.csv"
 METRIC_GROUPS: dict[str, dict[str, str]] = {}
-for _, _row in read_exact_csv(_METRICS_PATH, ("group", "metric", "unit"), ValueError, "панель"):
+for _, _row in read_exact_csv(_METRICS_PATH, ("group", "metric", "unit"), "панель"):
     METRIC_GROUPS.setdefault(_row["group"], {})[_row["metric"]] = _row["unit"]
 METRIC_UNITS = {name: unit for group in METRIC_GROUPS.values() for name, unit in group.items()}
 

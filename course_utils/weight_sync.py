@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -24,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.args import choice, flag, integer, nonnegative, real, text
-from course_utils.csv_tables import read_exact_csv
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.fmt import num
 from course_utils.multiproc.transport import named_tensors, state_checksum
 
@@ -34,10 +33,7 @@ DEFAULT_ATOL = 1e-4
 # Русские подписи (data/weight_sync_labels.csv): схема журнала — поля EVENT_FIELDS и типы
 # событий EVENT_TYPES; заголовки таблиц для показа COLUMN_NAMES (``russian``); правила аудита.
 _LABELS = read_exact_csv(
-    Path(__file__).resolve().parent.parent / "data" / "weight_sync_labels.csv",
-    ("table", "name", "label"),
-    ValueError,
-    "подписи синхронизации весов",
+    DATA_DIR / "weight_sync_labels.csv", ("table", "name", "label"), "подписи синхронизации весов"
 )
 
 

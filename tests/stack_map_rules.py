@@ -74,7 +74,7 @@ def _parse_pair(value):
 def check_stack_map(path=sm.DEFAULT_PATH):
     """Проверяет все соглашения карты; StackMapError называет файл, стек и столбец."""
     path, seen = Path(path), {}
-    for line, cells in read_exact_csv(path, sm.STACK_MAP_COLUMNS, StackMapError, "карта стеков"):
+    for line, cells in read_exact_csv(path, sm.STACK_MAP_COLUMNS, "карта стеков", StackMapError):
         stack, where = cells["stack"], f"{path}: строка {line}"
         if not stack:
             raise StackMapError(f"{where}, столбец «stack»: пустое имя стека")
@@ -141,7 +141,7 @@ def _check_row(cells):
 def check_speedups(path=sm.SPEEDUPS_PATH):
     """Проверяет таблицу ускорений; SpeedupsError называет файл, строку и столбец."""
     path = Path(path)
-    rows = read_exact_csv(path, sm.SPEEDUP_COLUMNS, SpeedupsError, "таблица ускорений")
+    rows = read_exact_csv(path, sm.SPEEDUP_COLUMNS, "таблица ускорений", SpeedupsError)
     for line, cells in rows:
         where = f"{path}: строка {line} (стек «{cells['stack']}»)"
         _parsed(_check_speedup, cells, SpeedupsError, where)

@@ -12,7 +12,7 @@ class Broken(ValueError):
 def test_rows_are_stripped_and_numbered(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("a,b\n x ,1\ny, 2 \n", encoding="utf-8")
-    assert read_exact_csv(p, ("a", "b"), Broken, "таблица") == [
+    assert read_exact_csv(p, ("a", "b"), "таблица", Broken) == [
         (2, {"a": "x", "b": "1"}),
         (3, {"a": "y", "b": "2"}),
     ]
@@ -31,7 +31,7 @@ def test_errors_name_the_file_and_problem(tmp_path, text, message):
     p = tmp_path / "t.csv"
     p.write_text(text, encoding="utf-8")
     with pytest.raises(Broken, match=message) as err:
-        read_exact_csv(p, ("a", "b"), Broken, "таблица")
+        read_exact_csv(p, ("a", "b"), "таблица", Broken)
     assert str(p) in str(err.value)
     with pytest.raises(FileNotFoundError):
-        read_exact_csv(tmp_path / "нет.csv", ("a", "b"), Broken, "таблица")
+        read_exact_csv(tmp_path / "нет.csv", ("a", "b"), "таблица", Broken)

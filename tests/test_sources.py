@@ -20,7 +20,7 @@ def check_sources(path=src.DEFAULT_PATH):
     """Соглашения реестра: непустые ячейки, уникальный claim_id из [a-z0-9._-], шаг 12.x.y,
     класс из EVIDENCE_CLASSES, дата ISO ГГГГ-ММ-ДД; нарушение — SourcesError."""
     seen = {}
-    for line, cells in read_exact_csv(path, src.SOURCES_COLUMNS, SourcesError, "реестр"):
+    for line, cells in read_exact_csv(path, src.SOURCES_COLUMNS, "реестр", SourcesError):
         where = f"{path}: строка {line} (утверждение «{cells['claim_id']}»)"
 
         def fail(column, message, where=where):

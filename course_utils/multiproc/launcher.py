@@ -33,6 +33,7 @@ from typing import Any
 
 from course_utils import atomic
 from course_utils.args import choice, integer, path, positive
+from course_utils.csv_tables import REPO_ROOT
 from course_utils.fmt import count
 
 BACKENDS = ("gloo", "nccl")
@@ -40,7 +41,6 @@ STDERR_TAIL_LINES = 30
 _FAILURE_GRACE_S = 1.0  # сколько ждать остальные ранги после первого сбоя, прежде чем убить, с
 _STACK_DUMP_WAIT_S = 0.3  # сколько ждать стек зависших процессов (SIGUSR1) перед SIGKILL, с
 _GROUP_EXIT_WAIT_S = 5.0  # сколько ждать, пока убитые группы процессов исчезнут, с
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _RESERVED_ARGS = ("rank", "world_size", "backend")
 
 
@@ -404,7 +404,7 @@ def launch(
         run_path = path("run_dir", run_dir).resolve()
         run_path.mkdir(parents=True, exist_ok=True)
     paths = [
-        str(_REPO_ROOT),
+        str(REPO_ROOT),
         _module_root(module),
         *os.environ.get("PYTHONPATH", "").split(os.pathsep),
     ]

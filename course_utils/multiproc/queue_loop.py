@@ -7,17 +7,16 @@
 
 from __future__ import annotations
 
-import csv
 import itertools
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from course_utils.args import integer, nonnegative, positive, text
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.multiproc import transport
 from course_utils.multiproc.transport import ROLE_GENERATOR, ROLE_TRAINER
 
@@ -458,11 +457,12 @@ def queue_requests_frame(launch_result: Any):
 
 
 # Ключ сводки → (подпись, единица, знаков после запятой; None — целое); порядок строк текста.
-with open(Path(__file__).parents[2] / "data" / "queue_summary_labels.csv", encoding="utf-8") as _f:
-    QUEUE_SUMMARY_RU = {
-        r["key"]: (r["label"], r["unit"], int(r["digits"]) if r["digits"] else None)
-        for r in csv.DictReader(_f)
-    }
+QUEUE_SUMMARY_RU = {
+    r["key"]: (r["label"], r["unit"], int(r["digits"]) if r["digits"] else None)
+    for _, r in read_exact_csv(
+        DATA_DIR / "queue_summary_labels.csv", ("key", "label", "unit", "digits"), "сводка очереди"
+    )
+}
 
 
 def queue_summary(launch_result: Any) -> dict:
