@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 
 from course_utils.args import choice, integer
@@ -94,3 +95,12 @@ def is_informative_group(rewards) -> bool:
     ``group_advantages``) не все равны (std > 0); иначе A = 0 у всех ответов и градиента нет."""
     vals = [float(v) for v in rewards]
     return len(vals) > 1 and max(vals) > min(vals)
+
+
+def grouped_rewards(records, weights: dict[str, float] | None = None) -> list[dict[int, float]]:
+    """Группы GRPO (по group_id, иначе prompt_id, sample_id) в порядке появления: {номер записи:
+    скалярная награда r_i = ``scalar_reward(reward_i, weights)``}."""
+    groups: dict[str, dict[int, float]] = defaultdict(dict)
+    for i, r in enumerate(records):
+        groups[r.group_id or r.prompt_id or r.sample_id][i] = scalar_reward(r.reward, weights)
+    return list(groups.values())

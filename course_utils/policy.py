@@ -16,7 +16,6 @@ import os
 import socket
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -27,7 +26,13 @@ from tqdm.auto import tqdm
 
 from course_utils import arith_task
 from course_utils.args import choice, integer, positive, real, text
-from course_utils.arith_task import ArithTask, is_informative_group, make_tasks, scalar_reward
+from course_utils.arith_task import (
+    ArithTask,
+    grouped_rewards,
+    is_informative_group,
+    make_tasks,
+    scalar_reward,
+)
 from course_utils.contract import RolloutRecord
 from course_utils.memory import MODEL_CONFIGS_DIR, available_model_configs, tensor_bytes
 from course_utils.offpolicy import clipped, grpo_loss
@@ -436,35 +441,26 @@ def recompute_logprobs(
     return out
 
 
-def _grouped_rewards(records, reward_weights) -> tuple[list[float], list[list[int]]]:
-    """Скалярные награды и номера записей по группам (group_id, иначе prompt_id, sample_id)."""
-    recs = _checked_records(records)
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(recs):
-        groups[r.group_id or r.prompt_id or r.sample_id].append(i)
-    return [scalar_reward(r.reward, reward_weights) for r in recs], list(groups.values())
-
-
 def group_advantages(records, reward_weights: dict[str, float] | None = None) -> list[float]:
     """Преимущества GRPO: ``A_i = (r_i − mean_g) / (std_g + ε)``, ε = 1e-6, безразмерные;
     ``r_i = scalar_reward(reward_i, reward_weights)``; неинформативная группа даёт A = 0."""
-    rewards, groups = _grouped_rewards(records, reward_weights)
-    adv = [0.0] * len(rewards)
-    for idx in groups:
-        vals = [rewards[i] for i in idx]
+    recs = _checked_records(records)
+    adv = [0.0] * len(recs)
+    for group in grouped_rewards(recs, reward_weights):
+        vals = list(group.values())
         if not is_informative_group(vals):
             continue
         n, mean = len(vals), sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))  # несмещённая, N − 1
-        for i in idx:
-            adv[i] = (rewards[i] - mean) / (std + ADV_EPS)
+        for i, r in group.items():
+            adv[i] = (r - mean) / (std + ADV_EPS)
     return adv
 
 
 def informative_group_fraction(records, reward_weights: dict[str, float] | None = None) -> float:
     """Доля информативных групп (``is_informative_group``) по награде ``group_advantages``, 0…1."""
-    rewards, groups = _grouped_rewards(records, reward_weights)
-    return sum(is_informative_group([rewards[i] for i in idx]) for idx in groups) / len(groups)
+    groups = grouped_rewards(_checked_records(records), reward_weights)
+    return sum(is_informative_group(g.values()) for g in groups) / len(groups)
 
 
 def trainer_autocast_dtype(device, engine_dtype: torch.dtype) -> torch.dtype | None:

@@ -9,13 +9,12 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Mapping
 
 import pandas as pd
 
 from course_utils.args import integer, nonnegative, positive, text
-from course_utils.arith_task import is_informative_group, scalar_reward
+from course_utils.arith_task import grouped_rewards, is_informative_group
 
 # Пиковая пропускная способность памяти GPU, байт/с (паспортные значения, 1 ГБ/с = 10^9 Б/с).
 GPU_BANDWIDTH_BYTES_PER_S = {
@@ -57,13 +56,10 @@ def decode_roofline_tokens_per_s(
 def degenerate_group_share(records, reward_weights: Mapping[str, float] | None = None):
     """(число групп, доля вырожденных): вырождена группа, которая не ``is_informative_group`` по
     ``scalar_reward(reward, reward_weights)`` — она даёт A = 0 и не даёт градиента."""
-    groups: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        key = r.group_id or r.prompt_id or r.sample_id
-        groups[key].append(scalar_reward(r.reward, reward_weights))
+    groups = grouped_rewards(records, reward_weights)
     if not groups:
         raise ValueError("records: нет ни одной записи")
-    degenerate = sum(not is_informative_group(v) for v in groups.values())
+    degenerate = sum(not is_informative_group(g.values()) for g in groups)
     return len(groups), degenerate / len(groups)
 
 
