@@ -23,9 +23,9 @@ from course_utils.policy import (
     _forward,
     _padded,
     _prompt_ids,
-    _sync_fn,
     sampling_logprobs,
 )
+from course_utils.tracing import cuda_sync_or_none
 
 
 def response_lengths(
@@ -78,7 +78,7 @@ def _decode_fixed_lengths(
         raise ValueError("tasks и lengths должны быть непустыми и одной длины")
     lengths = _lengths(lengths)
     device = next(model.parameters()).device
-    sync = _sync_fn(device) or (lambda: None)
+    sync = cuda_sync_or_none(device) or (lambda: None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = [_prompt_ids(tokenizer, t) for t in tasks]
     n, steps = len(prompts), max(lengths)

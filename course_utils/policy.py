@@ -38,7 +38,7 @@ from course_utils.memory import MODEL_CONFIGS_DIR, available_model_configs, tens
 from course_utils.offpolicy import clipped, grpo_loss
 from course_utils.profile import STAGES, stage_columns
 from course_utils.tiny_model import TINY_MODEL_DIR, build_tiny_model
-from course_utils.tracing import StageTimer
+from course_utils.tracing import StageTimer, cuda_sync_or_none
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 TINY_MODEL_NAME = "tiny"
@@ -242,10 +242,6 @@ def _forward(model, input_ids, attention_mask, position_ids, cache=None):
     return out.logits[:, -1, :], (out.past_key_values if cache is None else cache)
 
 
-def _sync_fn(device: torch.device):
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-
-
 def _stop_ids(model, tokenizer) -> set[int]:
     """id конца ответа: eos из generation_config модели (число или список) и из токенизатора."""
     eos = [getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id]
@@ -315,7 +311,7 @@ def generate_rollouts(
     if swap_at is not None:
         swap_at = integer("swap_at", swap_at, 1, max_new_tokens - 1)
     device = next(model.parameters()).device
-    timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
+    timer = StageTimer(sync=cuda_sync_or_none(device)) if timer is None else timer
     gen = torch.Generator(device=device).manual_seed(int(seed))
     stop = _stop_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
@@ -500,7 +496,7 @@ def grpo_step(
     epochs = integer("epochs", epochs, 1)
     micro_batch = integer("micro_batch", micro_batch, 1)
     device = next(model.parameters()).device
-    timer = StageTimer(sync=_sync_fn(device)) if timer is None else timer
+    timer = StageTimer(sync=cuda_sync_or_none(device)) if timer is None else timer
     if old_logprobs is None:
         old_logprobs = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in recs]
     lengths = [len(o) for o in old_logprobs]
@@ -629,7 +625,7 @@ def sequential_loop(
     amp = trainer_autocast_dtype(device, engine_dtype)
     scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4), иначе None
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
-    timer = StageTimer(worker="main", sync=_sync_fn(device))
+    timer = StageTimer(worker="main", sync=cuda_sync_or_none(device))
     sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
     sampling |= {"group_size": group_size, "timer": timer}
     train = {"autocast_dtype": amp, "micro_batch": micro_batch}
