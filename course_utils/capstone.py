@@ -113,10 +113,6 @@ class Spec:
         """Поля спецификации словарём (JSON)."""
         return dataclasses.asdict(self)
 
-    def decoding(self) -> dict:
-        """Настройки декодирования роллаутов: температура и top-p."""
-        return {"temperature": self.temperature, "top_p": 1.0}
-
     @classmethod
     def from_json(cls, file: str | Path, **override) -> Spec:
         """Спецификация из JSON-файла; неизвестный ключ — ValueError по-русски."""
@@ -228,9 +224,7 @@ class _Trainer:
         self.ckpt = run_dir / CHECKPOINTS
         self.ckpt.mkdir(parents=True, exist_ok=True)
         self.config = {"spec": s.to_dict()}  # точка чужой спецификации — CheckpointError
-        self.net, self.wire, self.amp, self.scaler, self.opt = transport.fp32_trainer(
-            r.net, r.device, s.lr
-        )
+        self.learner = transport.fp32_trainer(r.net, r.device, s.lr)
         self.version, self.next_batch = 0, 1
         self.queue: dict[int, dict] = {}  # пакет → {"version", "records" (None — в полёте)}
         self.gen_version, self.gen_rss = 0, {}
@@ -253,11 +247,11 @@ class _Trainer:
     def _publish(self) -> None:
         """Веса версии v на все реплики с проверкой суммы; с барьером — commit после всех."""
         v, gens = self.version, range(1, self.n_gen + 1)
-        snap = {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
+        snap = self.learner.wire_copy()
         meta = {"version": v, "checksum": transport.state_checksum(snap)}
         for g in gens:
             transport.send_object({"type": "weights", "version": v}, g)
-            transport.send_tensors(snap, g, self.r.device, meta, self.wire)
+            transport.send_tensors(snap, g, self.r.device, meta, self.learner.wire)
             if not self._ask(g, None)["ok"]:
                 raise RuntimeError(f"генератор {g}: сумма весов версии {v} не совпала")
             if not self.s.readiness_barrier:  # сломанный протокол: переключаем сразу
@@ -296,16 +290,17 @@ class _Trainer:
         from course_utils.arith_task import VERIFIER_VERSION
 
         state = {
-            "policy": self.net.state_dict(),
+            "policy": self.learner.net.state_dict(),
             "counters": {"global_step": self.version, "policy_version": self.version},
         }
         if self.s.checkpoint == "weights":
             return state
+        decoding = {"temperature": self.s.temperature, "top_p": 1.0}  # настройки роллаутов
         return state | {
-            "optimizer": self.opt.state_dict(),
+            "optimizer": self.learner.opt.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "data_cursor": {"next_batch": self.next_batch},
-            "versions": {"verifier_version": VERIFIER_VERSION, "decoding": self.s.decoding()},
+            "versions": {"verifier_version": VERIFIER_VERSION, "decoding": decoding},
             "queue": {"batches": [[b, q] for b, q in sorted(self.queue.items())]},
         }
 
@@ -318,11 +313,11 @@ class _Trainer:
         if ckpt is None:
             return None
         state = load_checkpoint(ckpt, self.config, components=need)
-        self.net.load_state_dict(state["policy"])
+        self.learner.net.load_state_dict(state["policy"])
         self.version = int(state["counters"]["policy_version"])
         self.next_batch = self.version + 1  # без курсора и очереди — заказать заново
         if self.s.checkpoint == "full":
-            self.opt.load_state_dict(state["optimizer"])
+            self.learner.opt.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"]["torch"])
             if self.s.queue_on_restart == "checkpoint":
                 self.queue = {int(b): q for b, q in state["queue"]["batches"]}
@@ -334,15 +329,14 @@ class _Trainer:
         import torch
 
         from course_utils.offpolicy import normalized_ess
-        from course_utils.policy import grpo_step, recompute_logprobs
 
         self._collect(t)
         q = self.queue[t]
         records = transport.records_from(q["records"], f"пакет {_batch_id(t)}")
         t0 = time.perf_counter()
-        new = recompute_logprobs(self.net, records, autocast_dtype=self.amp)
+        new = self.learner.logprobs(records)
         log_w = [float((n - torch.tensor(x.behavior_logprobs)).sum()) for n, x in zip(new, records)]
-        stats = grpo_step(self.net, self.opt, records, autocast_dtype=self.amp, scaler=self.scaler)
+        stats = self.learner.update(records)
         if self.s.train_delay_s:
             time.sleep(self.s.train_delay_s)  # медленный тренер
         train_s = time.perf_counter() - t0
@@ -353,7 +347,7 @@ class _Trainer:
         event |= {"rollout_ids": [x.sample_id for x in records]}
         event |= {"behavior_versions": [x.policy_version for x in records]}
         event |= {"trainer_policy_version": t - 1, "resulting_policy_version": t}
-        event["weights_sha256"] = transport.state_checksum(self.net)
+        event["weights_sha256"] = transport.state_checksum(self.learner.net)
         line = {"pid": os.getpid(), "event": event, "records": q["records"]}
         line |= {"replica": q["replica"], "ess_norm": normalized_ess(log_w, log=True)}  # ESS/n
         line |= {"clip_fraction": stats["clip_fraction"], "loss": stats["loss"]}

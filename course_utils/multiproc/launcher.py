@@ -429,10 +429,6 @@ def local_device(backend: str):
     return torch.device("cpu")
 
 
-class _ReportedError(Exception):
-    """Ошибка функции ранга, трассировка которой уже напечатана в stderr."""
-
-
 def _reap_group_when_launcher_dies(alive_fd: int) -> None:
     """Сторож ранга: процесс в группе ранга ждёт EOF канала от запускателя и убивает группу.
 
@@ -483,7 +479,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         # Трассировка начинается с кадра функции пользователя: кадры обёртки ему не нужны.
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         sys.stderr.flush()
-        raise _ReportedError from exc
+        return 1
     if not isinstance(result, dict):
         raise TypeError(
             f"функция {ns.entry} должна вернуть словарь (JSON), вернула {type(result).__name__}"
@@ -518,8 +514,6 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         try:
             return _child_main(ns)
-        except _ReportedError:
-            return 1
         except Exception:
             traceback.print_exc()
             sys.stderr.flush()
