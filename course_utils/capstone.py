@@ -481,11 +481,11 @@ class _Audit:
         self.trace = pd.read_csv(run_dir / TRACE_ROLLOUTS)
         self.steps = pd.read_csv(run_dir / TRACE_STEPS)
         self.sync = _jsonl(run_dir / SYNC_LOG)
-        self.read_error, self.records = "", []
+        self.read_errors, self.records = [], []
         try:
             self.records = read_parquet(run_dir / ROLLOUTS)
         except ValueError as exc:
-            self.read_error = str(exc)
+            self.read_errors = [str(exc)]
 
     def behavior_policy(self):
         """Версия каждой записи = версия, закреплённая за её запросом в журнале синхронизации."""
@@ -505,7 +505,7 @@ class _Audit:
             for r in self.records
             if served.get(origin.get(r.sample_id), -1) != r.policy_version
         ]
-        bad += [self.read_error] if self.read_error else []
+        bad += self.read_errors
         fig = {"records": len(self.records), "mismatched_records": len(bad)}
         return not bad, fig, {"mismatched_records": 0}, bad
 
@@ -514,24 +514,17 @@ class _Audit:
         from course_utils.contract import validate_rollout
 
         bad = [f"{r.sample_id}: {p}" for r in self.records for p in validate_rollout(r)]
-        bad += [self.read_error] if self.read_error else []
+        bad += self.read_errors
         fig = {"records": len(self.records), "invalid_records": len(bad)}
         return not bad, fig, {"invalid_records": 0}, bad
 
     def lags(self) -> pd.DataFrame:
         """Задержка L = u − v каждой записи, версий: u — версия тренера на её шаге (optimizer_step)."""
-        u = self.steps.set_index("training_batch_id")
-        links = self.trace.set_index("rollout_id")
-        return pd.DataFrame(
-            [
-                {"optimizer_step": int(u.at[b, "optimizer_step"])}
-                | {"lag": int(u.at[b, "trainer_policy_version"]) - r.policy_version}
-                for r in self.records
-                if r.sample_id in links.index
-                for b in [links.at[r.sample_id, "training_batch_id"]]
-            ],
-            columns=["optimizer_step", "lag"],
-        )
+        versions = [(r.sample_id, r.policy_version) for r in self.records]  # v записи
+        links = self.trace[["rollout_id", "training_batch_id"]]
+        m = pd.DataFrame(versions, columns=["rollout_id", "v"]).merge(links, on="rollout_id")
+        m = m.merge(self.steps, on="training_batch_id")  # u — trainer_policy_version шага
+        return m.assign(lag=m["trainer_policy_version"] - m["v"])[["optimizer_step", "lag"]]
 
     def bounded_queue(self):
         """Задержка L = u − v по записям ≤ границы, пик очереди ≤ порога, пик RSS ≤ бюджета."""

@@ -57,10 +57,8 @@ class RankFailure:
     killed: bool = False  # True: ранг остановил запускатель (таймаут или сбой другого ранга)
 
     def describe(self, max_lines: int | None = None, note: str = "") -> str:
-        """По-русски: ранг, код выхода или сигнал, хвост stderr (≤ max_lines строк).
-
-        Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
-        """
+        """По-русски: ранг, код выхода или сигнал и хвост stderr (≤ max_lines строк); у ранга,
+        убитого запускателем, вместо хвоста — где он ждал (дамп стека faulthandler)."""
         who = f"Ранг {self.rank}{note}"
         code = self.exitcode
         if self.killed:
@@ -280,11 +278,9 @@ def _run_once(
 ) -> LaunchResult:
     base_env = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     base_env["COURSE_RUN_DIR"] = str(run_dir)
+    base_env |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
     base_env.setdefault("PYTHONUNBUFFERED", "1")
     base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
-    for rank in range(nprocs):
-        for suffix in ("json", "stdout.txt", "stderr.txt"):
-            (run_dir / f"rank_{rank}.{suffix}").unlink(missing_ok=True)
     procs: list[subprocess.Popen] = []
     exit_at: list[float | None] = [None] * nprocs
     changed = threading.Event()
@@ -304,9 +300,8 @@ def _run_once(
     cmd += ["--timeout-s", repr(float(timeout_s))]
     try:
         for rank in range(nprocs):
-            ranks = dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
-            ranks |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
-            child_env = {**base_env, **ranks}
+            rank_env = base_env | dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
+            (run_dir / f"rank_{rank}.json").unlink(missing_ok=True)  # журналы перезапишет "wb"
             with (
                 open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
@@ -315,7 +310,7 @@ def _run_once(
                 io = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
                 procs.append(
                     subprocess.Popen(
-                        cmd, env=child_env, start_new_session=True, pass_fds=(alive_r,), **io
+                        cmd, env=rank_env, start_new_session=True, pass_fds=(alive_r,), **io
                     )
                 )
         os.close(alive_r)

@@ -181,13 +181,9 @@ _TRAINER_COLUMNS = ["wait_s", "recv_s", "train_s", "weight_send_s"]
 
 
 def sync_steps_frame(launch_result: Any):
-    """Шаги обоих процессов в одной таблице (pandas.DataFrame): время — секунды, объём — байты.
-
-    Столбцы: step, behavior_version v, trainer_version_before_update u, lag = u − v,
-    new_version, generator_<generate|send|wait|weight_recv|load>_s,
-    trainer_<wait|recv|train|weight_send>_s, rollout_bytes, weight_bytes, n_records,
-    reward_mean, loss, clip_fraction, grad_norm. launch_result — итог ``multiproc.launch``.
-    """
+    """Шаги обоих процессов (pandas.DataFrame, строка на шаг): behavior_version v,
+    trainer_version_before_update u, lag = u − v, времена generator_*_s и trainer_*_s — с,
+    *_bytes — байты, награда и итоги grpo_step. launch_result — итог ``multiproc.launch``."""
     import pandas as pd
 
     ranks = transport.rank_results(launch_result, _EXPERIMENT)
