@@ -156,15 +156,12 @@ def capstone_trainer(rank: int, world_size: int, backend: str, run_dir: str, spe
     Пишет только ранг 0, в run_dir: events.jsonl, sync_log.jsonl, checkpoints/, checkpoint_log.jsonl.
     """
     s = Spec(**spec)
-    cfg = {"rank": rank, "world_size": world_size, "backend": backend}
-    cfg.update(seed=s.seed, model=s.model, group_size=s.group_size, temperature=s.temperature)
-    cfg.update(max_new_tokens=s.max_new_tokens)
+    cfg = {**s.to_dict(), "rank": rank, "world_size": world_size, "backend": backend}
     r = transport.start_rank("capstone", cfg)
     if rank == 0:
-        out = _Trainer(r, s, Path(run_dir), world_size - 1).run()
-    else:
-        out = _generator(r, cfg)
-    return {**r.head, "role": "тренер" if rank == 0 else "генератор", **out}
+        trainer = _Trainer(r, s, Path(run_dir), n_gen=world_size - 1)
+        return {**r.head, "role": transport.ROLE_TRAINER, **trainer.run()}
+    return {**r.head, "role": transport.ROLE_GENERATOR, **_generator(r, cfg)}
 
 
 def _generator(r, cfg: dict) -> dict:

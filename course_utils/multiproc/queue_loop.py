@@ -76,23 +76,18 @@ def queue_generators_trainer(
     # «принять от любого»); веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
     r = transport.start_rank(QUEUE_EXPERIMENT, cfg)
-    is_trainer = rank == _TRAINER
-    worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
-    head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
-    head["config"] = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
-    if is_trainer:
+    if rank == _TRAINER:
+        who = {"role": ROLE_TRAINER, "worker": ROLE_TRAINER}
         out = _QueueTrainer(r, control, cfg).run()
     else:
+        who = {"role": ROLE_GENERATOR, "worker": f"{ROLE_GENERATOR} {rank}"}
         out = _run_queue_generator(r, control, cfg)
-    return {**head, **out, "events": r.stages.events}
+    config = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
+    return {**r.head, **who, "config": config, **out, "events": r.stages.events}
 
 
 def _run_queue_generator(r, control, cfg: dict) -> dict:
     rank, stages, engine = cfg["rank"], r.stages, r.net.eval()
-
-    def ask(msg: dict) -> dict:
-        transport.send_object(msg, _TRAINER, "cpu", control)
-        return transport.recv_object(_TRAINER, "cpu", control)[0]
 
     with stages.stage("handshake"):
         hello = {"type": "hello", **transport.model_card(r.info)}
@@ -102,11 +97,12 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
     while True:
         first_ask = stages.now() if first_ask is None else first_ask
         with stages.stage("permission", k):
-            reply = ask({"type": "request", "request_id": k, "version": version})
+            ask = {"type": "request", "request_id": k, "version": version}
+            transport.send_object(ask, _TRAINER, "cpu", control)
+            reply, _ = transport.recv_object(_TRAINER, "cpu", control)
         if reply.get("weights_follow"):
-            wall0 = stages.clock()
-            meta, staging, rs = transport.recv_tensors(_TRAINER, r.device, staging)
-            stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
+            with stages.stage("recv_weights", k):
+                meta, staging, rs = transport.recv_tensors(_TRAINER, r.device, staging)
             load_s = transport.load_engine_weights(engine, staging, stages, k)
             if int(meta["version"]) <= version:
                 raise RuntimeError(
