@@ -228,9 +228,7 @@ class _Trainer:
         self.budget = s.prompts_per_step * s.group_size * s.max_new_tokens  # токенов на пакет
 
     def _sync(self, events: list[dict]) -> None:
-        with open(self.dir / SYNC_LOG, "a", encoding="utf-8") as f:
-            for e in events:
-                f.write(json.dumps({**e, "writer_pid": os.getpid()}, ensure_ascii=False) + "\n")
+        append_event(self.dir / SYNC_LOG, *({**e, "writer_pid": os.getpid()} for e in events))
 
     def _ask(self, g: int, msg: dict | None) -> dict:
         """Запрос генератору g (None — только ответ): его события — в журнал, RSS — в замер."""
