@@ -165,19 +165,16 @@ class _QueueTrainer:
         self.learner = transport.fp32_trainer(r.net, r.device, cfg["lr"])
         self.cond = threading.Condition()
         self.queue: deque = deque()
-        self.seq, self.q_tokens, self.q_rollouts, self.version = 0, 0, 0, 0
+        self.seq = itertools.count(1)  # номер события очереди (строки шкалы или разрешения)
+        self.q_tokens, self.q_rollouts, self.version = 0, 0, 0
         self.snapshot = self.learner.wire_copy()
         self.stopping, self.error = False, None
         self.timeline, self.permissions, self.arrivals, self.batches = [], [], [], []
         self.in_flight: set[tuple[int, int]] = set()
 
-    def _next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
     def _mark(self, event: str) -> dict:
         """Строка шкалы очереди: глубина (токены, роллауты, группы) после события; под замком."""
-        row = {"seq": self._next_seq(), "time_s": self.stages.now(), "event": event}
+        row = {"seq": next(self.seq), "time_s": self.stages.now(), "event": event}
         row.update(depth_tokens=self.q_tokens, depth_rollouts=self.q_rollouts)
         row["depth_groups"] = len(self.queue)
         self.timeline.append(row)
@@ -240,13 +237,13 @@ class _QueueTrainer:
             decision = "stop" if self.stopping else "grant" if depth < limit else "deny"
             latest, snap = self.version, self.snapshot
             follow = decision != "stop" and int(msg["version"]) < latest
-            seq = self._next_seq()
             if decision == "grant":
                 if key in self.in_flight:
                     raise RuntimeError(f"тренер: запрос {key} уже разрешён и ещё в полёте")
                 self.in_flight.add(key)
-            row = {"seq": seq, "time_s": self.stages.now(), "generator": src, "request_id": key[1]}
-            row |= {"decision": decision, "granted": decision == "grant", "depth_tokens": depth}
+            row = {"seq": next(self.seq), "time_s": self.stages.now(), "generator": src}
+            row |= {"request_id": key[1], "decision": decision, "granted": decision == "grant"}
+            row["depth_tokens"] = depth
             self.permissions.append(row)
         reply = {"type": decision, "latest_version": latest, "weights_follow": follow}
         transport.send_object(reply, src, "cpu", self.control)
