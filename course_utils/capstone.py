@@ -41,6 +41,7 @@ from course_utils.multiproc.checkpointed_trainer import (
     kill_self_once,
     step_lines,
 )
+from course_utils.tracing import _batch_id  # "b0003": те же id пакетов, что в трассе
 
 SPECS_DIR = DATA_DIR / "capstone"
 _ENTRY = "course_utils.capstone:capstone_trainer"
@@ -130,11 +131,6 @@ class Spec:
 # ----------------------------------------------------------------------------- ранги прогона
 
 
-def _batch_id(b: int) -> str:
-    """Идентификатор пакета b (он же запрос генератору): "b0003"."""
-    return f"b{b:04d}"
-
-
 def _peak_rss() -> int:
     """Пиковый RSS этого процесса, байт (``policy.peak_memory`` на CPU)."""
     import torch
@@ -201,8 +197,8 @@ def _generator(r, cfg: dict) -> dict:
         elif kind == "generate":
             if msg["version"] != active:
                 raise RuntimeError(f"{replica}: запрос версии {msg['version']}, активна {active}")
-            ev("serve", active, request_id=_batch_id(msg["batch"]))
             seed, bid = cfg["seed"] * 100_000 + msg["batch"], _batch_id(msg["batch"])
+            ev("serve", active, request_id=bid)
             t0 = time.perf_counter()
             n = msg["prompts"]
             batch = transport.sample_rollouts(engine, r.tok, cfg, n, active, seed, bid)

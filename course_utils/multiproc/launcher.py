@@ -398,11 +398,8 @@ def launch(
     else:
         run_path = path("run_dir", run_dir).resolve()
         run_path.mkdir(parents=True, exist_ok=True)
-    paths = [
-        str(REPO_ROOT),
-        _module_root(module),
-        *os.environ.get("PYTHONPATH", "").split(os.pathsep),
-    ]
+    paths = [str(REPO_ROOT), _module_root(module)]  # курс и модуль entry — до чужого PYTHONPATH
+    paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}
     result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path)
     tails = " ".join(f.stderr_tail for f in result.failures).lower()
