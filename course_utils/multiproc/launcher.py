@@ -307,33 +307,27 @@ def _run_once(
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
             ):
                 # start_new_session: своя группа процессов, killpg убьёт всё дерево ранга
-                io = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
-                procs.append(
-                    subprocess.Popen(
-                        cmd, env=rank_env, start_new_session=True, pass_fds=(alive_r,), **io
-                    )
-                )
+                opts = {"env": rank_env, "stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
+                proc = subprocess.Popen(cmd, start_new_session=True, pass_fds=(alive_r,), **opts)
+                procs.append(proc)
         os.close(alive_r)
         alive_r = -1
         for rank in range(nprocs):
             threading.Thread(target=waiter, args=(rank,), daemon=True).start()
-        first_failure_at: float | None = None
-        while not all(p.poll() is not None for p in procs):
+        failed_at = math.inf  # первый замеченный сбой
+        while None in (codes := [p.poll() for p in procs]):
             now = time.monotonic()
             # Сбой — ненулевой код или код 0 без файла результата (sys.exit(0) раньше времени):
             # результат пишется до выхода, поэтому его отсутствие видно сразу.
-            codes = [p.poll() for p in procs]
             failed = any(
                 c not in (None, 0) or (c == 0 and not (run_dir / f"rank_{r}.json").exists())
                 for r, c in enumerate(codes)
             )
-            if failed and first_failure_at is None:
-                first_failure_at = now
-            if first_failure_at is not None and now >= first_failure_at + _FAILURE_GRACE_S:
-                status, killed = "failed", _stop_all(procs, dump_stacks=True)
-                break
-            if now >= deadline:
-                status, killed = "timeout", _stop_all(procs, dump_stacks=True)
+            if failed and failed_at == math.inf:
+                failed_at = now
+            if now >= failed_at + _FAILURE_GRACE_S or now >= deadline:
+                status = "failed" if now >= failed_at + _FAILURE_GRACE_S else "timeout"
+                killed = _stop_all(procs, dump_stacks=True)
                 break
             changed.wait(timeout=0.1)  # выход любого ранга будит раньше
             changed.clear()
