@@ -88,7 +88,6 @@ def queue_generators_trainer(
 
 def _run_queue_generator(r, control, cfg: dict) -> dict:
     rank, stages, engine = cfg["rank"], r.stages, r.net.eval()
-
     with stages.stage("handshake"):
         hello = {"type": "hello", **transport.model_card(r.info)}
         transport.send_object(hello, _TRAINER, "cpu", control)
@@ -97,8 +96,8 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
     while True:
         first_ask = stages.now() if first_ask is None else first_ask
         with stages.stage("permission", k):
-            ask = {"type": "request", "request_id": k, "version": version}
-            transport.send_object(ask, _TRAINER, "cpu", control)
+            request = {"type": "request", "request_id": k, "version": version}
+            transport.send_object(request, _TRAINER, "cpu", control)
             reply, _ = transport.recv_object(_TRAINER, "cpu", control)
         if reply.get("weights_follow"):
             with stages.stage("recv_weights", k):
