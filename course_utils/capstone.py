@@ -41,6 +41,7 @@ from course_utils.multiproc.checkpointed_trainer import (
     kill_self_once,
     step_lines,
 )
+from course_utils.tracing import _batch_id  # "b0003": те же id пакетов, что в трассе
 
 SPECS_DIR = DATA_DIR / "capstone"
 _ENTRY = "course_utils.capstone:capstone_trainer"
@@ -113,10 +114,6 @@ class Spec:
         """Поля спецификации словарём (JSON)."""
         return dataclasses.asdict(self)
 
-    def decoding(self) -> dict:
-        """Настройки декодирования роллаутов: температура и top-p."""
-        return {"temperature": self.temperature, "top_p": 1.0}
-
     @classmethod
     def from_json(cls, file: str | Path, **override) -> Spec:
         """Спецификация из JSON-файла; неизвестный ключ — ValueError по-русски."""
@@ -132,11 +129,6 @@ class Spec:
 
 
 # ----------------------------------------------------------------------------- ранги прогона
-
-
-def _batch_id(b: int) -> str:
-    """Идентификатор пакета b (он же запрос генератору): "b0003"."""
-    return f"b{b:04d}"
 
 
 def _peak_rss() -> int:
@@ -160,15 +152,12 @@ def capstone_trainer(rank: int, world_size: int, backend: str, run_dir: str, spe
     Пишет только ранг 0, в run_dir: events.jsonl, sync_log.jsonl, checkpoints/, checkpoint_log.jsonl.
     """
     s = Spec(**spec)
-    cfg = {"rank": rank, "world_size": world_size, "backend": backend}
-    cfg.update(seed=s.seed, model=s.model, group_size=s.group_size, temperature=s.temperature)
-    cfg.update(max_new_tokens=s.max_new_tokens)
+    cfg = {**s.to_dict(), "rank": rank, "world_size": world_size, "backend": backend}
     r = transport.start_rank("capstone", cfg)
     if rank == 0:
-        out = _Trainer(r, s, Path(run_dir), world_size - 1).run()
-    else:
-        out = _generator(r, cfg)
-    return {**r.head, "role": "тренер" if rank == 0 else "генератор", **out}
+        trainer = _Trainer(r, s, Path(run_dir), n_gen=world_size - 1)
+        return {**r.head, "role": transport.ROLE_TRAINER, **trainer.run()}
+    return {**r.head, "role": transport.ROLE_GENERATOR, **_generator(r, cfg)}
 
 
 def _generator(r, cfg: dict) -> dict:
@@ -208,8 +197,8 @@ def _generator(r, cfg: dict) -> dict:
         elif kind == "generate":
             if msg["version"] != active:
                 raise RuntimeError(f"{replica}: запрос версии {msg['version']}, активна {active}")
-            ev("serve", active, request_id=_batch_id(msg["batch"]))
             seed, bid = cfg["seed"] * 100_000 + msg["batch"], _batch_id(msg["batch"])
+            ev("serve", active, request_id=bid)
             t0 = time.perf_counter()
             n = msg["prompts"]
             batch = transport.sample_rollouts(engine, r.tok, cfg, n, active, seed, bid)
@@ -228,18 +217,14 @@ class _Trainer:
         self.ckpt = run_dir / CHECKPOINTS
         self.ckpt.mkdir(parents=True, exist_ok=True)
         self.config = {"spec": s.to_dict()}  # точка чужой спецификации — CheckpointError
-        self.net, self.wire, self.amp, self.scaler, self.opt = transport.fp32_trainer(
-            r.net, r.device, s.lr
-        )
+        self.learner = transport.fp32_trainer(r.net, r.device, s.lr)
         self.version, self.next_batch = 0, 1
         self.queue: dict[int, dict] = {}  # пакет → {"version", "records" (None — в полёте)}
         self.gen_version, self.gen_rss = 0, {}
         self.budget = s.prompts_per_step * s.group_size * s.max_new_tokens  # токенов на пакет
 
     def _sync(self, events: list[dict]) -> None:
-        with open(self.dir / SYNC_LOG, "a", encoding="utf-8") as f:
-            for e in events:
-                f.write(json.dumps({**e, "writer_pid": os.getpid()}, ensure_ascii=False) + "\n")
+        append_event(self.dir / SYNC_LOG, *({**e, "writer_pid": os.getpid()} for e in events))
 
     def _ask(self, g: int, msg: dict | None) -> dict:
         """Запрос генератору g (None — только ответ): его события — в журнал, RSS — в замер."""
@@ -253,11 +238,11 @@ class _Trainer:
     def _publish(self) -> None:
         """Веса версии v на все реплики с проверкой суммы; с барьером — commit после всех."""
         v, gens = self.version, range(1, self.n_gen + 1)
-        snap = {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
+        snap = self.learner.wire_copy()
         meta = {"version": v, "checksum": transport.state_checksum(snap)}
         for g in gens:
             transport.send_object({"type": "weights", "version": v}, g)
-            transport.send_tensors(snap, g, self.r.device, meta, self.wire)
+            transport.send_tensors(snap, g, self.r.device, meta, self.learner.wire)
             if not self._ask(g, None)["ok"]:
                 raise RuntimeError(f"генератор {g}: сумма весов версии {v} не совпала")
             if not self.s.readiness_barrier:  # сломанный протокол: переключаем сразу
@@ -296,16 +281,17 @@ class _Trainer:
         from course_utils.arith_task import VERIFIER_VERSION
 
         state = {
-            "policy": self.net.state_dict(),
+            "policy": self.learner.net.state_dict(),
             "counters": {"global_step": self.version, "policy_version": self.version},
         }
         if self.s.checkpoint == "weights":
             return state
+        decoding = {"temperature": self.s.temperature, "top_p": 1.0}  # настройки роллаутов
         return state | {
-            "optimizer": self.opt.state_dict(),
+            "optimizer": self.learner.opt.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "data_cursor": {"next_batch": self.next_batch},
-            "versions": {"verifier_version": VERIFIER_VERSION, "decoding": self.s.decoding()},
+            "versions": {"verifier_version": VERIFIER_VERSION, "decoding": decoding},
             "queue": {"batches": [[b, q] for b, q in sorted(self.queue.items())]},
         }
 
@@ -318,11 +304,11 @@ class _Trainer:
         if ckpt is None:
             return None
         state = load_checkpoint(ckpt, self.config, components=need)
-        self.net.load_state_dict(state["policy"])
+        self.learner.net.load_state_dict(state["policy"])
         self.version = int(state["counters"]["policy_version"])
         self.next_batch = self.version + 1  # без курсора и очереди — заказать заново
         if self.s.checkpoint == "full":
-            self.opt.load_state_dict(state["optimizer"])
+            self.learner.opt.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"]["torch"])
             if self.s.queue_on_restart == "checkpoint":
                 self.queue = {int(b): q for b, q in state["queue"]["batches"]}
@@ -334,15 +320,14 @@ class _Trainer:
         import torch
 
         from course_utils.offpolicy import normalized_ess
-        from course_utils.policy import grpo_step, recompute_logprobs
 
         self._collect(t)
         q = self.queue[t]
         records = transport.records_from(q["records"], f"пакет {_batch_id(t)}")
         t0 = time.perf_counter()
-        new = recompute_logprobs(self.net, records, autocast_dtype=self.amp)
+        new = self.learner.logprobs(records)
         log_w = [float((n - torch.tensor(x.behavior_logprobs)).sum()) for n, x in zip(new, records)]
-        stats = grpo_step(self.net, self.opt, records, autocast_dtype=self.amp, scaler=self.scaler)
+        stats = self.learner.update(records)
         if self.s.train_delay_s:
             time.sleep(self.s.train_delay_s)  # медленный тренер
         train_s = time.perf_counter() - t0
@@ -353,7 +338,7 @@ class _Trainer:
         event |= {"rollout_ids": [x.sample_id for x in records]}
         event |= {"behavior_versions": [x.policy_version for x in records]}
         event |= {"trainer_policy_version": t - 1, "resulting_policy_version": t}
-        event["weights_sha256"] = transport.state_checksum(self.net)
+        event["weights_sha256"] = transport.state_checksum(self.learner.net)
         line = {"pid": os.getpid(), "event": event, "records": q["records"]}
         line |= {"replica": q["replica"], "ess_norm": normalized_ess(log_w, log=True)}  # ESS/n
         line |= {"clip_fraction": stats["clip_fraction"], "loss": stats["loss"]}
@@ -487,11 +472,11 @@ class _Audit:
         self.trace = pd.read_csv(run_dir / TRACE_ROLLOUTS)
         self.steps = pd.read_csv(run_dir / TRACE_STEPS)
         self.sync = _jsonl(run_dir / SYNC_LOG)
-        self.read_error, self.records = "", []
+        self.read_errors, self.records = [], []
         try:
             self.records = read_parquet(run_dir / ROLLOUTS)
         except ValueError as exc:
-            self.read_error = str(exc)
+            self.read_errors = [str(exc)]
 
     def behavior_policy(self):
         """Версия каждой записи = версия, закреплённая за её запросом в журнале синхронизации."""
@@ -511,7 +496,7 @@ class _Audit:
             for r in self.records
             if served.get(origin.get(r.sample_id), -1) != r.policy_version
         ]
-        bad += [self.read_error] if self.read_error else []
+        bad += self.read_errors
         fig = {"records": len(self.records), "mismatched_records": len(bad)}
         return not bad, fig, {"mismatched_records": 0}, bad
 
@@ -520,24 +505,17 @@ class _Audit:
         from course_utils.contract import validate_rollout
 
         bad = [f"{r.sample_id}: {p}" for r in self.records for p in validate_rollout(r)]
-        bad += [self.read_error] if self.read_error else []
+        bad += self.read_errors
         fig = {"records": len(self.records), "invalid_records": len(bad)}
         return not bad, fig, {"invalid_records": 0}, bad
 
     def lags(self) -> pd.DataFrame:
         """Задержка L = u − v каждой записи, версий: u — версия тренера на её шаге (optimizer_step)."""
-        u = self.steps.set_index("training_batch_id")
-        links = self.trace.set_index("rollout_id")
-        return pd.DataFrame(
-            [
-                {"optimizer_step": int(u.at[b, "optimizer_step"])}
-                | {"lag": int(u.at[b, "trainer_policy_version"]) - r.policy_version}
-                for r in self.records
-                if r.sample_id in links.index
-                for b in [links.at[r.sample_id, "training_batch_id"]]
-            ],
-            columns=["optimizer_step", "lag"],
-        )
+        versions = [(r.sample_id, r.policy_version) for r in self.records]  # v записи
+        links = self.trace[["rollout_id", "training_batch_id"]]
+        m = pd.DataFrame(versions, columns=["rollout_id", "v"]).merge(links, on="rollout_id")
+        m = m.merge(self.steps, on="training_batch_id")  # u — trainer_policy_version шага
+        return m.assign(lag=m["trainer_policy_version"] - m["v"])[["optimizer_step", "lag"]]
 
     def bounded_queue(self):
         """Задержка L = u − v по записям ≤ границы, пик очереди ≤ порога, пик RSS ≤ бюджета."""

@@ -24,11 +24,8 @@ FAIL_MODES = ("raise", "exit0", "sigkill")
 def smoke_allreduce(
     rank: int, world_size: int, backend: str, numel: int = 1024, repeats: int = 5
 ) -> dict:
-    """Проверка связи: all_reduce(SUM) тензора из (rank+1); ожидается Σ_{r=1..W} r = W(W+1)/2.
-
-    Каждый из repeats замеров — время одного all_reduce, с (perf_counter, с синхронизацией
-    CUDA на GPU); bytes = numel · 4 (float32).
-    """
+    """Проверка связи: all_reduce(SUM) тензора из (rank+1) = Σ_{r=1..W} r = W(W+1)/2; times_s —
+    время каждого из repeats all_reduce, с (с синхронизацией CUDA); bytes = numel · 4 (float32)."""
     numel, repeats = integer("numel", numel, 1), integer("repeats", repeats, 1)
     import torch
     import torch.distributed as dist
@@ -67,11 +64,8 @@ def smoke_allreduce(
 def fail_on_rank(
     rank: int, world_size: int, backend: str, bad_rank: int = 1, mode: str = "raise"
 ) -> dict:
-    """Для проверки отчёта о сбое: ранг bad_rank падает, остальные ждут в barrier.
-
-    mode: "raise" — RuntimeError; "exit0" — sys.exit(0) без результата; "sigkill" — ранг
-    убивает себя SIGKILL (как OOM killer). Остальных должен остановить запускатель.
-    """
+    """Ранг bad_rank падает (mode: "raise" — RuntimeError, "exit0" — sys.exit(0) без результата,
+    "sigkill" — SIGKILL себе, как OOM killer), остальные ждут в barrier, пока их не убьют."""
     bad_rank = integer("bad_rank", bad_rank, 0, world_size - 1)
     mode = choice("mode", mode, FAIL_MODES)
     import torch.distributed as dist
@@ -87,11 +81,8 @@ def fail_on_rank(
 
 
 def sleep_forever(rank: int, world_size: int, backend: str, spawn_grandchild: bool = False) -> dict:
-    """Для проверки таймаута: спит бесконечно (по желанию — с процессом-«внуком»).
-
-    Внук получает путь COURSE_RUN_DIR в командной строке, его pid пишется в
-    ``COURSE_RUN_DIR/grandchild_<rank>.pid``: тест проверяет, что убит и он.
-    """
+    """Спит бесконечно (для таймаута); spawn_grandchild — с «внуком» (COURSE_RUN_DIR в его
+    командной строке, pid — в ``COURSE_RUN_DIR/grandchild_<rank>.pid``): убит ли и он."""
     if spawn_grandchild:
         run_dir = os.environ.get("COURSE_RUN_DIR", "")
         child = subprocess.Popen(

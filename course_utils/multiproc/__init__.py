@@ -1,11 +1,8 @@
-"""Уровень C: настоящие процессы ОС под ``torch.distributed`` и точки входа уроков.
+"""Уровень C: ранги — процессы ОС под ``torch.distributed`` (``launch``, см. ``launcher``).
 
-``launch("модуль:функция", nprocs, args)`` запускает ранги как отдельные процессы (окружение как у
-``torchrun``), ждёт их с дедлайном, убивает всю группу при сбое и возвращает ``LaunchResult``.
 Точки входа: ``sync_loop`` (12.1), ``zero_state`` (12.2), ``queue_loop`` (12.3),
 ``weight_broadcast`` (12.4), ``checkpointed_trainer`` (12.5); итоговый прогон —
 ``course_utils.capstone``; обмен между рангами и общие части циклов — ``transport``.
-Те же точки входа без изменений работают под ``torchrun -m course_utils.multiproc --entry …``.
 """
 
 from course_utils.multiproc.launcher import (

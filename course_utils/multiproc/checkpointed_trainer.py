@@ -28,9 +28,11 @@ from course_utils.multiproc.transport import state_checksum
 from course_utils.toy_run import ToyRLRun
 
 
-def append_event(log: Path, record: dict) -> None:
+def append_event(log: Path, *records: dict) -> None:
+    """Дописывает записи строками JSON в конец log и ждёт диска (fsync)."""
     with open(log, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

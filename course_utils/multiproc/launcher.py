@@ -57,10 +57,8 @@ class RankFailure:
     killed: bool = False  # True: ранг остановил запускатель (таймаут или сбой другого ранга)
 
     def describe(self, max_lines: int | None = None, note: str = "") -> str:
-        """По-русски: ранг, код выхода или сигнал, хвост stderr (≤ max_lines строк).
-
-        Для убитого запускателем ранга вместо хвоста — где он ждал (дамп стека faulthandler).
-        """
+        """По-русски: ранг, код выхода или сигнал и хвост stderr (≤ max_lines строк); у ранга,
+        убитого запускателем, вместо хвоста — где он ждал (дамп стека faulthandler)."""
         who = f"Ранг {self.rank}{note}"
         code = self.exitcode
         if self.killed:
@@ -280,11 +278,9 @@ def _run_once(
 ) -> LaunchResult:
     base_env = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     base_env["COURSE_RUN_DIR"] = str(run_dir)
+    base_env |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
     base_env.setdefault("PYTHONUNBUFFERED", "1")
     base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
-    for rank in range(nprocs):
-        for suffix in ("json", "stdout.txt", "stderr.txt"):
-            (run_dir / f"rank_{rank}.{suffix}").unlink(missing_ok=True)
     procs: list[subprocess.Popen] = []
     exit_at: list[float | None] = [None] * nprocs
     changed = threading.Event()
@@ -304,41 +300,34 @@ def _run_once(
     cmd += ["--timeout-s", repr(float(timeout_s))]
     try:
         for rank in range(nprocs):
-            ranks = dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
-            ranks |= dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), str(nprocs))
-            child_env = {**base_env, **ranks}
+            rank_env = base_env | dict.fromkeys(("RANK", "LOCAL_RANK"), str(rank))
+            (run_dir / f"rank_{rank}.json").unlink(missing_ok=True)  # журналы перезапишет "wb"
             with (
                 open(run_dir / f"rank_{rank}.stdout.txt", "wb") as out,
                 open(run_dir / f"rank_{rank}.stderr.txt", "wb") as err,
             ):
                 # start_new_session: своя группа процессов, killpg убьёт всё дерево ранга
-                io = {"stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
-                procs.append(
-                    subprocess.Popen(
-                        cmd, env=child_env, start_new_session=True, pass_fds=(alive_r,), **io
-                    )
-                )
+                opts = {"env": rank_env, "stdin": subprocess.DEVNULL, "stdout": out, "stderr": err}
+                proc = subprocess.Popen(cmd, start_new_session=True, pass_fds=(alive_r,), **opts)
+                procs.append(proc)
         os.close(alive_r)
         alive_r = -1
         for rank in range(nprocs):
             threading.Thread(target=waiter, args=(rank,), daemon=True).start()
-        first_failure_at: float | None = None
-        while not all(p.poll() is not None for p in procs):
+        failed_at = math.inf  # первый замеченный сбой
+        while None in (codes := [p.poll() for p in procs]):
             now = time.monotonic()
             # Сбой — ненулевой код или код 0 без файла результата (sys.exit(0) раньше времени):
             # результат пишется до выхода, поэтому его отсутствие видно сразу.
-            codes = [p.poll() for p in procs]
             failed = any(
                 c not in (None, 0) or (c == 0 and not (run_dir / f"rank_{r}.json").exists())
                 for r, c in enumerate(codes)
             )
-            if failed and first_failure_at is None:
-                first_failure_at = now
-            if first_failure_at is not None and now >= first_failure_at + _FAILURE_GRACE_S:
-                status, killed = "failed", _stop_all(procs, dump_stacks=True)
-                break
-            if now >= deadline:
-                status, killed = "timeout", _stop_all(procs, dump_stacks=True)
+            if failed and failed_at == math.inf:
+                failed_at = now
+            if now >= failed_at + _FAILURE_GRACE_S or now >= deadline:
+                status = "failed" if now >= failed_at + _FAILURE_GRACE_S else "timeout"
+                killed = _stop_all(procs, dump_stacks=True)
                 break
             changed.wait(timeout=0.1)  # выход любого ранга будит раньше
             changed.clear()
@@ -403,11 +392,8 @@ def launch(
     else:
         run_path = path("run_dir", run_dir).resolve()
         run_path.mkdir(parents=True, exist_ok=True)
-    paths = [
-        str(REPO_ROOT),
-        _module_root(module),
-        *os.environ.get("PYTHONPATH", "").split(os.pathsep),
-    ]
+    paths = [str(REPO_ROOT), _module_root(module)]  # курс и модуль entry — до чужого PYTHONPATH
+    paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}
     result = _run_once(entry, nprocs, args, timeout_s, backend, env, run_path)
     tails = " ".join(f.stderr_tail for f in result.failures).lower()
@@ -427,10 +413,6 @@ def local_device(backend: str):
     if choice("backend", backend, BACKENDS) == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
-
-
-class _ReportedError(Exception):
-    """Ошибка функции ранга, трассировка которой уже напечатана в stderr."""
 
 
 def _reap_group_when_launcher_dies(alive_fd: int) -> None:
@@ -483,7 +465,7 @@ def _child_main(ns: argparse.Namespace) -> int:
         # Трассировка начинается с кадра функции пользователя: кадры обёртки ему не нужны.
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         sys.stderr.flush()
-        raise _ReportedError from exc
+        return 1
     if not isinstance(result, dict):
         raise TypeError(
             f"функция {ns.entry} должна вернуть словарь (JSON), вернула {type(result).__name__}"
@@ -518,8 +500,6 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         try:
             return _child_main(ns)
-        except _ReportedError:
-            return 1
         except Exception:
             traceback.print_exc()
             sys.stderr.flush()

@@ -76,38 +76,32 @@ def queue_generators_trainer(
     # «принять от любого»); веса идут основной группой.
     control = None if backend == "gloo" else dist.new_group(backend="gloo")
     r = transport.start_rank(QUEUE_EXPERIMENT, cfg)
-    is_trainer = rank == _TRAINER
-    worker = ROLE_TRAINER if is_trainer else f"{ROLE_GENERATOR} {rank}"
-    head = {**r.head, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR, "worker": worker}
-    head["config"] = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
-    if is_trainer:
+    if rank == _TRAINER:
+        who = {"role": ROLE_TRAINER, "worker": ROLE_TRAINER}
         out = _QueueTrainer(r, control, cfg).run()
     else:
+        who = {"role": ROLE_GENERATOR, "worker": f"{ROLE_GENERATOR} {rank}"}
         out = _run_queue_generator(r, control, cfg)
-    return {**head, **out, "events": r.stages.events}
+    config = {k: v for k, v in cfg.items() if k not in ("rank", "world_size", "backend")}
+    return {**r.head, **who, "config": config, **out, "events": r.stages.events}
 
 
 def _run_queue_generator(r, control, cfg: dict) -> dict:
-    rank, stages, trainer = cfg["rank"], r.stages, _TRAINER
-    engine = r.net.eval()
-
-    def ask(msg: dict) -> dict:
-        transport.send_object(msg, trainer, "cpu", control)
-        return transport.recv_object(trainer, "cpu", control)[0]
-
+    rank, stages, engine = cfg["rank"], r.stages, r.net.eval()
     with stages.stage("handshake"):
         hello = {"type": "hello", **transport.model_card(r.info)}
-        transport.send_object(hello, trainer, "cpu", control)
+        transport.send_object(hello, _TRAINER, "cpu", control)
     version, k, staging, requests, fetches = 0, 0, None, [], []
     denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
     while True:
         first_ask = stages.now() if first_ask is None else first_ask
         with stages.stage("permission", k):
-            reply = ask({"type": "request", "request_id": k, "version": version})
+            request = {"type": "request", "request_id": k, "version": version}
+            transport.send_object(request, _TRAINER, "cpu", control)
+            reply, _ = transport.recv_object(_TRAINER, "cpu", control)
         if reply.get("weights_follow"):
-            wall0 = stages.clock()
-            meta, staging, rs = transport.recv_tensors(trainer, r.device, staging)
-            stages.add("recv_weights", k, wall0, rs.wait_s + rs.transfer_s)
+            with stages.stage("recv_weights", k):
+                meta, staging, rs = transport.recv_tensors(_TRAINER, r.device, staging)
             load_s = transport.load_engine_weights(engine, staging, stages, k)
             if int(meta["version"]) <= version:
                 raise RuntimeError(
@@ -139,7 +133,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
         with stages.stage("send_rollouts", k) as snd:
-            transport.send_object(payload, trainer, "cpu", control)
+            transport.send_object(payload, _TRAINER, "cpu", control)
         row = {
             "request_id": k,
             "first_ask_s": first_ask,
@@ -167,35 +161,19 @@ class _QueueTrainer:
     def __init__(self, r, control, cfg: dict) -> None:
         self.info, self.device, self.control = r.info, r.device, control
         self.stages, self.cfg = r.stages, cfg
-        self.trainer, self.wire_dtype, self.amp, self.scaler, self.optimizer = (
-            transport.fp32_trainer(r.net, r.device, cfg["lr"])
-        )
+        self.learner = transport.fp32_trainer(r.net, r.device, cfg["lr"])
         self.cond = threading.Condition()
         self.queue: deque = deque()
-        self.seq, self.q_tokens, self.q_rollouts, self.version = 0, 0, 0, 0
-        self.snapshot = self._snapshot()
+        self.seq = itertools.count(1)  # номер события очереди (строки шкалы или разрешения)
+        self.q_tokens, self.q_rollouts, self.version = 0, 0, 0
+        self.snapshot = self.learner.wire_copy()
         self.stopping, self.error = False, None
         self.timeline, self.permissions, self.arrivals, self.batches = [], [], [], []
         self.in_flight: set[tuple[int, int]] = set()
 
-    def now(self) -> float:
-        return self.stages.now()
-
-    def _snapshot(self) -> dict:
-        """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
-        import torch
-
-        with torch.no_grad():
-            params = self.trainer.named_parameters()
-            return {n: p.detach().to(self.wire_dtype).clone() for n, p in params}
-
-    def _next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
     def _mark(self, event: str) -> dict:
         """Строка шкалы очереди: глубина (токены, роллауты, группы) после события; под замком."""
-        row = {"seq": self._next_seq(), "time_s": self.now(), "event": event}
+        row = {"seq": next(self.seq), "time_s": self.stages.now(), "event": event}
         row.update(depth_tokens=self.q_tokens, depth_rollouts=self.q_rollouts)
         row["depth_groups"] = len(self.queue)
         self.timeline.append(row)
@@ -216,8 +194,6 @@ class _QueueTrainer:
         return groups, self._mark("batch")["time_s"]
 
     def _train_loop(self) -> None:
-        from course_utils.policy import grpo_step
-
         try:
             for b in itertools.count():
                 wall0 = self.stages.clock()
@@ -228,19 +204,18 @@ class _QueueTrainer:
                     return
                 u, records = self.version, [rec for g in groups for rec in g["records"]]
                 with self.stages.stage("grpo_update", b) as upd:
-                    opts = {"autocast_dtype": self.amp, "scaler": self.scaler}
-                    stats = grpo_step(self.trainer, self.optimizer, records, **opts)
+                    stats = self.learner.update(records)
                 delay = 0.0
                 if self.cfg["train_delay_s"] > 0:
                     with self.stages.stage("train_delay", b) as slow:
                         time.sleep(self.cfg["train_delay_s"])
                     delay = slow.duration_s
                 with self.stages.stage("snapshot_weights", b):
-                    snap = self._snapshot()
+                    snap = self.learner.wire_copy()
                 lags = [u - g["version"] for g in groups]
                 with self.cond:
                     self.version, self.snapshot = u + 1, snap
-                    row = {"batch": b, "pop_s": pop_s, "end_s": self.now(), "delay_s": delay}
+                    row = {"batch": b, "pop_s": pop_s, "end_s": self.stages.now(), "delay_s": delay}
                     row |= {"train_s": upd.duration_s, "tokens": sum(g["tokens"] for g in groups)}
                     row |= {"trainer_version": u, "new_version": u + 1, "lags": lags}
                     row["behavior_versions"] = [g["version"] for g in groups]
@@ -261,20 +236,20 @@ class _QueueTrainer:
             decision = "stop" if self.stopping else "grant" if depth < limit else "deny"
             latest, snap = self.version, self.snapshot
             follow = decision != "stop" and int(msg["version"]) < latest
-            seq = self._next_seq()
             if decision == "grant":
                 if key in self.in_flight:
                     raise RuntimeError(f"тренер: запрос {key} уже разрешён и ещё в полёте")
                 self.in_flight.add(key)
-            row = {"seq": seq, "time_s": self.now(), "generator": src, "request_id": key[1]}
-            row |= {"decision": decision, "granted": decision == "grant", "depth_tokens": depth}
+            row = {"seq": next(self.seq), "time_s": self.stages.now(), "generator": src}
+            row |= {"request_id": key[1], "decision": decision, "granted": decision == "grant"}
+            row["depth_tokens"] = depth
             self.permissions.append(row)
         reply = {"type": decision, "latest_version": latest, "weights_follow": follow}
         transport.send_object(reply, src, "cpu", self.control)
         if follow:
             with self.stages.stage("send_weights", key[1], WORKER_QUEUE_RU):
                 meta = {"version": latest}
-                transport.send_tensors(snap, src, self.device, meta, self.wire_dtype)
+                transport.send_tensors(snap, src, self.device, meta, self.learner.wire)
         return decision
 
     def _on_rollouts(self, src: int, msg: Mapping) -> None:
@@ -330,9 +305,9 @@ class _QueueTrainer:
             msg, rs = transport.recv_object(None, "cpu", self.control)  # от любого ранга
             src = rs.src
             self._raise_if_failed()
-            if stop_s is None and self.now() >= start_s + self.cfg["duration_s"]:
+            if stop_s is None and self.stages.now() >= start_s + self.cfg["duration_s"]:
                 self._stop()
-                stop_s = self.now()
+                stop_s = self.stages.now()
             kind = msg.get("type") if isinstance(msg, Mapping) else None
             if src not in _GENERATORS or src in stopped:
                 raise RuntimeError(f"тренер: неожиданное сообщение от ранга {src}: {kind!r}")
@@ -350,7 +325,7 @@ class _QueueTrainer:
             raise RuntimeError(f"тренер: после слива в полёте остались {sorted(self.in_flight)}")
         with self.cond:
             self._mark("end")
-        return self._report(start_s, stop_s if stop_s is not None else self.now())
+        return self._report(start_s, stop_s if stop_s is not None else self.stages.now())
 
     def _report(self, start_s: float, stop_s: float) -> dict:
         """Итог тренера: журналы очереди и скорости λ, λ_предл, μ (токенов/с), ρ, пик, задержки."""

@@ -123,14 +123,12 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
 
 
 def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
-    from course_utils.policy import grpo_step, recompute_logprobs
-
     stages = r.stages
-    trainer, wire_dtype, amp, scaler, optimizer = transport.fp32_trainer(r.net, r.device, cfg["lr"])
+    learner = transport.fp32_trainer(r.net, r.device, cfg["lr"])
     with stages.stage("handshake"):
         hello, _ = transport.recv_object(_GENERATOR, r.device)
         transport.check_same_model(hello, r.info, "генератора")
-        if hello["checksum"] != transport.state_checksum(trainer, dtype=wire_dtype):
+        if hello["checksum"] != learner.checksum():
             raise RuntimeError("тренер: начальные веса генератора и тренера (версия 0) различаются")
     version, rows = 0, []
     for step in range(cfg["steps"]):
@@ -147,15 +145,17 @@ def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
                 f"цикле задержка должна быть 0"
             )
         with stages.stage("logprob_recompute", step) as lp:
-            old = recompute_logprobs(trainer, records, autocast_dtype=amp)
+            old = learner.logprobs(records)
         with stages.stage("grpo_update", step) as upd:
-            stats = grpo_step(trainer, optimizer, records, old, autocast_dtype=amp, scaler=scaler)
+            stats = learner.update(records, old)
         trained_from, version = version, version + 1
         with stages.stage("checksum", step):
-            checksum = transport.state_checksum(trainer, dtype=wire_dtype)
+            checksum = learner.checksum()
         meta = {"version": version, "trained_from_version": trained_from, "checksum": checksum}
         with stages.stage("send_weights", step) as snd:
-            weight_bytes = transport.send_tensors(trainer, _GENERATOR, r.device, meta, wire_dtype)
+            weight_bytes = transport.send_tensors(
+                learner.net, _GENERATOR, r.device, meta, learner.wire
+            )
         row = _step_row(step, behavior, trained_from)
         row |= {"new_version": version, "wait_s": rs.wait_s, "recv_s": rs.transfer_s}
         row |= {"logprob_s": lp.duration_s, "update_s": upd.duration_s}
@@ -170,7 +170,7 @@ def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
         "role": transport.ROLE_TRAINER,
         "steps": rows,
         "final_version": version,
-        "weights_checksum": transport.state_checksum(trainer, dtype=wire_dtype),
+        "weights_checksum": learner.checksum(),
     }
 
 
@@ -181,13 +181,9 @@ _TRAINER_COLUMNS = ["wait_s", "recv_s", "train_s", "weight_send_s"]
 
 
 def sync_steps_frame(launch_result: Any):
-    """Шаги обоих процессов в одной таблице (pandas.DataFrame): время — секунды, объём — байты.
-
-    Столбцы: step, behavior_version v, trainer_version_before_update u, lag = u − v,
-    new_version, generator_<generate|send|wait|weight_recv|load>_s,
-    trainer_<wait|recv|train|weight_send>_s, rollout_bytes, weight_bytes, n_records,
-    reward_mean, loss, clip_fraction, grad_norm. launch_result — итог ``multiproc.launch``.
-    """
+    """Шаги обоих процессов (pandas.DataFrame, строка на шаг): behavior_version v,
+    trainer_version_before_update u, lag = u − v, времена generator_*_s и trainer_*_s — с,
+    *_bytes — байты, награда и итоги grpo_step. launch_result — итог ``multiproc.launch``."""
     import pandas as pd
 
     ranks = transport.rank_results(launch_result, _EXPERIMENT)

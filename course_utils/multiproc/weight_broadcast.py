@@ -102,10 +102,10 @@ def broadcast_weights(
     probe = probe_input(net, seed=seed).to(device)
     n_names = len(list(net.named_parameters()))
     nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    ref = torch.empty_like(_logits(net, probe))  # буфер эталонных логитов тренера
     params = dict(net.named_parameters()) if is_trainer else None
     engine = None if is_trainer else InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
-    net = net if is_trainer else None
-    ref = torch.empty_like(_logits(net if is_trainer else engine._models[0], probe))
+    net = net if is_trainer else None  # у генератора веса — только в буферах движка
     common = {"experiment": _EXPERIMENT, "rank": rank, "world_size": world_size}
     common |= {"backend": backend, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR}
     common |= {"pid": os.getpid(), "hostname": socket.gethostname(), "device": str(device)}
