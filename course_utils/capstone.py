@@ -41,7 +41,7 @@ from course_utils.multiproc.checkpointed_trainer import (
     kill_self_once,
     step_lines,
 )
-from course_utils.tracing import _batch_id  # "b0003": те же id пакетов, что в трассе
+from course_utils.tracing import batch_id
 
 SPECS_DIR = DATA_DIR / "capstone"
 _ENTRY = "course_utils.capstone:capstone_trainer"
@@ -197,7 +197,7 @@ def _generator(r, cfg: dict) -> dict:
         elif kind == "generate":
             if msg["version"] != active:
                 raise RuntimeError(f"{replica}: запрос версии {msg['version']}, активна {active}")
-            seed, bid = cfg["seed"] * 100_000 + msg["batch"], _batch_id(msg["batch"])
+            seed, bid = cfg["seed"] * 100_000 + msg["batch"], batch_id(msg["batch"])
             ev("serve", active, request_id=bid)
             t0 = time.perf_counter()
             n = msg["prompts"]
@@ -323,7 +323,7 @@ class _Trainer:
 
         self._collect(t)
         q = self.queue[t]
-        records = transport.records_from(q["records"], f"пакет {_batch_id(t)}")
+        records = transport.records_from(q["records"], f"пакет {batch_id(t)}")
         t0 = time.perf_counter()
         new = self.learner.logprobs(records)
         log_w = [float((n - torch.tensor(x.behavior_logprobs)).sum()) for n, x in zip(new, records)]
@@ -334,7 +334,7 @@ class _Trainer:
         reserved = self.budget * len(self.queue)
         del self.queue[t]
         self.version = t
-        event = {"step": t, "training_batch_id": _batch_id(t)}  # без времени и pid
+        event = {"step": t, "training_batch_id": batch_id(t)}  # без времени и pid
         event |= {"rollout_ids": [x.sample_id for x in records]}
         event |= {"behavior_versions": [x.policy_version for x in records]}
         event |= {"trainer_policy_version": t - 1, "resulting_policy_version": t}

@@ -186,7 +186,8 @@ def _is_missing(x: Any) -> bool:
     return x is None or (pd.api.types.is_scalar(x) and bool(pd.isna(x)))
 
 
-def _batch_id(k: int) -> str:
+def batch_id(k: int) -> str:
+    """Идентификатор пакета шага k в трассе и журналах: "b0003"."""
     return f"b{int(k):04d}"
 
 
@@ -197,7 +198,7 @@ def _batches_frame(rollouts, trainer_version: Mapping[int, int], steps_done: set
         part = rollouts[rollouts["training_batch_id"].notna() & (rollouts["_step"] == step)]
         rows.append(
             {
-                "training_batch_id": _batch_id(step),
+                "training_batch_id": batch_id(step),
                 "optimizer_step": int(step),
                 "trainer_policy_version": int(trainer_version[step]),
                 "n_rollouts": len(part),
@@ -278,7 +279,7 @@ def trace_from_loop(loop_result: Any) -> TraceTables:
                 "stop_reason": r.stop_reason,
                 **stamp_of[step],
                 "dropped": False,
-                "training_batch_id": _batch_id(step),
+                "training_batch_id": batch_id(step),
                 "_step": step,
             }
         )
@@ -332,7 +333,7 @@ def trace_from_simulation(sim_result: Any) -> TraceTables:
             **{c: src[c].to_numpy() for c in ("gen_start", "gen_end")},
             **{c: src[c].to_numpy() for c in ("enqueue_time", "dequeue_time")},
             "dropped": src["dropped"].astype(bool).to_numpy(),
-            "training_batch_id": [None if _is_missing(s) else _batch_id(s) for s in step],
+            "training_batch_id": [None if _is_missing(s) else batch_id(s) for s in step],
         }
     )
     rollouts["training_batch_id"] = rollouts["training_batch_id"].astype(object)
