@@ -1,5 +1,8 @@
 """Общее для проверочных шагов: допуски ответов и сборка типичных ошибок из словаря ответов."""
 
+import functools
+import json
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from course_utils import throughput
@@ -11,6 +14,17 @@ SECONDS = Number(rtol=RTOL, unit="с")
 AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 TOLERANCE = {"rtol": RTOL, "atol": 2e-3}
 TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
+
+
+def json_cached(fn: Callable) -> Callable:
+    """lru_cache для функции от данных JSON (условие шага): ключ — json.dumps аргументов, fn
+    получает их копию из json.loads; результат общий — его только читают."""
+
+    @functools.lru_cache(maxsize=256)
+    def by_key(key: str):
+        return fn(*json.loads(key))
+
+    return functools.wraps(fn)(lambda *args: by_key(json.dumps(args)))
 
 
 def traps(slips, messages: dict, rules: dict, default=()) -> tuple[Trap, ...]:

@@ -1,12 +1,10 @@
 """12.3.9 — трасса этапов: сумма работы против критического пути, загрузка пулов, что ускорять."""
 
-import functools
-import json
 import random
 
 from course_utils import pipeline
 from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
-from course_utils.exercises.common import SECONDS, trace_table, traps
+from course_utils.exercises.common import SECONDS, json_cached, trace_table, traps
 from course_utils.exercises.step import Step
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
@@ -55,10 +53,10 @@ def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> 
     return [{"row": r, **e} for r, e in enumerate(ev)]
 
 
-@functools.lru_cache(maxsize=64)
-def _analyse_trace(task_json: str) -> dict:
+@json_cached
+def _trace_analysis(task: dict) -> dict:
     """Всё для ответа и разбора — через pipeline (кэш: трасса варианта не меняется)."""
-    trace, pools = json.loads(task_json)
+    trace, pools = task["trace"], task["pools"]
     deps = {r["row"]: r["depends_on"] for r in trace if r["depends_on"]}
     (length, chain), H = pipeline.critical_path(trace, deps), max(r["end_s"] for r in trace)
     stages = dict.fromkeys(r["stage"] for r in trace if r["stage"] not in pipeline.WAIT_STAGES)
@@ -81,10 +79,6 @@ def _analyse_trace(task_json: str) -> dict:
         "biggest": max(work, key=work.get),
         "flat": [W / (n_workers * H), float(util.mean())],  # ошибочные «одна загрузка на всех»
     }
-
-
-def _trace_analysis(task: dict) -> dict:
-    return _analyse_trace(json.dumps([task["trace"], task["pools"]]))
 
 
 _UTIL = Share(rtol=1e-2)

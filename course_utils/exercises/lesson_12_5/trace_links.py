@@ -1,13 +1,11 @@
 """12.5.8 — связки трасс: осиротевшие роллауты и несовпадения версии верификатора."""
 
 import copy
-import functools
-import json
 import random
 
 from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, IdSet, md_table
-from course_utils.exercises.common import listed
+from course_utils.exercises.common import json_cached, listed
 from course_utils.exercises.step import Step, Trap
 
 _ROLLOUT_COLS = ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version", "reward")
@@ -85,13 +83,11 @@ def trace_tables(task: dict) -> tracing.TraceTables:  # prompts — по зап�
 
 
 def _trace_values(task: dict) -> dict:  # верные списки и списки ошибок в порядке rollouts
-    key = json.dumps({k: task[k] for k in ("rollouts", "batches", "steps", "horizon_s")})
-    return copy.deepcopy(_trace_values_cached(key))
+    return copy.deepcopy(_trace_values_cached(task))
 
 
-@functools.lru_cache(maxsize=64)
-def _trace_values_cached(key: str) -> dict:
-    task = json.loads(key)
+@json_cached
+def _trace_values_cached(task: dict) -> dict:
     tables = trace_tables(task)
     orphans, mism = tracing.find_orphans(tables), tracing.verifier_mismatches(tables)
     tv = {b["training_batch_id"]: b["trainer_policy_version"] for b in task["batches"]}
