@@ -1,13 +1,11 @@
 """12.5.10 — resume после аварии: ветвь full = непрерывной, состояние — как в точке (crash_test)."""
 
 import functools
-import hashlib
 import json
 import random
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from course_utils import checkpoint, crash_test, toy_run
@@ -76,7 +74,7 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
         return run
 
     try:
-        res = _crash_run(json.dumps(params, sort_keys=True)).branches(wrapped)
+        res = _crash_run(params).branches(wrapped)
     except AnswerError:
         raise
     except Exception as exc:
@@ -91,11 +89,10 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
 _WORKDIR = tempfile.TemporaryDirectory(prefix="course_12_5_10_")  # удалится при выходе
 
 
-@functools.lru_cache(maxsize=64)
-def _crash_run(params_json: str) -> crash_test.CrashRun:
+@json_cached
+def _crash_run(params: dict) -> crash_test.CrashRun:
     """Аварийный запуск варианта — один на процесс: каждая resume стартует с копии его точки."""
-    path = Path(_WORKDIR.name) / hashlib.sha256(params_json.encode()).hexdigest()[:16]
-    return crash_test.prepare_crash_run(**json.loads(params_json), workdir=path)
+    return crash_test.prepare_crash_run(**params, workdir=tempfile.mkdtemp(dir=_WORKDIR.name))
 
 
 @functools.lru_cache(maxsize=512)
