@@ -169,9 +169,7 @@ def solution(exercise_id: str) -> None:
     which = f" варианта {entry['variant']}" if entry["variant"] else ""
     _emit(
         "",
-        f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ "
-        "вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже "
-        "неверный.",
+        f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже неверный.",
     )
 
 
@@ -481,10 +479,7 @@ def _save(data: dict) -> None:
         _memory[str(path)] = data
         if str(path) not in _warned:
             _warned.add(str(path))
-            message = (
-                f"Не удалось сохранить прогресс в {path} ({exc}). Он хранится только в памяти и "
-                "пропадёт при перезапуске ядра; задайте другой путь в COURSE_PROGRESS_PATH."
-            )
+            message = f"Не удалось сохранить прогресс в {path} ({exc}). Он хранится только в памяти и пропадёт при перезапуске ядра; задайте другой путь в COURSE_PROGRESS_PATH."
             warnings.warn(message, ProgressWarning, stacklevel=3)
     else:
         _memory.pop(str(path), None)
