@@ -6,11 +6,13 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from course_utils import throughput
-from course_utils.exercises.answers import Number, get, md_table, norm
+from course_utils.exercises.answers import Number, Share, get, md_table, norm
 from course_utils.exercises.step import Trap
 
 RTOL = 1e-2  # допуск 1 %
 SECONDS = Number(rtol=RTOL, unit="с")
+GIB = Number(rtol=RTOL, unit="ГиБ")
+SHARE = Share(rtol=RTOL)
 AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 TOLERANCE = {"rtol": RTOL, "atol": 2e-3}
 TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"

@@ -4,7 +4,7 @@ import random
 
 from course_utils import profile, stack_map
 from course_utils.exercises.answers import Choice, Fields, Keyed, Number, get, md_table, norm
-from course_utils.exercises.common import traps
+from course_utils.exercises.common import SECONDS, traps
 from course_utils.exercises.step import Step
 
 SETUP_CLASSES = tuple(f"{p}/{s}" for p in stack_map.PLACEMENTS for s in stack_map.SYNCHRONY)
@@ -106,7 +106,7 @@ _MESSAGES = {
     "mean_not_sum": "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
 }
 _BY = {"amdahl_ratio": ("speedup_bound",), "separate_server_async": _all_split_async}
-_ANSWER = Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES))))
+_ANSWER = Fields(dict(zip(_KEYS, (SECONDS, _STAGE, Number(0.01), _SCHEMES))))
 _HINT = "T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов."
 _TRAPS = traps(_loop_slips, _MESSAGES, _BY, default=("T_seq",))
 STEP = Step("12.1.7", _loop_task, _loop_solve, _ANSWER, _HINT, _loop_solution, _TRAPS)

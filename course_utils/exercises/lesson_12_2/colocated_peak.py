@@ -4,7 +4,7 @@ import random
 
 from course_utils import fmt, memory
 from course_utils.exercises.answers import Choice, Fields, Number, md_table
-from course_utils.exercises.common import group_share
+from course_utils.exercises.common import GIB, group_share
 from course_utils.exercises.step import Step, Trap
 
 _COMPONENTS = ("веса движка", "KV-кэш", "веса тренера", "градиенты", "оптимизатор", "активации")
@@ -18,7 +18,6 @@ _PHASES = {  # фаза шага: статьи на GPU
 }
 _MODELS = ("SmolLM2-360M", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
 _KEYS = ("peak_gib", "peak_phase", "peak_lora_gib", "informative_groups_per_s")
-_GIB = Number(0.01, "ГиБ")
 
 
 def _timeline(parts: dict, offload: bool) -> list:
@@ -114,6 +113,6 @@ _MESSAGES = {
     "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
 }
 _TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
-_ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
+_ANSWER = Fields(dict(zip(_KEYS, (GIB, Choice(tuple(_PHASES)), GIB, Number(0.01, "групп/с")))))
 _HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
 STEP = Step("12.2.8", _peak_task, _peak_solve, _ANSWER, _HINT, _peak_solution, _TRAPS)

@@ -3,7 +3,8 @@
 import random
 
 from course_utils import fmt, memory
-from course_utils.exercises.answers import Fields, Number, md_table, tex_num
+from course_utils.exercises.answers import Fields, md_table, tex_num
+from course_utils.exercises.common import GIB
 from course_utils.exercises.step import Step, Trap
 
 # Рецепты с Σb ≠ 16: иначе ошибка «16 байт — закон» совпала бы с верным ответом.
@@ -78,7 +79,7 @@ _RULES = {  # ответ с ошибкой: целиком или заменой
     "ddp_divides": {"override": {"ddp": _shard_all}},
 }
 _BY = {"sixteen_law": ("B_state",), "shard_everything_at_zero1": ("zero1",)}
-_ANSWER = Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)})
+_ANSWER = Fields(dict.fromkeys(("B_state", *_MODES), GIB))
 _HINT = "B_state = N·Σb. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 + мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 — всё. ГиБ = Б / 2³⁰."
 _TRAPS = tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items())
 STEP = Step("12.2.6", _zero_task, _zero_solve, _ANSWER, _HINT, _zero_solution, _TRAPS)

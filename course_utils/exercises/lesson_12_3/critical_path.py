@@ -3,8 +3,8 @@
 import random
 
 from course_utils import pipeline
-from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
-from course_utils.exercises.common import SECONDS, json_cached, trace_table, traps
+from course_utils.exercises.answers import Choice, Fields, get, md_table, sig
+from course_utils.exercises.common import SECONDS, SHARE, json_cached, trace_table, traps
 from course_utils.exercises.step import Step
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
@@ -81,8 +81,7 @@ def _trace_analysis(task: dict) -> dict:
     }
 
 
-_UTIL = Share(rtol=1e-2)
-_POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
+_POOLS = Fields(dict.fromkeys(_POOL_NAMES, SHARE))
 _STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
 _TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
 _ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
@@ -164,7 +163,7 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
 
 def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / (все · H) или среднее
     shown = get(given, "utilization").values()
-    return any(all(_UTIL.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
+    return any(all(SHARE.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
 
 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}

@@ -3,15 +3,14 @@
 import random
 
 from course_utils import pipeline
-from course_utils.exercises.answers import Fields, IdSet, Share, get, md_table, sig
-from course_utils.exercises.common import SECONDS, traps
+from course_utils.exercises.answers import Fields, IdSet, get, md_table, sig
+from course_utils.exercises.common import SECONDS, SHARE, traps
 from course_utils.exercises.step import Step
 
-_SHARE = Share(rtol=1e-2)
 _CUT = IdSet(lambda t: range(len(t["rollouts"])), "номеров роллаутов i")
 _SHARES = ("hard_share_truncated", "easy_share_truncated")
-_FIELDS = {"T_group": SECONDS, "U": _SHARE, "U_timeout": _SHARE, "truncated": _CUT}
-_ANSWER = Fields({**_FIELDS, **dict.fromkeys(_SHARES, _SHARE)})
+_FIELDS = {"T_group": SECONDS, "U": SHARE, "U_timeout": SHARE, "truncated": _CUT}
+_ANSWER = Fields({**_FIELDS, **dict.fromkeys(_SHARES, SHARE)})
 _RU = {"easy": "лёгкая", "hard": "сложная"}
 _SPANS = {"hard": (6.0, 13.0), "easy": (2.5, 7.5)}  # обычные времена, с
 
