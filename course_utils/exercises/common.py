@@ -40,6 +40,11 @@ def traps(slips, messages: dict, rules: dict, default=()) -> tuple[Trap, ...]:
     return tuple(out)
 
 
+def answer_table(answers, messages: dict, rules: dict, default=()) -> tuple:
+    """(solve, ловушки) шага, чей ``answers(task)`` — {"": верный ответ, ключ ошибки: ответ с ней}."""
+    return (lambda t: answers(t)[""]), traps(lambda t, ref: answers(t), messages, rules, default)
+
+
 def hits_any(answer, values, *pairs: tuple[str, str]):
     """Trap.matches: поле ответа совпало хоть с одной величиной values(task) — пары (поле, имя)."""
     return lambda t, g: any(answer.fields[f].same(values(t)[n], get(g, f)) for f, n in pairs)

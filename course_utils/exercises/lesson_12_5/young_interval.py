@@ -5,7 +5,7 @@ import random
 
 from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
-from course_utils.exercises.common import AMOUNT, traps
+from course_utils.exercises.common import AMOUNT, answer_table
 from course_utils.exercises.step import Step
 
 _BAND = {"чаще": (1.6, 4.0), "реже": (0.2, 0.55), "так же": (0.95, 1.05)}  # I / I*
@@ -87,7 +87,5 @@ _ANSWER = Fields(
     | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
 _HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
-_TRAPS = traps(lambda t, r: _young_answers(t), _MESSAGES, _RULES)
-STEP = Step(
-    "12.5.7", _young_task, lambda t: _young_answers(t)[""], _ANSWER, _HINT, _young_solution, _TRAPS
-)
+_SOLVE, _TRAPS = answer_table(_young_answers, _MESSAGES, _RULES)
+STEP = Step("12.5.7", _young_task, _SOLVE, _ANSWER, _HINT, _young_solution, _TRAPS)
