@@ -167,10 +167,8 @@ def solution(exercise_id: str) -> None:
     if entry["variant_attempts"]:
         return _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
     which = f" варианта {entry['variant']}" if entry["variant"] else ""
-    _emit(
-        "",
-        f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже неверный.",
-    )
+    locked = f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже неверный."
+    _emit("", locked)
 
 
 # ---------------------------------------------------------------- проверка

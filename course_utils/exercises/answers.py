@@ -353,15 +353,13 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
     if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
         raise error
     if isinstance(error, _Deadline):
-        raise AnswerError(
-            "wrong",
-            f"Проверка остановлена: `{name}` не завершилась за {seconds:g} с. Нет ли в ней бесконечного цикла или ожидания?",
-        )
+        msg = f"Проверка остановлена: `{name}` не завершилась за {seconds:g} с. Нет ли в ней бесконечного цикла или ожидания?"
+        raise AnswerError("wrong", msg)
     if isinstance(error, KeyboardInterrupt):
-        raise AnswerError(
-            "not_attempted",
-            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана.",
+        msg = (
+            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана."
         )
+        raise AnswerError("not_attempted", msg)
     raise AnswerError("wrong", f"`{name}` упала: {_error_text(error, 300)}.")
 
 
