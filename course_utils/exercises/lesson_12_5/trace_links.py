@@ -14,7 +14,6 @@ _BATCH_COLS = ("training_batch_id", "optimizer_step", "trainer_policy_version", 
 _BATCH_COLS += ("tokens", "rollout_ids", "complete")
 _STEP_COLS = ("optimizer_step", "resulting_policy_version", "expected_verifier_version")
 _TABLES = {"rollouts": _ROLLOUT_COLS, "batches": _BATCH_COLS, "steps": _STEP_COLS}
-_VM = "verifier_mismatches"  # ключ ответа
 
 
 def _trace_build(rng: random.Random, variant: int) -> dict:
@@ -159,7 +158,7 @@ _MESSAGES = {
     "mismatch_all_versions": "Вы отметили роллауты, чья версия политики поведения отличается от версии тренера. Это задержка политики (другая ось версий), а не ошибка верификатора: сравнивайте verifier_version с expected_verifier_version шага.",
     "latest_verifier_everywhere": "Вы сравнили все роллауты с последней версией верификатора. Каждый роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг.",
 }
-_FIELD = dict.fromkeys(_MESSAGES, _VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
+_FIELD = dict.fromkeys(_MESSAGES, "verifier_mismatches") | {"dropped_not_orphans": "orphans"}
 _IDS = IdSet(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентификаторов rollout_id")
 _ANSWER = Fields({"orphans": _IDS, "verifier_mismatches": _IDS})
 _HINT = "Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём."
