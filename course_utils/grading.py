@@ -167,12 +167,8 @@ def solution(exercise_id: str) -> None:
     if entry["variant_attempts"]:
         return _emit(f"📖 Разбор {ex.id} «{ex.title}».", "\n\n" + ex.solution(task(ex.id)))
     which = f" варианта {entry['variant']}" if entry["variant"] else ""
-    _emit(
-        "",
-        f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ "
-        "вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже "
-        "неверный.",
-    )
+    locked = f"🔒 Разбор{which} {ex.id} откроется после первой попытки на нём: впишите свой ответ вместо ____ и запустите grading.check. Засчитывается любой ответ верного вида, даже неверный."
+    _emit("", locked)
 
 
 # ---------------------------------------------------------------- проверка
@@ -233,15 +229,13 @@ class CheckResult:
 
 
 def _contains_placeholder(x: Any, depth: int = 0) -> bool:
-    try:
+    with contextlib.suppress(Exception):
         if getattr(type(x), "_course_placeholder", False) is True:
             return True
         if isinstance(x, dict):
             x = [*x.keys(), *x.values()]
         if depth < 20 and isinstance(x, (list, tuple, set, frozenset)):
             return any(_contains_placeholder(item, depth + 1) for item in x)
-    except Exception:
-        pass
     return False
 
 
@@ -282,11 +276,9 @@ def evaluate(exercise_id: str, answer: Any, variant: int = 0) -> CheckResult:
 
 
 def check(exercise_id: str, answer: Any) -> CheckResult:
-    """Проверяет ответ на текущем варианте, записывает попытку и показывает отзыв.
-
-    Не бросает исключений из-за ответа; ``____`` (и внутри списка или словаря) и ответ не того
-    вида (malformed) попыткой не считаются и не записываются.
-    """
+    """Проверяет ответ на текущем варианте, записывает попытку и показывает отзыв. Не бросает
+    исключений из-за ответа; ``____`` (и внутри списка или словаря) и ответ не того вида
+    (malformed) попыткой не считаются."""
     ex = _get(exercise_id)
     result = evaluate(ex.id, answer, _entry(ex.id)["variant"])
     if result.status in _ATTEMPT:
@@ -371,12 +363,8 @@ def _shown(value: Any) -> str:
 
 
 def _validated(raw: Any) -> tuple[dict, list[str]]:
-    """Проверенный прогресс и список исправлений; ValueError — файл негоден целиком.
-
-    Неверное поле записи сбрасывается к значению по умолчанию, остальное сохраняется; сброшенное
-    attempts становится 1, если запись говорит о попытке (solved или last_status), — иначе
-    решённому шагу снова закрылся бы разбор.
-    """
+    """Проверенный прогресс и список исправлений (неверное поле записи — к значению по умолчанию);
+    ValueError — файл негоден целиком."""
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         raise ValueError(f"ожидается словарь с format = {_FORMAT}")
     if not isinstance(raw.get("exercises"), dict):
@@ -389,7 +377,7 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
         bad = [k for k, (_, ok) in _FIELDS.items() if k in entry and not ok(entry[k])]
         fixed = _blank() | {k: entry[k] for k in _FIELDS if k in entry and k not in bad}
         if "attempts" in bad and (fixed["solved"] or fixed["last_status"]):
-            fixed["attempts"] = 1
+            fixed["attempts"] = 1  # попытка была: иначе решённому шагу снова закрылся бы разбор
         if "variant_attempts" not in entry:  # файл прежней версии: попытки считались без варианта
             fixed["variant_attempts"] = fixed["attempts"]
         if bad:
@@ -402,11 +390,8 @@ def _validated(raw: Any) -> tuple[dict, list[str]]:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Исключительный доступ к прогрессу: потоки — Lock, процессы — flock файла .<имя>.lock.
-
-    Без fcntl (Windows) или если блокировка не удалась, процессы не блокируются: запись остаётся
-    атомарной, но два ядра могут потерять попытку.
-    """
+    """Исключительный доступ к прогрессу: потоки — Lock, процессы — flock файла .<имя>.lock (без
+    fcntl или если flock не удался, запись атомарна, но два ядра могут потерять попытку)."""
     with _thread_lock, contextlib.ExitStack() as stack:
         if _fcntl is not None:
             with contextlib.suppress(OSError):  # папка недоступна, сетевой диск без блокировок
@@ -478,10 +463,8 @@ def _update(exercise_id: str, change: Callable[[dict], None]) -> dict:
 
 
 def _save(data: dict) -> None:
-    """Прогресс на диск атомарно; не вышло — в памяти и одно предупреждение на путь.
-
-    Перед записью удаляет временные файлы прерванных записей старше _STALE_TMP_S секунд.
-    """
+    """Прогресс на диск атомарно (и без остатков прерванных записей); не вышло — в памяти и одно
+    предупреждение на путь."""
     path = _progress_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -494,10 +477,7 @@ def _save(data: dict) -> None:
         _memory[str(path)] = data
         if str(path) not in _warned:
             _warned.add(str(path))
-            message = (
-                f"Не удалось сохранить прогресс в {path} ({exc}). Он хранится только в памяти и "
-                "пропадёт при перезапуске ядра; задайте другой путь в COURSE_PROGRESS_PATH."
-            )
+            message = f"Не удалось сохранить прогресс в {path} ({exc}). Он хранится только в памяти и пропадёт при перезапуске ядра; задайте другой путь в COURSE_PROGRESS_PATH."
             warnings.warn(message, ProgressWarning, stacklevel=3)
     else:
         _memory.pop(str(path), None)
@@ -512,17 +492,10 @@ def progress():
     for key, topic in COURSE_STEPS.items():
         entry = stored.get(key, _blank())
         status = "решено" if entry["solved"] else "в работе" if entry["attempts"] else "не начато"
+        status = status if key in _registry else "нет в этой версии"
         when = entry["last_attempt"]  # ISO 8601 или None: проверено при чтении
         when = dt.datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M") if when else "—"
-        rows.append(
-            {
-                "id": key,
-                "тема": topic,
-                "статус": status if key in _registry else "нет в этой версии",
-                "попыток": entry["attempts"],
-                "решено": "да" if entry["solved"] else "нет",
-                "вариант": entry["variant"],
-                "последняя попытка": when,
-            }
-        )
-    return pd.DataFrame(rows)
+        solved = "да" if entry["solved"] else "нет"
+        rows.append((key, topic, status, entry["attempts"], solved, entry["variant"], when))
+    columns = ["id", "тема", "статус", "попыток", "решено", "вариант", "последняя попытка"]
+    return pd.DataFrame(rows, columns=columns)

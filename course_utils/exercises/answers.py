@@ -249,11 +249,8 @@ class Fields(AnswerType):
             parts = [f"не хватает — {', '.join(missing)}" if missing else "",
                      f"лишние — {', '.join(extra)}" if extra else ""]  # fmt: skip
             return f"Ключи не те ({'; '.join(p for p in parts if p)}). Нужны ровно: {keys}."
-        for key, kind in self.fields.items():
-            bad = kind.problem(g[norm(key)], task)
-            if bad:
-                return f"{key}: {bad}"
-        return None
+        bad = ((key, kind.problem(g[norm(key)], task)) for key, kind in self.fields.items())
+        return next((f"{key}: {why}" for key, why in bad if why), None)
 
     def same(self, expected: Any, given: Any) -> bool:
         return not self._wrong_keys(expected, given)
@@ -294,11 +291,8 @@ class Keyed(AnswerType):
         if self.complete and len(_by_norm(given)) != len(known):
             missing = [str(k) for k in allowed if norm(k) not in _by_norm(given)]
             return f"Нужны значения для всех {self.noun}; не хватает: {', '.join(missing)}."
-        for key, value in given.items():
-            bad = self.value.problem(value, task)
-            if bad:
-                return f"{key}: {bad}"
-        return None
+        bad = ((key, self.value.problem(value, task)) for key, value in given.items())
+        return next((f"{key}: {why}" for key, why in bad if why), None)
 
     def same(self, expected: Any, given: Any) -> bool:
         e, g = _by_norm(expected), _by_norm(given)
@@ -310,10 +304,7 @@ class Keyed(AnswerType):
         wrong = sum(not self.value.same(e[k], g[k]) for k in both)
         if self.complete:
             return f"Неверны значения у {wrong} из {len(e)} {self.noun}."
-        return (
-            f"В верном ответе {self.noun}: {len(e)}; из них вы назвали {len(both)}, у {wrong} "
-            f"значение неверно; лишних в ответе: {len(g.keys() - e.keys())}."
-        )
+        return f"В верном ответе {self.noun}: {len(e)}; из них вы назвали {len(both)}, у {wrong} значение неверно; лишних в ответе: {len(g.keys() - e.keys())}."
 
 
 class _Deadline(BaseException):
@@ -362,16 +353,13 @@ def call_with_deadline(fn: Callable, args: tuple, seconds: float, name: str = "f
     if isinstance(error, AnswerError):  # run сам объяснил, почему ответ не оценить
         raise error
     if isinstance(error, _Deadline):
-        raise AnswerError(
-            "wrong",
-            f"Проверка остановлена: `{name}` не завершилась за {seconds:g} с. Нет ли в ней "
-            "бесконечного цикла или ожидания?",
-        )
+        msg = f"Проверка остановлена: `{name}` не завершилась за {seconds:g} с. Нет ли в ней бесконечного цикла или ожидания?"
+        raise AnswerError("wrong", msg)
     if isinstance(error, KeyboardInterrupt):
-        raise AnswerError(
-            "not_attempted",
-            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана.",
+        msg = (
+            f"Проверка прервана (Ctrl+C или «Стоп») во время вызова `{name}`; попытка не записана."
         )
+        raise AnswerError("not_attempted", msg)
     raise AnswerError("wrong", f"`{name}` упала: {_error_text(error, 300)}.")
 
 

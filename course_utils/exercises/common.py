@@ -1,16 +1,32 @@
 """Общее для проверочных шагов: допуски ответов и сборка типичных ошибок из словаря ответов."""
 
+import functools
+import json
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from course_utils import throughput
-from course_utils.exercises.answers import Number, get, md_table, norm
+from course_utils.exercises.answers import Number, Share, get, md_table, norm
 from course_utils.exercises.step import Trap
 
 RTOL = 1e-2  # допуск 1 %
 SECONDS = Number(rtol=RTOL, unit="с")
+GIB = Number(rtol=RTOL, unit="ГиБ")
+SHARE = Share(rtol=RTOL)
 AMOUNT = {"rtol": RTOL, "low": 0.0, "bound": "Величина неотрицательна"}
 TOLERANCE = {"rtol": RTOL, "atol": 2e-3}
 TOL = "допуск — 1 % от верного значения или 0.002 по модулю (что больше)"
+
+
+def json_cached(fn: Callable) -> Callable:
+    """lru_cache для функции от данных JSON (условие шага): ключ — json.dumps аргументов, fn
+    получает их копию из json.loads; результат общий — его только читают."""
+
+    @functools.lru_cache(maxsize=256)
+    def by_key(key: str):
+        return fn(*json.loads(key))
+
+    return functools.wraps(fn)(lambda *args: by_key(json.dumps(args)))
 
 
 def traps(slips, messages: dict, rules: dict, default=()) -> tuple[Trap, ...]:
@@ -22,6 +38,11 @@ def traps(slips, messages: dict, rules: dict, default=()) -> tuple[Trap, ...]:
         kw = {"matches": rule} if callable(rule) else {"by": rule}
         out.append(Trap(k, text, lambda t, r, k=k: slips(t, r)[k], **kw))
     return tuple(out)
+
+
+def answer_table(answers, messages: dict, rules: dict, default=()) -> tuple:
+    """(solve, ловушки) шага, чей ``answers(task)`` — {"": верный ответ, ключ ошибки: ответ с ней}."""
+    return (lambda t: answers(t)[""]), traps(lambda t, ref: answers(t), messages, rules, default)
 
 
 def hits_any(answer, values, *pairs: tuple[str, str]):

@@ -4,7 +4,7 @@ import random
 
 from course_utils import profile, stack_map
 from course_utils.exercises.answers import Choice, Fields, Keyed, Number, get, md_table, norm
-from course_utils.exercises.common import traps
+from course_utils.exercises.common import SECONDS, traps
 from course_utils.exercises.step import Step
 
 SETUP_CLASSES = tuple(f"{p}/{s}" for p in stack_map.PLACEMENTS for s in stack_map.SYNCHRONY)
@@ -46,11 +46,9 @@ def _loop_task(variant: int) -> dict:
     rows = [(f"`{s}`", profile.STAGE_LABELS_RU.get(s, s), f"{t:.2f}") for s, t in times.items()]
     cells = ", ".join(f"`{c}` ({w})" for c, w in _CELL_WORDS.items())
     statement = (
-        f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага "
-        f"(`task_12_1_7['stage_times']`):\n\n{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
-        "Найдите `T_seq` — длительность шага, с; `dominant` — самый долгий этап; `speedup_bound` — "
-        f"предел ускорения, если `{accel}` станет бесплатным; `setups` — клетки схем ниже "
-        f"(`task_12_1_7['setups']`): {cells}; «на шаг позади» — async. Допуск чисел 1 %.\n\n"
+        f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага (`task_12_1_7['stage_times']`):\n\n"
+        f"{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
+        f"Найдите `T_seq` — длительность шага, с; `dominant` — самый долгий этап; `speedup_bound` — предел ускорения, если `{accel}` станет бесплатным; `setups` — клетки схем ниже (`task_12_1_7['setups']`): {cells}; «на шаг позади» — async. Допуск чисел 1 %.\n\n"
         + "\n".join(f"- **{k}.** {v}" for k, v in setups.items())
     )
     task = {"scenario": scenario, "stage_times": times, "accelerate": accel, "setups": setups}
@@ -108,7 +106,7 @@ _MESSAGES = {
     "mean_not_sum": "T_seq — не среднее, а сумма: этапы последовательного шага идут друг за другом.",
 }
 _BY = {"amdahl_ratio": ("speedup_bound",), "separate_server_async": _all_split_async}
-_ANSWER = Fields(dict(zip(_KEYS, (Number(0.01, "с"), _STAGE, Number(0.01), _SCHEMES))))
+_ANSWER = Fields(dict(zip(_KEYS, (SECONDS, _STAGE, Number(0.01), _SCHEMES))))
 _HINT = "T_seq — сумма этапов; без этапа шаг длится T_seq − T_этапа (Амдал). Для схемы: на одних ли GPU роли и ждёт ли тренер пакет текущих весов."
 _TRAPS = traps(_loop_slips, _MESSAGES, _BY, default=("T_seq",))
 STEP = Step("12.1.7", _loop_task, _loop_solve, _ANSWER, _HINT, _loop_solution, _TRAPS)

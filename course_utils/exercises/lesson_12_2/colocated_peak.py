@@ -4,7 +4,7 @@ import random
 
 from course_utils import fmt, memory
 from course_utils.exercises.answers import Choice, Fields, Number, md_table
-from course_utils.exercises.common import group_share
+from course_utils.exercises.common import GIB, group_share
 from course_utils.exercises.step import Step, Trap
 
 _COMPONENTS = ("веса движка", "KV-кэш", "веса тренера", "градиенты", "оптимизатор", "активации")
@@ -18,7 +18,6 @@ _PHASES = {  # фаза шага: статьи на GPU
 }
 _MODELS = ("SmolLM2-360M", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B")
 _KEYS = ("peak_gib", "peak_phase", "peak_lora_gib", "informative_groups_per_s")
-_GIB = Number(0.01, "ГиБ")
 
 
 def _timeline(parts: dict, offload: bool) -> list:
@@ -57,16 +56,11 @@ def _peak_task(variant: int) -> dict:
     cpu = "; оптимизатор при генерации выгружен на CPU" if offload else ""
     rewards = "; ".join(f"{q}: {''.join(map(str, rs))}" for q, rs in groups.items())
     statement = (
-        f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по "
-        f"очереди делят {where}. Память фаз шага, ГиБ (2³⁰ Б; «—» — статьи нет на GPU{cpu}):\n\n"
-        f"{md_table(('фаза', *_COMPONENTS), rows)}\n\nС **LoRA** (ранг {rank}, адаптеры на q, k, "
-        f"v, o) градиенты — {lora_parts[_GRADS]:g} ГиБ, оптимизатор — {lora_parts[_OPT]:g} ГиБ, "
-        "прочее то же (`task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n**Журнал** "
-        f"(`task_12_2_8['run_log']`): за {log['duration_s']} с завершено "
-        f"{fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = {g}, награды correctness: "
-        f"{rewards}. Группа вырождена, если все награды в ней равны (все A = 0).\n\nНайдите "
-        "(допуск 1 %) `peak_gib` — пик памяти, ГиБ; `peak_phase` — его фазу; `peak_lora_gib` — пик "
-        "с LoRA, ГиБ; `informative_groups_per_s` — информативных групп в секунду."
+        f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по очереди делят {where}. Память фаз шага, ГиБ (2³⁰ Б; «—» — статьи нет на GPU{cpu}):\n\n"
+        f"{md_table(('фаза', *_COMPONENTS), rows)}\n\n"
+        f"С **LoRA** (ранг {rank}, адаптеры на q, k, v, o) градиенты — {lora_parts[_GRADS]:g} ГиБ, оптимизатор — {lora_parts[_OPT]:g} ГиБ, прочее то же (`task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n"
+        f"**Журнал** (`task_12_2_8['run_log']`): за {log['duration_s']} с завершено {fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = {g}, награды correctness: {rewards}. Группа вырождена, если все награды в ней равны (все A = 0).\n\n"
+        "Найдите (допуск 1 %) `peak_gib` — пик памяти, ГиБ; `peak_phase` — его фазу; `peak_lora_gib` — пик с LoRA, ГиБ; `informative_groups_per_s` — информативных групп в секунду."
     )
     task = {"model": model, "recipe": recipe, "world_size": world, "lora_rank": rank}
     task |= {"phases": phases, "phases_lora": _timeline(lora_parts, offload), "run_log": log}
@@ -92,11 +86,10 @@ def _peak_solution(task: dict, ref: dict) -> str:
     ]
     answer = {k: round(v, 3) if isinstance(v, float) else v for k, v in ref.items()}
     return (
-        "**Пик** — максимум по фазам суммы статей фазы, $B_{peak} = \\max_t B(t)$ (не сумма "
-        f"максимумов статей, {memory.sum_of_component_maxima(task['phases']):.3f} ГиБ):\n\n"
-        f"{md_table(('фаза', 'B(t), ГиБ', 'с LoRA, ГиБ'), rows)}\n\n**Группы:** вырожденных "
-        f"{round(share * n)} из {n};\n\n$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot (1 - "
-        f"{share:.3f}) = {ref['informative_groups_per_s']:.3f}\\ \\text{{групп/с}}.$$\n\n"
+        f"**Пик** — максимум по фазам суммы статей фазы, $B_{{peak}} = \\max_t B(t)$ (не сумма максимумов статей, {memory.sum_of_component_maxima(task['phases']):.3f} ГиБ):\n\n"
+        f"{md_table(('фаза', 'B(t), ГиБ', 'с LoRA, ГиБ'), rows)}\n\n"
+        f"**Группы:** вырожденных {round(share * n)} из {n};\n\n"
+        f"$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot (1 - {share:.3f}) = {ref['informative_groups_per_s']:.3f}\\ \\text{{групп/с}}.$$\n\n"
         f"**Ответ:** `{answer}`."
     )
 
@@ -120,6 +113,6 @@ _MESSAGES = {
     "groups_not_informative": "Это все группы в секунду, а вырожденная группа (все A = 0) политику не учит.",
 }
 _TRAPS = tuple(Trap(k, m, override=_WRONG[k], by=tuple(_WRONG[k])) for k, m in _MESSAGES.items())
-_ANSWER = Fields(dict(zip(_KEYS, (_GIB, Choice(tuple(_PHASES)), _GIB, Number(0.01, "групп/с")))))
+_ANSWER = Fields(dict(zip(_KEYS, (GIB, Choice(tuple(_PHASES)), GIB, Number(0.01, "групп/с")))))
 _HINT = "Пик — максимум сумм строк таблицы (не сумма максимумов столбцов), с LoRA — так же. Информативные группы/с = группы/с × (1 − доля групп с равными наградами)."
 STEP = Step("12.2.8", _peak_task, _peak_solve, _ANSWER, _HINT, _peak_solution, _TRAPS)

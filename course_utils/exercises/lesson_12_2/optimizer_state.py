@@ -3,7 +3,8 @@
 import random
 
 from course_utils import fmt, memory
-from course_utils.exercises.answers import Fields, Number, md_table, tex_num
+from course_utils.exercises.answers import Fields, md_table, tex_num
+from course_utils.exercises.common import GIB
 from course_utils.exercises.step import Step, Trap
 
 # Рецепты с Σb ≠ 16: иначе ошибка «16 байт — закон» совпала бы с верным ответом.
@@ -26,14 +27,10 @@ def _zero_task(variant: int) -> dict:
     rows.append(("**итого**", "$\\Sigma b$", f"**{r.total:g}**"))
     source = f"{model}, из `data/model_configs/{model}.json`" if model else "круглое число"
     statement = (
-        f"**Состояние модели и ZeRO.** N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} "
-        f"({source}), параллелизм данных на D = {world} GPU, рецепт `{recipe}` — {r.label}. "
-        f"Байт на параметр:\n\n{md_table(('статья', 'обозначение', 'Б/параметр'), rows)}\n\n"
-        "N, таблица и D — `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, "
-        "`task_12_2_6['world_size']`. DDP хранит всё на каждом ранге; ZeRO-1 делит между рангами "
-        "m1, m2 и мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 (FSDP full shard) — ещё веса.\n\n"
-        "Найдите в **ГиБ** (2³⁰ Б, не 10⁹): `B_state` — всё состояние; `ddp`, `zero1`, `zero2`, "
-        "`zero3` — его часть на одном ранге (без активаций и буферов). Допуск 1 %, ⌈N/D⌉ не нужен."
+        f"**Состояние модели и ZeRO.** N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} ({source}), параллелизм данных на D = {world} GPU, рецепт `{recipe}` — {r.label}. Байт на параметр:\n\n"
+        f"{md_table(('статья', 'обозначение', 'Б/параметр'), rows)}\n\n"
+        "N, таблица и D — `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, `task_12_2_6['world_size']`. DDP хранит всё на каждом ранге; ZeRO-1 делит между рангами m1, m2 и мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 (FSDP full shard) — ещё веса.\n\n"
+        "Найдите в **ГиБ** (2³⁰ Б, не 10⁹): `B_state` — всё состояние; `ddp`, `zero1`, `zero2`, `zero3` — его часть на одном ранге (без активаций и буферов). Допуск 1 %, ⌈N/D⌉ не нужен."
     )
     data = {"model": model, "n_params": n, "recipe": recipe, "bytes_per_param": b}
     return {"statement": statement, **data, "world_size": world}
@@ -60,10 +57,9 @@ def _zero_solution(task: dict, ref: dict) -> str:
     ]
     terms = " + ".join(f"{v:g}" for v in b.values())
     return (
-        f"$$B_{{state}} = N \\Sigma b = {tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ "
-        f"\\text{{Б}} = {g['B_state']}\\ \\text{{ГиБ}}.$$\n\nСостояния оптимизатора в "
-        f"`{task['recipe']}`: $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ Б/параметр. На ранг "
-        f"(D = {d}):\n\n{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}\n\n"
+        f"$$B_{{state}} = N \\Sigma b = {tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ \\text{{ГиБ}}.$$\n\n"
+        f"Состояния оптимизатора в `{task['recipe']}`: $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ Б/параметр. На ранг (D = {d}):\n\n"
+        f"{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}\n\n"
         f"**Ответ (ГиБ):** `{ {key: round(v, 3) for key, v in ref.items()} }`."
     )
 
@@ -83,7 +79,7 @@ _RULES = {  # ответ с ошибкой: целиком или заменой
     "ddp_divides": {"override": {"ddp": _shard_all}},
 }
 _BY = {"sixteen_law": ("B_state",), "shard_everything_at_zero1": ("zero1",)}
-_ANSWER = Fields({k: Number(0.01, "ГиБ") for k in ("B_state", *_MODES)})
+_ANSWER = Fields(dict.fromkeys(("B_state", *_MODES), GIB))
 _HINT = "B_state = N·Σb. На ранг: DDP — всё; ZeRO-1 делит на D только m1 + m2 + мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 — всё. ГиБ = Б / 2³⁰."
 _TRAPS = tuple(Trap(k, m, **_RULES[k], by=_BY.get(k, ())) for k, m in _MESSAGES.items())
 STEP = Step("12.2.6", _zero_task, _zero_solve, _ANSWER, _HINT, _zero_solution, _TRAPS)

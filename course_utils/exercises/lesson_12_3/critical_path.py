@@ -1,12 +1,10 @@
 """12.3.9 — трасса этапов: сумма работы против критического пути, загрузка пулов, что ускорять."""
 
-import functools
-import json
 import random
 
 from course_utils import pipeline
-from course_utils.exercises.answers import Choice, Fields, Share, get, md_table, sig
-from course_utils.exercises.common import SECONDS, trace_table, traps
+from course_utils.exercises.answers import Choice, Fields, get, md_table, sig
+from course_utils.exercises.common import SECONDS, SHARE, json_cached, trace_table, traps
 from course_utils.exercises.step import Step
 
 _POOL_NAMES = {"generation": "генерация", "verifier": "проверка", "training": "обучение"}
@@ -55,10 +53,10 @@ def _build_trace(rng: random.Random, n_gen: int, train: dict, decode: tuple) -> 
     return [{"row": r, **e} for r, e in enumerate(ev)]
 
 
-@functools.lru_cache(maxsize=64)
-def _analyse_trace(task_json: str) -> dict:
+@json_cached
+def _trace_analysis(task: dict) -> dict:
     """Всё для ответа и разбора — через pipeline (кэш: трасса варианта не меняется)."""
-    trace, pools = json.loads(task_json)
+    trace, pools = task["trace"], task["pools"]
     deps = {r["row"]: r["depends_on"] for r in trace if r["depends_on"]}
     (length, chain), H = pipeline.critical_path(trace, deps), max(r["end_s"] for r in trace)
     stages = dict.fromkeys(r["stage"] for r in trace if r["stage"] not in pipeline.WAIT_STAGES)
@@ -83,12 +81,7 @@ def _analyse_trace(task_json: str) -> dict:
     }
 
 
-def _trace_analysis(task: dict) -> dict:
-    return _analyse_trace(json.dumps([task["trace"], task["pools"]]))
-
-
-_UTIL = Share(rtol=1e-2)
-_POOLS = Fields(dict.fromkeys(_POOL_NAMES, _UTIL))
+_POOLS = Fields(dict.fromkeys(_POOL_NAMES, SHARE))
 _STAGE = Choice(lambda t: list(_trace_analysis(t)["work"]))
 _TIMES = dict.fromkeys(("sum_of_work", "critical_path"), SECONDS)
 _ANSWER = Fields({**_TIMES, "utilization": _POOLS, "speed_up": _STAGE})
@@ -170,7 +163,7 @@ _TRAP_TEXT = {  # отзыв на типичную ошибку; ответ с �
 
 def _gives_flat_utilization(task: dict, given: dict) -> bool:  # работа / (все · H) или среднее
     shown = get(given, "utilization").values()
-    return any(all(_UTIL.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
+    return any(all(SHARE.same(x, u) for u in shown) for x in _trace_analysis(task)["flat"])
 
 
 _TRAP_BY = {"off_critical_path": ("speed_up",), "sum_as_critical": ("critical_path",)}

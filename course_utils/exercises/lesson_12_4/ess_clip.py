@@ -7,7 +7,7 @@ import numpy as np
 
 from course_utils import offpolicy
 from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.common import TOL, TOLERANCE, hits_any, traps
+from course_utils.exercises.common import TOL, TOLERANCE, answer_table, hits_any
 from course_utils.exercises.step import Step
 
 _NN = Number(**TOLERANCE, low=0, bound="Величина неотрицательна")
@@ -102,7 +102,5 @@ _MESSAGES = {
 _BY = dict(zip(_MESSAGES, [("clip_fraction",), hits_any(_ANSWER, _ess_values, *_MEAN_WEIGHT)]))
 _BY |= {"ess_not_normalized": ("ess_norm",), "mean_abs_not_max": ("max_abs_log_w",)}
 _HINT = "ESS = (Σw)²/Σw², ESS/n — делите на число весов. Клиппирование срабатывает только при (w > 1 + ε_high и A > 0) или (w < 1 − ε_low и A < 0). max |log w| — по модулю натурального логарифма."
-_TRAPS = traps(lambda t, r: _ess_answers(t), _MESSAGES, _BY)
-STEP = Step(
-    "12.4.7", _ess_task, lambda t: _ess_answers(t)[""], _ANSWER, _HINT, _ess_solution, _TRAPS
-)
+_SOLVE, _TRAPS = answer_table(_ess_answers, _MESSAGES, _BY)
+STEP = Step("12.4.7", _ess_task, _SOLVE, _ANSWER, _HINT, _ess_solution, _TRAPS)

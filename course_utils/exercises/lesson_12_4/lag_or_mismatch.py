@@ -8,7 +8,7 @@ import numpy as np
 
 from course_utils import fmt, offpolicy
 from course_utils.exercises.answers import Choice, Fields, Keyed, Number, far_apart, md_table
-from course_utils.exercises.common import TOL, TOLERANCE, hits_any, traps
+from course_utils.exercises.common import TOL, TOLERANCE, answer_table, hits_any
 from course_utils.exercises.step import Step
 
 _KINDS = ("llt", "ltl", "tll", "ttl", "tlt", "ltt")  # диагнозы A, B, C (l — lag, t — tim): есть оба
@@ -140,7 +140,5 @@ _MESSAGES = {
     "probe_nonzero_is_tim": "Немного TIM есть всегда, проба почти никогда не даёт ровно 0. Диагноз — по доле: если без задержки остаётся малая часть расхождения, основную часть даёт задержка.",
 }
 _HINT = "Часть 1: сравните средний |log w| строк train с пробой probe_lag0 — если без задержки расхождение почти то же, это TIM, если почти исчезло — задержка. Часть 2: softmax(z/T), ядро top-p, перенормировка: log μ(y) = z_y/T − logsumexp(z/T по ядру)."
-_TRAPS = traps(lambda t, r: _lag_answers(t), _MESSAGES, _BY, default=("diagnosis",))
-STEP = Step(
-    "12.4.8", _lag_task, lambda t: _lag_answers(t)[""], _ANSWER, _HINT, _lag_solution, _TRAPS
-)
+_SOLVE, _TRAPS = answer_table(_lag_answers, _MESSAGES, _BY, default=("diagnosis",))
+STEP = Step("12.4.8", _lag_task, _SOLVE, _ANSWER, _HINT, _lag_solution, _TRAPS)

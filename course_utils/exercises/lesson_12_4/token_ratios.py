@@ -7,7 +7,7 @@ import numpy as np
 
 from course_utils import offpolicy
 from course_utils.exercises.answers import Fields, Number, Numbers, far_apart, md_table
-from course_utils.exercises.common import TOL, TOLERANCE, traps
+from course_utils.exercises.common import TOL, TOLERANCE, answer_table
 from course_utils.exercises.step import Step
 
 _SEQ = Number(**TOLERANCE, unit="нат")
@@ -72,10 +72,6 @@ def _ratios_answers(task: dict) -> dict:
     }
 
 
-def _ratios_solve(task: dict) -> dict:
-    return _ratios_answers(task)[""]
-
-
 def _ratios_solution(task: dict, ref: dict) -> str:
     seq = ref["seq_log_ratio"]
     cols = list(zip(*(task[c] for c in ("tokens", "mask", "logp_target", "logp_behavior"))))
@@ -101,5 +97,5 @@ _MESSAGES = {
 }
 _BY = dict.fromkeys(("env_tokens_included", "ratio_inverted"), ("ratios", "seq_log_ratio"))
 _HINT = "Берите только строки с m_t = 1: ρ_t = exp(log π_θ − log μ), log w_seq = сумма (не среднее) разностей log π_θ − log μ, в натах, без экспоненты."
-_TRAPS = traps(lambda t, r: _ratios_answers(t), _MESSAGES, _BY, default=("seq_log_ratio",))
-STEP = Step("12.4.6", _ratios_task, _ratios_solve, _ANSWER, _HINT, _ratios_solution, _TRAPS)
+_SOLVE, _TRAPS = answer_table(_ratios_answers, _MESSAGES, _BY, default=("seq_log_ratio",))
+STEP = Step("12.4.6", _ratios_task, _SOLVE, _ANSWER, _HINT, _ratios_solution, _TRAPS)

@@ -4,8 +4,8 @@ import math
 import random
 
 from course_utils import fmt, tracing
-from course_utils.exercises.answers import Fields, Number, Share, far_apart, md_table
-from course_utils.exercises.common import AMOUNT, RTOL, group_share, traps
+from course_utils.exercises.answers import Fields, Number, far_apart, md_table
+from course_utils.exercises.common import AMOUNT, SHARE, group_share, traps
 from course_utils.exercises.step import Step
 
 _Q = ("p50", "p95", "p99")
@@ -109,7 +109,7 @@ def _logm_slips(task: dict, ref: dict) -> dict[str, dict]:
 
 _ANSWER = Fields(
     dict.fromkeys(_Q, Number(unit="с", **AMOUNT))
-    | {"degenerate_share": Share(rtol=RTOL)}
+    | {"degenerate_share": SHARE}
     | {"informative_groups_per_s": Number(unit="групп/с", **AMOUNT)}
 )
 _HINT = "Соберите длительности всех роллаутов всех сборщиков в один список и возьмите numpy.percentile(x, [50, 95, 99]); не усредняйте перцентили сборщиков. Вырождена группа, где все награды равны — и все 0, и все 1. Информативные группы/с = (групп / W) × (1 − доля вырожденных)."

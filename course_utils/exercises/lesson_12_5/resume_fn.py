@@ -1,17 +1,16 @@
 """12.5.10 — resume после аварии: ветвь full = непрерывной, состояние — как в точке (crash_test)."""
 
 import functools
-import hashlib
 import json
 import random
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from course_utils import checkpoint, crash_test, toy_run
 from course_utils.exercises.answers import AnswerType, Function, md_table
+from course_utils.exercises.common import json_cached
 from course_utils.exercises.step import Step, Trap
 from course_utils.grading import AnswerError
 
@@ -75,7 +74,7 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
         return run
 
     try:
-        res = _crash_run(json.dumps(params, sort_keys=True)).branches(wrapped)
+        res = _crash_run(params).branches(wrapped)
     except AnswerError:
         raise
     except Exception as exc:
@@ -90,11 +89,10 @@ def _resume_crash(fn: Callable, params: dict) -> dict:
 _WORKDIR = tempfile.TemporaryDirectory(prefix="course_12_5_10_")  # удалится при выходе
 
 
-@functools.lru_cache(maxsize=64)
-def _crash_run(params_json: str) -> crash_test.CrashRun:
+@json_cached
+def _crash_run(params: dict) -> crash_test.CrashRun:
     """Аварийный запуск варианта — один на процесс: каждая resume стартует с копии его точки."""
-    path = Path(_WORKDIR.name) / hashlib.sha256(params_json.encode()).hexdigest()[:16]
-    return crash_test.prepare_crash_run(**json.loads(params_json), workdir=path)
+    return crash_test.prepare_crash_run(**params, workdir=tempfile.mkdtemp(dir=_WORKDIR.name))
 
 
 @functools.lru_cache(maxsize=512)
@@ -109,10 +107,9 @@ def _resume_outcome(fn: Callable, task: dict) -> dict:
     return _resume_crash(fn, task["crash_test"])
 
 
-@functools.lru_cache(maxsize=256)
-def _state_at(params_json: str) -> tuple[int, str]:
+@json_cached
+def _state_at(p: dict) -> tuple[int, str]:
     """Уровень учебной программы и верификатор после шага s₀ — то, что попадёт в точку."""
-    p = json.loads(params_json)
     kw = {k: p[k] for k in ("verifier_upgrade_step", "promote_at", "ema_alpha")}
     run = toy_run.ToyRLRun(p["seed"], **kw)
     for _ in range(p["crash_at"] // p["checkpoint_every"] * p["checkpoint_every"]):
@@ -129,7 +126,7 @@ def _resume_task(variant: int) -> dict:
         p = {"total_steps": crash + rng.randint(2, 4), "crash_at": crash, "checkpoint_every": every}
         p |= {"seed": rng.randint(0, 99), "verifier_upgrade_step": rng.randint(2, s0 - 1)}
         p |= {"promote_at": rng.choice([0.25, 0.3]), "ema_alpha": 0.5}
-        if _state_at(json.dumps(p, sort_keys=True))[0] >= 1:
+        if _state_at(p)[0] >= 1:
             break
     lost = f"шаг {crash}" if crash == s0 + 1 else f"шаги {s0 + 1}…{crash}"
     args = ", ".join(f"{k}={v}" for k, v in p.items())
@@ -151,7 +148,7 @@ def resume(run_factory, checkpoint_path):
 
 def _resume_solution(task: dict, ref: Callable) -> str:
     p, s0 = task["crash_test"], task["restored_step"]
-    level, verifier = _state_at(json.dumps(p, sort_keys=True))
+    level, verifier = _state_at(p)
     good, rows = _resume_outcome(ref, task), []
     labels = {f: _LABEL.get(k) or f"всё, кроме `{min(_FRESH[k])}`" for k, f in _WRONG.items()}
     for fn, label in {ref: "`resume_full` (эталон)", **labels}.items():
@@ -190,13 +187,8 @@ def _resume_trap(key: str) -> Trap:
     """Узнаётся по компонентам, не совпавшим сразу после resume (drop очереди задевает counters)."""
     queue = key == "forgot_queue"
     diffs = [_FRESH[key], {"queue", "counters"}] if queue else [_FRESH[key]]
-    text = _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else "")
-    return Trap(
-        key,
-        text,
-        wrong=lambda t, ref: _WRONG[key],
-        matches=lambda t, rec: set(rec["diff"]) in diffs,
-    )
+    wrong, text = _WRONG[key], _RESUME_TEXT[key] + _LOAD_ALL + (_DROP if queue else "")
+    return Trap(key, text, lambda t, ref: wrong, matches=lambda t, rec: set(rec["diff"]) in diffs)
 
 
 def _resume_solve(task: dict):  # верный ответ — функция курса

@@ -9,6 +9,7 @@ from typing import Any
 
 from course_utils import stack_map
 from course_utils.exercises.answers import IdSet, md_table, norm
+from course_utils.exercises.common import json_cached
 from course_utils.exercises.step import Step, Trap
 
 _REQS = {  # требование → (варианты в генераторе; столбцы карты, по которым оно проверяется)
@@ -41,17 +42,11 @@ def _stack_frame():
     return stack_map.load_stack_map()
 
 
-@functools.lru_cache(maxsize=256)
-def _stacks_for(req_json: str, today: str, loose: bool):
-    """Таблица choose_stacks (из кэша: её только читают)."""
-    day = dt.date.fromisoformat(today)
-    return stack_map.choose_stacks(
-        _stack_frame(), **json.loads(req_json), include_unconfirmed=loose, today=day
-    )
-
-
+@json_cached
 def _stack_table(task: dict, loose: bool = False):
-    return _stacks_for(json.dumps(task["requirements"], sort_keys=True), task["today"], loose)
+    """Таблица choose_stacks (из кэша: её только читают)."""
+    day, req = dt.date.fromisoformat(task["today"]), task["requirements"]
+    return stack_map.choose_stacks(_stack_frame(), **req, include_unconfirmed=loose, today=day)
 
 
 def _matching(task: dict, loose: bool = False) -> list[str]:

@@ -1,13 +1,11 @@
 """12.5.8 — связки трасс: осиротевшие роллауты и несовпадения версии верификатора."""
 
 import copy
-import functools
-import json
 import random
 
 from course_utils import fmt, tracing
 from course_utils.exercises.answers import Fields, IdSet, md_table
-from course_utils.exercises.common import listed
+from course_utils.exercises.common import json_cached, listed
 from course_utils.exercises.step import Step, Trap
 
 _ROLLOUT_COLS = ("rollout_id", "prompt_id", "behavior_policy_version", "verifier_version", "reward")
@@ -16,7 +14,6 @@ _BATCH_COLS = ("training_batch_id", "optimizer_step", "trainer_policy_version", 
 _BATCH_COLS += ("tokens", "rollout_ids", "complete")
 _STEP_COLS = ("optimizer_step", "resulting_policy_version", "expected_verifier_version")
 _TABLES = {"rollouts": _ROLLOUT_COLS, "batches": _BATCH_COLS, "steps": _STEP_COLS}
-_VM = "verifier_mismatches"  # ключ ответа
 
 
 def _trace_build(rng: random.Random, variant: int) -> dict:
@@ -85,13 +82,11 @@ def trace_tables(task: dict) -> tracing.TraceTables:  # prompts — по зап�
 
 
 def _trace_values(task: dict) -> dict:  # верные списки и списки ошибок в порядке rollouts
-    key = json.dumps({k: task[k] for k in ("rollouts", "batches", "steps", "horizon_s")})
-    return copy.deepcopy(_trace_values_cached(key))
+    return copy.deepcopy(_trace_values_cached(task))
 
 
-@functools.lru_cache(maxsize=64)
-def _trace_values_cached(key: str) -> dict:
-    task = json.loads(key)
+@json_cached
+def _trace_values_cached(task: dict) -> dict:
     tables = trace_tables(task)
     orphans, mism = tracing.find_orphans(tables), tracing.verifier_mismatches(tables)
     tv = {b["training_batch_id"]: b["trainer_policy_version"] for b in task["batches"]}
@@ -163,7 +158,7 @@ _MESSAGES = {
     "mismatch_all_versions": "Вы отметили роллауты, чья версия политики поведения отличается от версии тренера. Это задержка политики (другая ось версий), а не ошибка верификатора: сравнивайте verifier_version с expected_verifier_version шага.",
     "latest_verifier_everywhere": "Вы сравнили все роллауты с последней версией верификатора. Каждый роллаут сверяется с версией, которую ждал шаг его пакета: пройдите цепочку роллаут → пакет → шаг.",
 }
-_FIELD = dict.fromkeys(_MESSAGES, _VM) | {"dropped_not_orphans": "orphans"}  # ошибка → ключ
+_FIELD = dict.fromkeys(_MESSAGES, "verifier_mismatches") | {"dropped_not_orphans": "orphans"}
 _IDS = IdSet(lambda t: [r["rollout_id"] for r in t["rollouts"]], "идентификаторов rollout_id")
 _ANSWER = Fields({"orphans": _IDS, "verifier_mismatches": _IDS})
 _HINT = "Соедините rollouts с batches по training_batch_id и затем со steps по optimizer_step (левые соединения). Сироты — роллауты без пакета, по любой причине. Несовпадение — у роллаута из пакета verifier_version ≠ expected_verifier_version шага этого пакета (не последнего шага); версия политики здесь ни при чём."

@@ -5,7 +5,7 @@ import random
 
 from course_utils.checkpoint_interval import checkpoint_overhead, daly_interval, young_interval
 from course_utils.exercises.answers import Choice, Fields, Number, get, sig
-from course_utils.exercises.common import AMOUNT, traps
+from course_utils.exercises.common import AMOUNT, answer_table
 from course_utils.exercises.step import Step
 
 _BAND = {"чаще": (1.6, 4.0), "реже": (0.2, 0.55), "так же": (0.95, 1.05)}  # I / I*
@@ -38,7 +38,7 @@ def _young_task(variant: int) -> dict:
 
 
 def _young_answers(task: dict) -> dict:
-    """Верный ответ (ключ "ref") и ответы типичных ошибок; в формулах всё в секундах."""
+    """Верный ответ (ключ "") и ответы типичных ошибок; в формулах всё в секундах."""
     c, m_h, i = task["write_s"], task["mtbf_h"], task["interval_min"] * 60
     m, star = m_h * 3600, young_interval(c, m_h * 3600)
 
@@ -48,20 +48,16 @@ def _young_answers(task: dict) -> dict:
         return {"I_star_min": s / 60, "H_current": h_i, "H_star": h_s, "recommend": rec}
 
     return {
-        "ref": answer(star, m),
+        "": answer(star, m),
         "sqrt_cm_no_two": answer(math.sqrt(c * m), m),
         "units_mixed": answer(math.sqrt(2 * c * m_h), m_h),  # M в часах как секунды
         "overhead_one_term": {**answer(star, m), "H_current": c / i, "H_star": c / star},
     }
 
 
-def _young_solve(task: dict) -> dict:
-    return _young_answers(task)["ref"]
-
-
 def _units_mixed(task: dict, given: dict) -> bool:  # M в часах или I* в секундах как минуты
     answers, kind = _young_answers(task), Number(**AMOUNT)
-    wrong, seconds = answers["units_mixed"], 60 * answers["ref"]["I_star_min"]
+    wrong, seconds = answers["units_mixed"], 60 * answers[""]["I_star_min"]
     hits = [kind.same(wrong[k], get(given, k)) for k in ("I_star_min", "H_current", "H_star")]
     return any(hits) or kind.same(seconds, get(given, "I_star_min"))
 
@@ -91,5 +87,5 @@ _ANSWER = Fields(
     | {"recommend": Choice(("чаще", "реже", "так же"), aliases={"также": "так же"})}
 )
 _HINT = "Переведите всё в секунды: M·3600, I·60. I* = √(2·C·M), ответ — в минутах (/60). H(I) = C/I + I/(2M) — оба слагаемых, доля (не проценты). Если I больше I* более чем на 10 % — «чаще», меньше — «реже», иначе «так же»."
-_TRAPS = traps(lambda t, r: _young_answers(t), _MESSAGES, _RULES)
-STEP = Step("12.5.7", _young_task, _young_solve, _ANSWER, _HINT, _young_solution, _TRAPS)
+_SOLVE, _TRAPS = answer_table(_young_answers, _MESSAGES, _RULES)
+STEP = Step("12.5.7", _young_task, _SOLVE, _ANSWER, _HINT, _young_solution, _TRAPS)
