@@ -46,9 +46,11 @@ def _loop_task(variant: int) -> dict:
     rows = [(f"`{s}`", profile.STAGE_LABELS_RU.get(s, s), f"{t:.2f}") for s, t in times.items()]
     cells = ", ".join(f"`{c}` ({w})" for c, w in _CELL_WORDS.items())
     statement = (
-        f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага (`task_12_1_7['stage_times']`):\n\n"
-        f"{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
-        f"Найдите `T_seq` — длительность шага, с; `dominant` — самый долгий этап; `speedup_bound` — предел ускорения, если `{accel}` станет бесплатным; `setups` — клетки схем ниже (`task_12_1_7['setups']`): {cells}; «на шаг позади» — async. Допуск чисел 1 %.\n\n"
+        f"**Профиль цикла и две оси.** Запуск: {scenario}. Медианы этапов последовательного шага "
+        f"(`task_12_1_7['stage_times']`):\n\n{md_table(('этап', 'что это', 'время, с'), rows)}\n\n"
+        "Найдите `T_seq` — длительность шага, с; `dominant` — самый долгий этап; `speedup_bound` — "
+        f"предел ускорения, если `{accel}` станет бесплатным; `setups` — клетки схем ниже "
+        f"(`task_12_1_7['setups']`): {cells}; «на шаг позади» — async. Допуск чисел 1 %.\n\n"
         + "\n".join(f"- **{k}.** {v}" for k, v in setups.items())
     )
     task = {"scenario": scenario, "stage_times": times, "accelerate": accel, "setups": setups}

@@ -69,7 +69,11 @@ def _contract_task(variant: int) -> dict:
     records += [_record(None, multi, v), per_token, *(_record(rng, s, v) for s in rest)]
     rng.shuffle(records)
     statement = (
-        f"**Контракт роллаута.** `task_12_1_6['records']` — {n_total} записей (поля — шаг 12.1.2; таблица — `contract.records_to_frame(task_12_1_6['records'])`). В непригодной записи нарушено ровно одно правило, прочие пригодны, даже непривычные. Ответ — `{{sample_id: ключ_правила}}` для непригодных, без `contract.validate_rollout` (им сверьтесь после). Правила (`task_12_1_6['rules']`):\n\n"
+        f"**Контракт роллаута.** `task_12_1_6['records']` — {n_total} записей (поля — шаг 12.1.2; "
+        "таблица — `contract.records_to_frame(task_12_1_6['records'])`). В непригодной записи "
+        "нарушено ровно одно правило, прочие пригодны, даже непривычные. Ответ — `{sample_id: "
+        "ключ_правила}` для непригодных, без `contract.validate_rollout` (им сверьтесь после). "
+        "Правила (`task_12_1_6['rules']`):\n\n"
         + "\n".join(f"- `{key}` — {text}" for key, text in contract.RULES.items())
     )
     return {"statement": statement, "records": records, "rules": dict(contract.RULES)}

@@ -56,11 +56,16 @@ def _peak_task(variant: int) -> dict:
     cpu = "; оптимизатор при генерации выгружен на CPU" if offload else ""
     rewards = "; ".join(f"{q}: {''.join(map(str, rs))}" for q, rs in groups.items())
     statement = (
-        f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по очереди делят {where}. Память фаз шага, ГиБ (2³⁰ Б; «—» — статьи нет на GPU{cpu}):\n\n"
-        f"{md_table(('фаза', *_COMPONENTS), rows)}\n\n"
-        f"С **LoRA** (ранг {rank}, адаптеры на q, k, v, o) градиенты — {lora_parts[_GRADS]:g} ГиБ, оптимизатор — {lora_parts[_OPT]:g} ГиБ, прочее то же (`task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n"
-        f"**Журнал** (`task_12_2_8['run_log']`): за {log['duration_s']} с завершено {fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = {g}, награды correctness: {rewards}. Группа вырождена, если все награды в ней равны (все A = 0).\n\n"
-        "Найдите (допуск 1 %) `peak_gib` — пик памяти, ГиБ; `peak_phase` — его фазу; `peak_lora_gib` — пик с LoRA, ГиБ; `informative_groups_per_s` — информативных групп в секунду."
+        f"**Пик совместного размещения.** {model}, рецепт `{recipe}`; генерация и обучение по "
+        f"очереди делят {where}. Память фаз шага, ГиБ (2³⁰ Б; «—» — статьи нет на GPU{cpu}):\n\n"
+        f"{md_table(('фаза', *_COMPONENTS), rows)}\n\nС **LoRA** (ранг {rank}, адаптеры на q, k, "
+        f"v, o) градиенты — {lora_parts[_GRADS]:g} ГиБ, оптимизатор — {lora_parts[_OPT]:g} ГиБ, "
+        "прочее то же (`task_12_2_8['phases']`, `task_12_2_8['phases_lora']`).\n\n**Журнал** "
+        f"(`task_12_2_8['run_log']`): за {log['duration_s']} с завершено "
+        f"{fmt.count(n_groups, 'группа', 'группы', 'групп')} по G = {g}, награды correctness: "
+        f"{rewards}. Группа вырождена, если все награды в ней равны (все A = 0).\n\nНайдите "
+        "(допуск 1 %) `peak_gib` — пик памяти, ГиБ; `peak_phase` — его фазу; `peak_lora_gib` — пик "
+        "с LoRA, ГиБ; `informative_groups_per_s` — информативных групп в секунду."
     )
     task = {"model": model, "recipe": recipe, "world_size": world, "lora_rank": rank}
     task |= {"phases": phases, "phases_lora": _timeline(lora_parts, offload), "run_log": log}
@@ -86,10 +91,11 @@ def _peak_solution(task: dict, ref: dict) -> str:
     ]
     answer = {k: round(v, 3) if isinstance(v, float) else v for k, v in ref.items()}
     return (
-        f"**Пик** — максимум по фазам суммы статей фазы, $B_{{peak}} = \\max_t B(t)$ (не сумма максимумов статей, {memory.sum_of_component_maxima(task['phases']):.3f} ГиБ):\n\n"
-        f"{md_table(('фаза', 'B(t), ГиБ', 'с LoRA, ГиБ'), rows)}\n\n"
-        f"**Группы:** вырожденных {round(share * n)} из {n};\n\n"
-        f"$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot (1 - {share:.3f}) = {ref['informative_groups_per_s']:.3f}\\ \\text{{групп/с}}.$$\n\n"
+        "**Пик** — максимум по фазам суммы статей фазы, $B_{peak} = \\max_t B(t)$ (не сумма "
+        f"максимумов статей, {memory.sum_of_component_maxima(task['phases']):.3f} ГиБ):\n\n"
+        f"{md_table(('фаза', 'B(t), ГиБ', 'с LoRA, ГиБ'), rows)}\n\n**Группы:** вырожденных "
+        f"{round(share * n)} из {n};\n\n$$\\frac{{{n}}}{{{log['duration_s']}}} \\cdot (1 - "
+        f"{share:.3f}) = {ref['informative_groups_per_s']:.3f}\\ \\text{{групп/с}}.$$\n\n"
         f"**Ответ:** `{answer}`."
     )
 

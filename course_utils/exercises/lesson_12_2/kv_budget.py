@@ -35,8 +35,16 @@ def _kv_task(variant: int) -> dict:
         if len(set(seqs)) == len(seqs) and seqs[0] >= group:
             break
     statement = (
-        f"**Бюджет KV-кэша.** Генерация: {model} на {gpu}. Из `data/model_configs/{model}.json` (и `task_12_2_7['num_layers']` и т. д.): слоёв L = {s.num_layers}, голов внимания H = {s.num_attention_heads}, KV-голов $H_{{kv}}$ = {s.num_kv_heads}, $d_h$ = hidden_size / H = {s.hidden_size} / {s.num_attention_heads} = {s.head_dim}. KV-кэш в {kv_dtype}: b = {b} Б на число. Бюджет на веса и кэш — {task['budget_gib']} ГиБ (2³⁰ Б), веса bf16 W = {fmt.num(task['weights_bytes'])} Б. GRPO: G = {group} ответов на запрос; в кэше последовательности — запрос и ответ, {prompt} + до {fmt.num(response)} токенов (без общих префиксов).\n\n"
-        "Найдите, округляя вниз (сравниваются точно): `kv_bytes_per_token` — байт KV-кэша на токен (все слои); `max_sequences` — сколько последовательностей поместится рядом с весами; `max_groups` — сколько это целых групп."
+        f"**Бюджет KV-кэша.** Генерация: {model} на {gpu}. Из `data/model_configs/{model}.json` "
+        f"(и `task_12_2_7['num_layers']` и т. д.): слоёв L = {s.num_layers}, голов внимания H = "
+        f"{s.num_attention_heads}, KV-голов $H_{{kv}}$ = {s.num_kv_heads}, $d_h$ = hidden_size / H "
+        f"= {s.hidden_size} / {s.num_attention_heads} = {s.head_dim}. KV-кэш в {kv_dtype}: b = {b} "
+        f"Б на число. Бюджет на веса и кэш — {task['budget_gib']} ГиБ (2³⁰ Б), веса bf16 W = "
+        f"{fmt.num(task['weights_bytes'])} Б. GRPO: G = {group} ответов на запрос; в кэше "
+        f"последовательности — запрос и ответ, {prompt} + до {fmt.num(response)} токенов (без "
+        "общих префиксов).\n\nНайдите, округляя вниз (сравниваются точно): `kv_bytes_per_token` — "
+        "байт KV-кэша на токен (все слои); `max_sequences` — сколько последовательностей "
+        "поместится рядом с весами; `max_groups` — сколько это целых групп."
     )
     return {"statement": statement, **task}
 
@@ -59,12 +67,13 @@ def _kv_solution(task: dict, ref: dict) -> str:
     tokens = fmt.count(prompt + response, "токен", "токена", "токенов")
     per_seq, free = per_tok * (prompt + response), task["budget_gib"] * memory.GIB - w
     return (
-        f"**1.** $B_{{KV}} = 2 L H_{{kv}} d_h b$ на токен (2 — ключи и значения; GQA: $H_{{kv}} = {hkv}$, а не H = {h}):\n\n"
-        f"$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = {tex_num(per_tok)}\\ \\text{{Б}}.$$\n\n"
-        f"**2.** Запрос и ответ: {prompt} + {response} = {tokens}, {fmt.num(per_seq)} Б. После весов: {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = {fmt.num(free)} Б;\n\n"
-        f"$$\\left\\lfloor \\frac{{{tex_num(free)}}}{{{tex_num(per_seq)}}} \\right\\rfloor = {seqs}.$$\n\n"
-        f"**3.** ⌊{seqs} / {g}⌋ = {fmt.count(groups, 'группа', 'группы', 'групп')}.\n\n"
-        f"**Ответ:** `{ref}`."
+        f"**1.** $B_{{KV}} = 2 L H_{{kv}} d_h b$ на токен (2 — ключи и значения; GQA: $H_{{kv}} = "
+        f"{hkv}$, а не H = {h}):\n\n$$2 \\cdot {L} \\cdot {hkv} \\cdot {dh} \\cdot {b} = "
+        f"{tex_num(per_tok)}\\ \\text{{Б}}.$$\n\n**2.** Запрос и ответ: {prompt} + {response} = "
+        f"{tokens}, {fmt.num(per_seq)} Б. После весов: {task['budget_gib']} · 2³⁰ − {fmt.num(w)} = "
+        f"{fmt.num(free)} Б;\n\n$$\\left\\lfloor \\frac{{{tex_num(free)}}}{{{tex_num(per_seq)}}} "
+        f"\\right\\rfloor = {seqs}.$$\n\n**3.** ⌊{seqs} / {g}⌋ = "
+        f"{fmt.count(groups, 'группа', 'группы', 'групп')}.\n\n**Ответ:** `{ref}`."
     )
 
 

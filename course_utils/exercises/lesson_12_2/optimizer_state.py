@@ -27,10 +27,14 @@ def _zero_task(variant: int) -> dict:
     rows.append(("**итого**", "$\\Sigma b$", f"**{r.total:g}**"))
     source = f"{model}, из `data/model_configs/{model}.json`" if model else "круглое число"
     statement = (
-        f"**Состояние модели и ZeRO.** N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} ({source}), параллелизм данных на D = {world} GPU, рецепт `{recipe}` — {r.label}. Байт на параметр:\n\n"
-        f"{md_table(('статья', 'обозначение', 'Б/параметр'), rows)}\n\n"
-        "N, таблица и D — `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, `task_12_2_6['world_size']`. DDP хранит всё на каждом ранге; ZeRO-1 делит между рангами m1, m2 и мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 (FSDP full shard) — ещё веса.\n\n"
-        "Найдите в **ГиБ** (2³⁰ Б, не 10⁹): `B_state` — всё состояние; `ddp`, `zero1`, `zero2`, `zero3` — его часть на одном ранге (без активаций и буферов). Допуск 1 %, ⌈N/D⌉ не нужен."
+        f"**Состояние модели и ZeRO.** N = {fmt.count(n, 'параметр', 'параметра', 'параметров')} "
+        f"({source}), параллелизм данных на D = {world} GPU, рецепт `{recipe}` — {r.label}. "
+        f"Байт на параметр:\n\n{md_table(('статья', 'обозначение', 'Б/параметр'), rows)}\n\n"
+        "N, таблица и D — `task_12_2_6['n_params']`, `task_12_2_6['bytes_per_param']`, "
+        "`task_12_2_6['world_size']`. DDP хранит всё на каждом ранге; ZeRO-1 делит между рангами "
+        "m1, m2 и мастер-копию, ZeRO-2 — ещё градиенты, ZeRO-3 (FSDP full shard) — ещё веса.\n\n"
+        "Найдите в **ГиБ** (2³⁰ Б, не 10⁹): `B_state` — всё состояние; `ddp`, `zero1`, `zero2`, "
+        "`zero3` — его часть на одном ранге (без активаций и буферов). Допуск 1 %, ⌈N/D⌉ не нужен."
     )
     data = {"model": model, "n_params": n, "recipe": recipe, "bytes_per_param": b}
     return {"statement": statement, **data, "world_size": world}
@@ -57,9 +61,10 @@ def _zero_solution(task: dict, ref: dict) -> str:
     ]
     terms = " + ".join(f"{v:g}" for v in b.values())
     return (
-        f"$$B_{{state}} = N \\Sigma b = {tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ \\text{{Б}} = {g['B_state']}\\ \\text{{ГиБ}}.$$\n\n"
-        f"Состояния оптимизатора в `{task['recipe']}`: $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ Б/параметр. На ранг (D = {d}):\n\n"
-        f"{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}\n\n"
+        f"$$B_{{state}} = N \\Sigma b = {tex_num(n)} \\cdot ({terms}) = {tex_num(n * total)}\\ "
+        f"\\text{{Б}} = {g['B_state']}\\ \\text{{ГиБ}}.$$\n\nСостояния оптимизатора в "
+        f"`{task['recipe']}`: $K = b_{{m1}} + b_{{m2}} + b_{{master}} = {k:g}$ Б/параметр. На ранг "
+        f"(D = {d}):\n\n{md_table(('режим', 'делится', 'формула', 'ГиБ'), rows)}\n\n"
         f"**Ответ (ГиБ):** `{ {key: round(v, 3) for key, v in ref.items()} }`."
     )
 

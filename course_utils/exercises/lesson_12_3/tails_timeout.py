@@ -36,9 +36,14 @@ def _tails_task(variant: int) -> dict:
         [(r["i"], r["task"], _RU[r["difficulty"]], f"{r['duration_s']:.1f}") for r in rows],
     )
     statement = (
-        f"**Медленные хвосты и тайм-аут.** Синхронный шаг ждёт все {len(rows)} роллаутов (4 задачи по 4 ответа); у каждого свой слот генерации, старт общий (таблица — `task_12_3_7['rollouts']`):\n\n"
-        f"{table}\n\n"
-        f"Загрузка слотов — занятая доля прямоугольника «слоты × длительность шага». Найдите (допуск 1 %) `T_group` — длительность шага, с; `U` — загрузку слотов; `U_timeout` — её же с тайм-аутом τ = {timeout} с (роллаут дольше τ обрывается в момент τ); `truncated` — номера i обрезанных роллаутов; `hard_share_truncated`, `easy_share_truncated` — доли обрезанных среди роллаутов сложных и лёгких задач."
+        f"**Медленные хвосты и тайм-аут.** Синхронный шаг ждёт все {len(rows)} роллаутов (4 задачи "
+        "по 4 ответа); у каждого свой слот генерации, старт общий (таблица — "
+        f"`task_12_3_7['rollouts']`):\n\n{table}\n\nЗагрузка слотов — занятая доля прямоугольника "
+        "«слоты × длительность шага». Найдите (допуск 1 %) `T_group` — длительность шага, с; `U` — "
+        f"загрузку слотов; `U_timeout` — её же с тайм-аутом τ = {timeout} с (роллаут дольше τ "
+        "обрывается в момент τ); `truncated` — номера i обрезанных роллаутов; "
+        "`hard_share_truncated`, `easy_share_truncated` — доли обрезанных среди роллаутов сложных "
+        "и лёгких задач."
     )
     return {"statement": statement, "timeout_s": timeout, "rollouts": rows}
 
@@ -62,10 +67,16 @@ def _tails_solution(task: dict, ref: dict) -> str:
     listing = ", ".join(f"{r['i']} ({r['task']}, {r['duration_s']:.1f} с)" for r in picked)
     answer = {k: round(v, 3) if isinstance(v, float) else v for k, v in ref.items()}
     return (
-        f"Шаг ждёт самый медленный роллаут: $T_{{group}} = \\max_i T_i = {T}$ с (не среднее {sum(d) / n:.2f} с). С тайм-аутом роллаут занимает слот $\\min(T_i, τ)$, а шаг длится τ:\n\n"
-        f"$$U = \\frac{{\\sum_i T_i}}{{n \\max_i T_i}} = \\frac{{{total}}}{{{n} \\cdot {T}}} \\approx {ref['U']:.3f}, \\qquad U_{{timeout}} = \\frac{{\\sum_i \\min(T_i, τ)}}{{n\\,τ}} = \\frac{{{sig(sum(min(x, tau) for x in d))}}}{{{n} \\cdot {tau}}} \\approx {ref['U_timeout']:.3f}.$$\n\n"
-        f"Обрезаны роллауты с $T_i > τ$: {listing}. Из {n_hard} роллаутов сложных задач — {k_hard} (доля {ref['hard_share_truncated']:.3f}), из {n - n_hard} лёгких — {len(picked) - k_hard} (доля {ref['easy_share_truncated']:.3f}): тайм-аут смещает данные к простым задачам, поэтому доли обрезанных входят в отчёт.\n\n"
-        f"**Ответ:** `{answer}`."
+        f"Шаг ждёт самый медленный роллаут: $T_{{group}} = \\max_i T_i = {T}$ с (не среднее "
+        f"{sum(d) / n:.2f} с). С тайм-аутом роллаут занимает слот $\\min(T_i, τ)$, а шаг длится "
+        f"τ:\n\n$$U = \\frac{{\\sum_i T_i}}{{n \\max_i T_i}} = \\frac{{{total}}}{{{n} \\cdot {T}}} "
+        f"\\approx {ref['U']:.3f}, \\qquad U_{{timeout}} = \\frac{{\\sum_i \\min(T_i, "
+        f"τ)}}{{n\\,τ}} = \\frac{{{sig(sum(min(x, tau) for x in d))}}}{{{n} \\cdot {tau}}} "
+        f"\\approx {ref['U_timeout']:.3f}.$$\n\nОбрезаны роллауты с $T_i > τ$: {listing}. Из "
+        f"{n_hard} роллаутов сложных задач — {k_hard} (доля {ref['hard_share_truncated']:.3f}), из "
+        f"{n - n_hard} лёгких — {len(picked) - k_hard} (доля {ref['easy_share_truncated']:.3f}): "
+        "тайм-аут смещает данные к простым задачам, поэтому доли обрезанных входят в "
+        f"отчёт.\n\n**Ответ:** `{answer}`."
     )
 
 
