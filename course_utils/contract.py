@@ -109,9 +109,9 @@ def _count_ones(mask) -> int | None:
     return sum(1 for m in mask if is_int(m) and m == 1)
 
 
-def _positions(idx: list[int], limit: int = 5) -> str:
-    shown = ", ".join(str(i) for i in idx[:limit])
-    return shown + (f" … (всего {len(idx)})" if len(idx) > limit else "")
+def _positions(idx: list) -> str:
+    shown = ", ".join(str(i) for i in idx[:5])
+    return shown + (f" … (всего {len(idx)})" if len(idx) > 5 else "")
 
 
 _LOGPROB_MESSAGES = {
@@ -307,11 +307,8 @@ _CHECKSUM_LINE = re.compile(rb"([0-9a-fA-F]{64}) [ *][^\r\n]+\r?\n?")
 
 
 def _atomic_write(path: str, write) -> None:
-    """Данные, затем их SHA-256 (``path + ".sha256"``) — во временные файлы рядом, потом os.replace.
-
-    При сбое временные файлы убираются, старые данные и старая сумма остаются; если данные уже
-    заменены, а сумма нет, старая сумма удаляется (к новым данным она не подходит).
-    """
+    """Данные, затем их SHA-256 (``path + ".sha256"``): временные файлы рядом, потом os.replace.
+    При сбое временные файлы убираются; если данные уже заменены, старая сумма удаляется."""
     directory, base = os.path.split(os.path.abspath(path))
     data_tmp = sum_tmp = None
     replaced = False
@@ -490,8 +487,7 @@ def records_to_frame(records):
         rows.append(row)
     frame = pd.DataFrame(rows, columns=_FIELDS + ["n_prompt", "n_response", "n_policy_tokens"])
     for col in ("policy_version", "n_prompt", "n_response", "n_policy_tokens"):
-        values = [row[col] for row in rows if row[col] is not None]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if all(is_int(row[col]) for row in rows if row[col] is not None):
             frame[col] = frame[col].astype("Int64")  # целые с пропусками: 164, а не 164.0
     return frame
 

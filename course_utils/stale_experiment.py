@@ -216,8 +216,8 @@ def stale_experiment(
     return pd.DataFrame(rows)
 
 
-def _signed(x: float, digits: int = 1) -> str:
-    return ("+" if x > 0 else "") + num(float(x), digits)
+def _signed(x: float) -> str:
+    return ("+" if x > 0 else "") + num(float(x), 1)
 
 
 def _shift(bias: float, se: float, what: str = "оценка") -> str:
