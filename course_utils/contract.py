@@ -459,7 +459,6 @@ def read_parquet(path) -> list[RolloutRecord]:
         raise ValueError(f"{name}: в таблице нет столбцов: {', '.join(missing)}")
     out = []
     for row, d in enumerate(rows):
-        where = f"{name}, строка {row} (нумерация с 0)"
         try:
             for k in ("decoding", "reward"):
                 if not isinstance(d[k], str):
@@ -469,7 +468,7 @@ def read_parquet(path) -> list[RolloutRecord]:
                 d[k] = json.loads(d[k])
             out.append(RolloutRecord.from_dict(d))
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"{name}, строка {row} (нумерация с 0): {exc}") from None
     return out
 
 

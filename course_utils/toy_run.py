@@ -322,7 +322,7 @@ class ToyRLRun:
             raise ValueError(
                 f"load_state_dict: {'; '.join(parts)} — честное продолжение невозможно"
             )
-        versions = _take(state, "versions", "verifier environment rollout_schema prompt_format")
+        versions = _take(state, "versions", "verifier", *_FIXED_VERSIONS)
         for key, expected in _FIXED_VERSIONS.items():
             if versions[key] != expected:
                 raise ValueError(
@@ -330,11 +330,11 @@ class ToyRLRun:
                     f"ожидает {expected!r}: это уже другой эксперимент"
                 )
         choice("versions['verifier']", versions["verifier"], _VERIFIER_VERSIONS)
-        counters = _take(state, "counters", " ".join(_COUNTERS))
-        rng = _take(state, "rng", "python numpy torch")
-        cursor = _take(state, "data_cursor", "epoch index consumed")
-        curriculum = _take(state, "curriculum", "level success_ema steps_at_level")
-        normalizer = _take(state, "normalizer", "count mean m2")
+        counters = _take(state, "counters", *_COUNTERS)
+        rng = _take(state, "rng", "python", "numpy", "torch")
+        cursor = _take(state, "data_cursor", "epoch", "index", "consumed")
+        curriculum = _take(state, "curriculum", "level", "success_ema", "steps_at_level")
+        normalizer = _take(state, "normalizer", "count", "mean", "m2")
         batches = list(_take(state, "queue", "batches")["batches"])
         on_restore = state["queue"].get("on_restore", "keep") if queue is None else queue
         choice("queue", on_restore, ("keep", "drop"))
@@ -357,12 +357,12 @@ class ToyRLRun:
         self.queue = batches
 
 
-def _take(state: Mapping, name: str, keys: str) -> dict:
-    """Копия полей keys (через пробел) компонента state[name]; ValueError, если их нет."""
+def _take(state: Mapping, name: str, *keys: str) -> dict:
+    """Копия полей keys компонента state[name]; ValueError, если их нет."""
     obj = state[name]
     if not isinstance(obj, Mapping):
         raise ValueError(f"load_state_dict: компонент {name} должен быть словарём")
-    missing = [k for k in keys.split() if k not in obj]
+    missing = [k for k in keys if k not in obj]
     if missing:
         raise ValueError(f"load_state_dict: в компоненте {name} нет полей {missing}")
-    return {k: copy.deepcopy(obj[k]) for k in keys.split()}
+    return {k: copy.deepcopy(obj[k]) for k in keys}
