@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -121,15 +120,6 @@ _LOGPROB_MESSAGES = {
 }
 
 
-def _logprob_rule(x) -> str | None:
-    """Ключ нарушенного правила для log π (он должен лежать в (−∞, 0]) или None."""
-    if not is_number(x):
-        return "field_type"
-    if not math.isfinite(x):
-        return "logprob_finite"
-    return "logprob_positive" if x > 0 else None
-
-
 def validate_rollout(record) -> list[str]:
     """Нарушения контракта роллаута (по-русски, с ключом из ``RULES``); пустой список — пригодна.
 
@@ -200,11 +190,14 @@ def _validate(record) -> list[str]:
                 f"[logprob_count] токенов политики (маска = 1): {n_policy}, "
                 f"а логарифмов вероятностей: {len(lps)}"
             )
-        rules = [_logprob_rule(x) for x in lps]
-        for key, text in _LOGPROB_MESSAGES.items():
-            bad = [i for i, rule in enumerate(rules) if rule == key]
+        bad_by_rule = {  # log π должен лежать в (−∞, 0]
+            "field_type": [i for i, x in enumerate(lps) if not is_number(x)],
+            "logprob_finite": [i for i, x in enumerate(lps) if is_number(x) and not is_real(x)],
+            "logprob_positive": [i for i, x in enumerate(lps) if is_real(x) and x > 0],
+        }
+        for key, bad in bad_by_rule.items():
             if bad:
-                out.append(f"[{key}] " + text.format(_positions(bad)))
+                out.append(f"[{key}] " + _LOGPROB_MESSAGES[key].format(_positions(bad)))
 
     if "policy_version" in rec:
         out += _check_versions(

@@ -125,8 +125,8 @@ class ToyRLRun:
         teacher = rng.standard_normal((c["num_actions"], c["feature_dim"]))
         scores = x @ teacher.T
         order = np.argsort(-scores, axis=1, kind="stable")
-        self._correct = [int(a) for a in order[:, 0]]
-        self._second = [int(a) for a in order[:, 1]]
+        self._correct = order[:, 0].tolist()
+        self._second = order[:, 1].tolist()
         margin = scores[np.arange(len(x)), order[:, 0]] - scores[np.arange(len(x)), order[:, 1]]
         rank = np.argsort(np.argsort(-margin, kind="stable"), kind="stable")  # 0 — самый лёгкий
         self._difficulty = (rank * c["num_levels"] // len(x)).tolist()
@@ -136,7 +136,7 @@ class ToyRLRun:
     def _perm(self, epoch: int) -> list[int]:
         if epoch not in self._perms:
             rng = np.random.default_rng([self.config["seed"], 20, epoch])
-            self._perms = {epoch: [int(p) for p in rng.permutation(self.config["num_prompts"])]}
+            self._perms = {epoch: rng.permutation(self.config["num_prompts"]).tolist()}
         return self._perms[epoch]
 
     def _next_prompts(self, n: int) -> list[int]:
