@@ -275,9 +275,7 @@ def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0
     tok = _token_ids(token, tuple(z.shape), "token")
     lp = sampling_logprobs(z, real("temperature", temperature), real("top_p", top_p))
     out = lp.gather(-1, torch.from_numpy(tok).to(lp.device).unsqueeze(-1)).squeeze(-1)
-    if _is_tensor(logits):
-        return out
-    return out.detach().cpu().numpy()[()]
+    return out if _is_tensor(logits) else out.detach().cpu().numpy()[()]
 
 
 def raw_logprob(logits, token, temperature: float = 1.0):
