@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -109,9 +108,9 @@ def _count_ones(mask) -> int | None:
     return sum(1 for m in mask if is_int(m) and m == 1)
 
 
-def _positions(idx: list[int], limit: int = 5) -> str:
-    shown = ", ".join(str(i) for i in idx[:limit])
-    return shown + (f" … (всего {len(idx)})" if len(idx) > limit else "")
+def _positions(idx: list) -> str:
+    shown = ", ".join(str(i) for i in idx[:5])
+    return shown + (f" … (всего {len(idx)})" if len(idx) > 5 else "")
 
 
 _LOGPROB_MESSAGES = {
@@ -119,15 +118,6 @@ _LOGPROB_MESSAGES = {
     "logprob_finite": "NaN или ±inf на позициях {}",
     "logprob_positive": "логарифм вероятности > 0 на позициях {}: вероятность не может превышать 1",
 }
-
-
-def _logprob_rule(x) -> str | None:
-    """Ключ нарушенного правила для log π (он должен лежать в (−∞, 0]) или None."""
-    if not is_number(x):
-        return "field_type"
-    if not math.isfinite(x):
-        return "logprob_finite"
-    return "logprob_positive" if x > 0 else None
 
 
 def validate_rollout(record) -> list[str]:
@@ -200,11 +190,14 @@ def _validate(record) -> list[str]:
                 f"[logprob_count] токенов политики (маска = 1): {n_policy}, "
                 f"а логарифмов вероятностей: {len(lps)}"
             )
-        rules = [_logprob_rule(x) for x in lps]
-        for key, text in _LOGPROB_MESSAGES.items():
-            bad = [i for i, rule in enumerate(rules) if rule == key]
+        bad_by_rule = {  # log π должен лежать в (−∞, 0]
+            "field_type": [i for i, x in enumerate(lps) if not is_number(x)],
+            "logprob_finite": [i for i, x in enumerate(lps) if is_number(x) and not is_real(x)],
+            "logprob_positive": [i for i, x in enumerate(lps) if is_real(x) and x > 0],
+        }
+        for key, bad in bad_by_rule.items():
             if bad:
-                out.append(f"[{key}] " + text.format(_positions(bad)))
+                out.append(f"[{key}] " + _LOGPROB_MESSAGES[key].format(_positions(bad)))
 
     if "policy_version" in rec:
         out += _check_versions(
@@ -307,11 +300,8 @@ _CHECKSUM_LINE = re.compile(rb"([0-9a-fA-F]{64}) [ *][^\r\n]+\r?\n?")
 
 
 def _atomic_write(path: str, write) -> None:
-    """Данные, затем их SHA-256 (``path + ".sha256"``) — во временные файлы рядом, потом os.replace.
-
-    При сбое временные файлы убираются, старые данные и старая сумма остаются; если данные уже
-    заменены, а сумма нет, старая сумма удаляется (к новым данным она не подходит).
-    """
+    """Данные, затем их SHA-256 (``path + ".sha256"``): временные файлы рядом, потом os.replace.
+    При сбое временные файлы убираются; если данные уже заменены, старая сумма удаляется."""
     directory, base = os.path.split(os.path.abspath(path))
     data_tmp = sum_tmp = None
     replaced = False
@@ -462,7 +452,6 @@ def read_parquet(path) -> list[RolloutRecord]:
         raise ValueError(f"{name}: в таблице нет столбцов: {', '.join(missing)}")
     out = []
     for row, d in enumerate(rows):
-        where = f"{name}, строка {row} (нумерация с 0)"
         try:
             for k in ("decoding", "reward"):
                 if not isinstance(d[k], str):
@@ -472,7 +461,7 @@ def read_parquet(path) -> list[RolloutRecord]:
                 d[k] = json.loads(d[k])
             out.append(RolloutRecord.from_dict(d))
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"{name}, строка {row} (нумерация с 0): {exc}") from None
     return out
 
 
@@ -490,8 +479,7 @@ def records_to_frame(records):
         rows.append(row)
     frame = pd.DataFrame(rows, columns=_FIELDS + ["n_prompt", "n_response", "n_policy_tokens"])
     for col in ("policy_version", "n_prompt", "n_response", "n_policy_tokens"):
-        values = [row[col] for row in rows if row[col] is not None]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if all(is_int(row[col]) for row in rows if row[col] is not None):
             frame[col] = frame[col].astype("Int64")  # целые с пропусками: 164, а не 164.0
     return frame
 

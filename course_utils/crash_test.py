@@ -381,9 +381,9 @@ class BatchVerdict:
         return "Пакет отклонён целиком:\n" + "\n".join(f"  • {r}" for r in self.reasons)
 
 
-def _ids(ids: list, limit: int = 5) -> str:
-    shown = ", ".join(str(i) for i in ids[:limit])
-    return shown + (f" … (всего {len(ids)})" if len(ids) > limit else "")
+def _ids(ids: list) -> str:
+    shown = ", ".join(str(i) for i in ids[:5])
+    return shown + (f" … (всего {len(ids)})" if len(ids) > 5 else "")
 
 
 def _version(rollout: Mapping) -> str | None:
@@ -415,15 +415,14 @@ def accept_batch(
         )
     items = [r for r in batch if isinstance(r, Mapping)]
     ids = [r["rollout_id"] for r in items if "rollout_id" in r]
-    seen, dup = [], []  # списки, а не множества: id может оказаться нехешируемым
-    for i in ids:
-        if i in seen and i not in dup:
+    dup = []  # список, а не множество: id может оказаться нехешируемым
+    for k, i in enumerate(ids):
+        if i in ids[:k] and i not in dup:
             dup.append(i)
-        seen.append(i)
     not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
     no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
     unknown = [i for i in ids if not isinstance(i, str | int) or i not in expected]
-    missing = [i for i in expected if i not in seen]
+    missing = [i for i in expected if i not in ids]
     bad_reward = [r.get("rollout_id", "?") for r in items if not is_real(r.get("reward"))]
     no_version = [r.get("rollout_id", "?") for r in items if _version(r) is None]
     checks = (  # (что не так, сообщение): {ids} — первые из них, {n} — сколько

@@ -63,15 +63,10 @@ def plot_dataflow(ax=None):
     for i in lane.values():
         ax.axhspan(i - 0.5, i + 0.5, color="0.96" if i % 2 else "white", zorder=0)
     arrow = {"arrowstyle": "-|>", "mutation_scale": 12, "lw": 1.3, "zorder": 1}
+    box = {"boxstyle": "round,pad=0.02,rounding_size=0.08", "alpha": 0.25, "lw": 1.5, "zorder": 2}
     centers = [(k, lane[st.role]) for k, st in enumerate(stages)]
     for st, (x, y) in zip(stages, centers):
         color = colors(lane[st.role])
-        box = {
-            "boxstyle": "round,pad=0.02,rounding_size=0.08",
-            "alpha": 0.25,
-            "lw": 1.5,
-            "zorder": 2,
-        }
         ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, fc=color, ec=color, **box))
         ax.text(x, y - 0.1, f"{st.number}. {st.action}", fontsize=8, fontweight="bold", **mid)
         ax.text(x, y + 0.24, st.output, fontsize=7.5, color="0.3", **mid)

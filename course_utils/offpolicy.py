@@ -76,10 +76,8 @@ def _mask(mask, shape: tuple) -> np.ndarray:
     m = _to_numpy(mask, "mask")
     if m.shape != tuple(shape):
         raise ValueError(f"mask: форма {m.shape} не совпадает с формой данных {tuple(shape)}")
-    if m.dtype == bool:
-        return m
     mf = m.astype(np.float64)
-    if np.isnan(mf).any() or not np.isin(mf, (0.0, 1.0)).all():
+    if not np.isin(mf, (0.0, 1.0)).all():
         raise ValueError("mask: допустимы только значения 0 и 1 (или True/False)")
     return mf == 1.0
 
@@ -100,10 +98,20 @@ def _log_ratio_np(lt: np.ndarray, lb: np.ndarray) -> np.ndarray:
     return d
 
 
-def _ratios(ratios, name: str = "ratios") -> np.ndarray:
-    w = _floats(ratios, name, allow_pos_inf=True, allow_neg_inf=False)
+def _ratios(ratios, *, weights: bool) -> np.ndarray:
+    """Непустые отношения w ≥ 0; weights=True — веса TIS/MIS, там w = +inf — ошибка."""
+    w = _floats(ratios, "ratios", allow_pos_inf=True, allow_neg_inf=False)
     if (w < 0).any():
-        raise ValueError(f"{name}: отношения важности неотрицательны, найдено {int((w < 0).sum())}")
+        raise ValueError(f"ratios: отношения важности неотрицательны, найдено {int((w < 0).sum())}")
+    if w.size == 0:
+        what = "веса" if weights else "токена, доля не определена"
+        raise ValueError(f"ratios: нет ни одного {what}")
+    bad = np.isposinf(w)
+    if weights and bad.any():
+        raise ValueError(
+            f"ratios: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
+            "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
+        )
     return w
 
 
@@ -189,18 +197,14 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
     return ((ratio > 1 + eps_high) & (advantages > 0)) | ((ratio < 1 - eps) & (advantages < 0))
 
 
-def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
+def grpo_loss(new_logp, old_logp, advantages, *, clip_eps: float = 0.2, num_tokens=None):
     """Потеря PPO/GRPO по токенам (тензоры torch), нат·ед. A: ρ_t = exp(log π_θ − log π_old),
-    L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
-    микропакетах), иначе Σ m_t (без маски — число токенов)."""
+    L = −(1/N) Σ_t min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
+    микропакетах), иначе число токенов."""
     ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
     surr = ratio * advantages
     surr = surr.minimum(ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
-    if mask is not None:
-        surr = surr * mask
-    if num_tokens is not None:
-        return -surr.sum() / num_tokens
-    return -surr.mean() if mask is None else -surr.sum() / mask.sum().clamp(min=1)
+    return -surr.mean() if num_tokens is None else -surr.sum() / num_tokens
 
 
 def clip_fraction(ratios, eps: float = 0.2, advantages=None, eps_high=None) -> float:
@@ -208,9 +212,7 @@ def clip_fraction(ratios, eps: float = 0.2, advantages=None, eps_high=None) -> f
     (ε_high = ε по умолчанию); с A (по токену или последовательности) — доля ``clipped``."""
     eps = real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     eps_high = eps if eps_high is None else positive("eps_high", eps_high)
-    r = _ratios(ratios)
-    if r.size == 0:
-        raise ValueError("ratios: нет ни одного токена, доля не определена")
+    r = _ratios(ratios, weights=False)
     if advantages is None:
         hit = (r < 1 - eps) | (r > 1 + eps_high)
     else:
@@ -273,9 +275,7 @@ def behavior_logprob(logits, token, temperature: float = 1.0, top_p: float = 1.0
     tok = _token_ids(token, tuple(z.shape), "token")
     lp = sampling_logprobs(z, real("temperature", temperature), real("top_p", top_p))
     out = lp.gather(-1, torch.from_numpy(tok).to(lp.device).unsqueeze(-1)).squeeze(-1)
-    if _is_tensor(logits):
-        return out
-    return out.detach().cpu().numpy()[()]
+    return out if _is_tensor(logits) else out.detach().cpu().numpy()[()]
 
 
 def raw_logprob(logits, token, temperature: float = 1.0):
@@ -287,24 +287,10 @@ def raw_logprob(logits, token, temperature: float = 1.0):
 # --------------------------------------------------------------------------- TIS и MIS
 
 
-def _checked_weights(ratios) -> np.ndarray:
-    """Непустые веса w; w = +inf — ошибка (поддержку не восстановить)."""
-    w = _ratios(ratios)
-    if w.size == 0:
-        raise ValueError("ratios: нет ни одного веса")
-    bad = np.isposinf(w)
-    if bad.any():
-        raise ValueError(
-            f"ratios: w = +inf на {int(bad.sum())} позициях — там μ = 0, а π > 0, условие поддержки "
-            "нарушено; усечение и маскирование его не восстанавливают (см. support_violations)"
-        )
-    return w
-
-
 def truncated_weights(ratios, cap: float):
     """Усечённые веса (TIS): w̃ = min(w, C). Возвращает (w̃, доля весов с w > C)."""
     cap = positive("cap", cap)
-    w = _checked_weights(ratios)
+    w = _ratios(ratios, weights=True)
     return np.minimum(w, cap)[()], float((w > cap).mean())
 
 
@@ -314,7 +300,7 @@ def masked_weights(ratios, low: float, high: float):
     low = nonnegative("low", low)
     if not (is_number(high) and high > low):
         raise ValueError(f"high должно быть числом > low = {low:g} (можно inf), получено {high!r}")
-    w = _checked_weights(ratios)
+    w = _ratios(ratios, weights=True)
     inside = (w >= low) & (w <= float(high))
     return np.where(inside, w, 0.0)[()], float((~inside).mean())
 

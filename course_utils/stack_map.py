@@ -39,7 +39,7 @@ LECTURE_SNAPSHOT = _dt.date(2026, 8, 6)
 STALE_AFTER_DAYS = 180  # строка старше стольких дней на LECTURE_SNAPSHOT помечается
 
 DEFAULT_PATH = DATA_DIR / "stack_map.csv"
-SPEEDUPS_PATH = DEFAULT_PATH.parent / "stack_speedups.csv"
+SPEEDUPS_PATH = DATA_DIR / "stack_speedups.csv"
 _NA, _UNCONFIRMED = "n/a", "unconfirmed"
 _ONE_STEP_HINT = "; «на шаг позади» (one_step_off) — вариант асинхронного режима: пишите async, а one_step_off — в столбец async_variants"
 _ONLY_LOOSE = " (засчитывается только с include_unconfirmed=True)"
@@ -47,8 +47,7 @@ _ONLY_LOOSE = " (засчитывается только с include_unconfirmed=
 
 def _table(name: str, columns: str, what: str) -> list[dict[str, str]]:
     """Служебная таблица ``data/<name>`` (имена столбцов через пробел) — список строк-словарей."""
-    path = DEFAULT_PATH.parent / name
-    return [row for _, row in read_exact_csv(path, tuple(columns.split()), what)]
+    return [row for _, row in read_exact_csv(DATA_DIR / name, tuple(columns.split()), what)]
 
 
 # Русские подписи: заголовки столбцов и значения-коды (одна таблица на карту, выбор и ускорения).
@@ -168,10 +167,7 @@ def _matches(row: pd.Series, column: str, needles: tuple[str, ...]) -> bool:
 
 
 def _snapshot_relation(date: _dt.date) -> str:
-    """Дата снимка относительно снимка лекции по-русски; возраст = LECTURE_SNAPSHOT − date, дни.
-
-    Старше ``STALE_AFTER_DAYS`` = 180 дн. — пометка.
-    """
+    """Дата снимка относительно снимка лекции словами; старше ``STALE_AFTER_DAYS`` — с пометкой."""
     days = (LECTURE_SNAPSHOT - date).days
     where = f"снимка лекции {LECTURE_SNAPSHOT.isoformat()}"
     if days < 0:
@@ -185,11 +181,7 @@ def _snapshot_relation(date: _dt.date) -> str:
 
 
 def _cell_text(column: str, value: object) -> str:
-    """Ячейка карты, выбора или ускорений словами: коды осей — по-русски, «?» — «(не подтверждено)».
-
-    Списки — через «; », ``disaggregated:async`` — «раздельное × асинхронно», имена столбцов
-    в ``unconfirmed`` — их заголовки, ``n/a`` — «нет», даты — ISO, ``True``/``False`` — «да»/«нет».
-    """
+    """Ячейка карты, выбора или ускорений словами: коды — по-русски, «?» — «(не подтверждено)»."""
     if isinstance(value, list):
         return "; ".join(_cell_text(column, v) for v in value) or "—"
     if isinstance(value, bool):
@@ -322,12 +314,9 @@ _CONDITION = re.compile(rf"({'|'.join((*_FLAGS, *_NEEDLES))})\s*(=|not in|in)\s*
 
 
 class _StackLimit(NamedTuple):
-    """Ограничение *сочетания* требований у стека: строка ``data/stack_limits.csv``.
-
-    ``kind``: ``fails`` — не работает, ``unconfirmed`` — не подтверждено; ``when`` — условия
-    (требование, ``=`` | ``in`` | ``not in``, значения); ``in`` — требование есть подстрокой
-    одного из значений; ограничение задето, если выполнены все условия.
-    """
+    """Ограничение *сочетания* требований у стека (строка ``data/stack_limits.csv``): kind —
+    ``fails`` или ``unconfirmed``; задето, если выполнены все условия ``when`` (требование,
+    ``=`` | ``in`` | ``not in``, значения; ``in`` — требование есть подстрокой одного из них)."""
 
     stack: str
     kind: str

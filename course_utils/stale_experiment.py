@@ -216,8 +216,8 @@ def stale_experiment(
     return pd.DataFrame(rows)
 
 
-def _signed(x: float, digits: int = 1) -> str:
-    return ("+" if x > 0 else "") + num(float(x), digits)
+def _signed(x: float) -> str:
+    return ("+" if x > 0 else "") + num(float(x), 1)
 
 
 def _shift(bias: float, se: float, what: str = "оценка") -> str:
@@ -226,10 +226,6 @@ def _shift(bias: float, se: float, what: str = "оценка") -> str:
         return f"{what} не смещена заметно ({_signed(bias)} ± {num(2 * se, 1)} п. п.)"
     word = "завышена" if bias > 0 else "занижена"
     return f"{what} {word} на {num(abs(bias), 1)} п. п. (± {num(2 * se, 1)})"
-
-
-def _less_more(a: float, b: float, less: str, more: str) -> str:
-    return less if a < b else more
 
 
 def conclusions(frame: pd.DataFrame) -> list[str]:
@@ -257,11 +253,11 @@ def conclusions(frame: pd.DataFrame) -> list[str]:
         f"{num(best[sd], 1)} п. п.), больше всего — у «{worst['стратегия']}» "
         f"({num(worst['RMSE, п. п.'], 1)} п. п.).",
         f"«{a1['стратегия']}»: {_shift(a1[b], a1[se])} при L = {hi}, но разброс "
-        f"{_less_more(a1[sd], a0[sd], 'падает', 'растёт')} с задержкой: {num(a0[sd], 1)} → "
+        f"{'падает' if a1[sd] < a0[sd] else 'растёт'} с задержкой: {num(a0[sd], 1)} → "
         f"{num(a1[sd], 1)} п. п. при L = {lo} → {hi}, ESS/n {num(a0[ek], 2)} → {num(a1[ek], 2)}.",
         f"«{drop['стратегия']}» при L = {hi}: сохранено {num(drop[kr], 0)} % роллаутов и "
         f"{num(drop[kt], 0)} % токенов, сохранённые в среднем {num(drop[lr], 2)} от длины всех "
-        f"({_less_more(drop[lr], 1.0, 'набор смещён к коротким ответам', 'к коротким не смещён')}"
+        f"({'набор смещён к коротким ответам' if drop[lr] < 1.0 else 'к коротким не смещён'}"
         f"); {_shift(drop[b], drop[se])}; ESS/n {num(drop[ek], 2)} на сохранённый роллаут, но "
         f"{num(drop[eg], 2)} на сгенерированный.",
         f"«{trunc['стратегия']}»: сохранено {num(trunc[kr], 0)} % роллаутов, разброс "
@@ -275,7 +271,7 @@ def conclusions(frame: pd.DataFrame) -> list[str]:
         f"вместо {num(a1['средняя задержка, версий'], 2)} версий, разброс {num(once[sd], 1)} "
         f"вместо {num(a1[sd], 1)} п. п., ESS/n {num(once[ek], 2)} вместо {num(a1[ek], 2)}.",
         f"Доля клиппирования PPO «{a1['стратегия']}» "
-        f"{_less_more(a1[clip], a0[clip], 'падает', 'растёт' if a1[clip] > a0[clip] else 'не растёт')}"
+        f"{'падает' if a1[clip] < a0[clip] else 'растёт' if a1[clip] > a0[clip] else 'не растёт'}"
         f" с задержкой: {num(a0[clip], 3)} → {num(a1[clip], 3)} % токенов, а ESS/n "
         f"последовательностей при L = {hi} — {num(a1[ek], 2)}: "
         + (

@@ -15,10 +15,14 @@ from course_utils.args import choice, integer, optional_integer, positive, real
 from course_utils.checkpoint import COMPONENTS
 from course_utils.offpolicy import grpo_loss
 
-_ENVIRONMENT_VERSION = "toy-bandit-env/1"
-_ROLLOUT_SCHEMA = "toy-rollout/1"
-_PROMPT_FORMAT = "toy-features/1"
+# Версии среды, схемы роллаута и формата запроса: чужая версия в состоянии — другой эксперимент.
+_FIXED_VERSIONS = {
+    "environment": "toy-bandit-env/1",
+    "rollout_schema": "toy-rollout/1",
+    "prompt_format": "toy-features/1",
+}
 _VERIFIER_VERSIONS = ("verifier-1", "verifier-2")
+_COUNTERS = ("global_step", "policy_version", "rollouts_generated", "lost_rollouts")
 
 
 def _toy_config(seed: Any, **kw: Any) -> dict:
@@ -121,20 +125,18 @@ class ToyRLRun:
         teacher = rng.standard_normal((c["num_actions"], c["feature_dim"]))
         scores = x @ teacher.T
         order = np.argsort(-scores, axis=1, kind="stable")
-        self._correct = [int(a) for a in order[:, 0]]
-        self._second = [int(a) for a in order[:, 1]]
+        self._correct = order[:, 0].tolist()
+        self._second = order[:, 1].tolist()
         margin = scores[np.arange(len(x)), order[:, 0]] - scores[np.arange(len(x)), order[:, 1]]
-        difficulty = [0] * len(x)
-        for rank, p in enumerate(np.argsort(-margin, kind="stable")):
-            difficulty[int(p)] = rank * c["num_levels"] // len(x)
-        self._difficulty = difficulty
+        rank = np.argsort(np.argsort(-margin, kind="stable"), kind="stable")  # 0 — самый лёгкий
+        self._difficulty = (rank * c["num_levels"] // len(x)).tolist()
         self._features = torch.tensor(x, dtype=torch.float32)
         self._perms: dict[int, list[int]] = {}
 
     def _perm(self, epoch: int) -> list[int]:
         if epoch not in self._perms:
             rng = np.random.default_rng([self.config["seed"], 20, epoch])
-            self._perms = {epoch: [int(p) for p in rng.permutation(self.config["num_prompts"])]}
+            self._perms = {epoch: rng.permutation(self.config["num_prompts"]).tolist()}
         return self._perms[epoch]
 
     def _next_prompts(self, n: int) -> list[int]:
@@ -277,12 +279,7 @@ class ToyRLRun:
             "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),
-            "counters": {
-                "global_step": self.global_step,
-                "policy_version": self.policy_version,
-                "rollouts_generated": self.rollouts_generated,
-                "lost_rollouts": self.lost_rollouts,
-            },
+            "counters": {k: getattr(self, k) for k in _COUNTERS},
             "rng": {
                 "python": self.py_rng.getstate(),
                 "numpy": copy.deepcopy(self.np_rng.bit_generator.state),
@@ -293,9 +290,7 @@ class ToyRLRun:
             "normalizer": dict(self.normalizer),
             "versions": {
                 "verifier": self.verifier_version,
-                "environment": _ENVIRONMENT_VERSION,
-                "rollout_schema": _ROLLOUT_SCHEMA,
-                "prompt_format": _PROMPT_FORMAT,
+                **_FIXED_VERSIONS,
                 "decoding": {"temperature": 1.0, "top_p": 1.0},
                 "layout": {"world_size": 1, "data_parallel": 1},
             },
@@ -327,25 +322,19 @@ class ToyRLRun:
             raise ValueError(
                 f"load_state_dict: {'; '.join(parts)} — честное продолжение невозможно"
             )
-        versions = _take(state, "versions", "verifier environment rollout_schema prompt_format")
-        for key, expected in (
-            ("environment", _ENVIRONMENT_VERSION),
-            ("rollout_schema", _ROLLOUT_SCHEMA),
-            ("prompt_format", _PROMPT_FORMAT),
-        ):
+        versions = _take(state, "versions", "verifier", *_FIXED_VERSIONS)
+        for key, expected in _FIXED_VERSIONS.items():
             if versions[key] != expected:
                 raise ValueError(
                     f"load_state_dict: версия {key} в состоянии {versions[key]!r}, а код "
                     f"ожидает {expected!r}: это уже другой эксперимент"
                 )
         choice("versions['verifier']", versions["verifier"], _VERIFIER_VERSIONS)
-        counters = _take(
-            state, "counters", "global_step policy_version rollouts_generated lost_rollouts"
-        )
-        rng = _take(state, "rng", "python numpy torch")
-        cursor = _take(state, "data_cursor", "epoch index consumed")
-        curriculum = _take(state, "curriculum", "level success_ema steps_at_level")
-        normalizer = _take(state, "normalizer", "count mean m2")
+        counters = _take(state, "counters", *_COUNTERS)
+        rng = _take(state, "rng", "python", "numpy", "torch")
+        cursor = _take(state, "data_cursor", "epoch", "index", "consumed")
+        curriculum = _take(state, "curriculum", "level", "success_ema", "steps_at_level")
+        normalizer = _take(state, "normalizer", "count", "mean", "m2")
         batches = list(_take(state, "queue", "batches")["batches"])
         on_restore = state["queue"].get("on_restore", "keep") if queue is None else queue
         choice("queue", on_restore, ("keep", "drop"))
@@ -353,10 +342,8 @@ class ToyRLRun:
         self.policy.load_state_dict(dict(state["policy"]))
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
-        self.global_step = counters["global_step"]
-        self.policy_version = counters["policy_version"]
-        self.rollouts_generated = counters["rollouts_generated"]
-        self.lost_rollouts = counters["lost_rollouts"]
+        for name in _COUNTERS:
+            setattr(self, name, counters[name])
         self.py_rng.setstate(rng["python"])
         self.np_rng.bit_generator.state = rng["numpy"]
         self.torch_rng.set_state(rng["torch"].clone())
@@ -370,12 +357,12 @@ class ToyRLRun:
         self.queue = batches
 
 
-def _take(state: Mapping, name: str, keys: str) -> dict:
-    """Копия полей keys (через пробел) компонента state[name]; ValueError, если их нет."""
+def _take(state: Mapping, name: str, *keys: str) -> dict:
+    """Копия полей keys компонента state[name]; ValueError, если их нет."""
     obj = state[name]
     if not isinstance(obj, Mapping):
         raise ValueError(f"load_state_dict: компонент {name} должен быть словарём")
-    missing = [k for k in keys.split() if k not in obj]
+    missing = [k for k in keys if k not in obj]
     if missing:
         raise ValueError(f"load_state_dict: в компоненте {name} нет полей {missing}")
-    return {k: copy.deepcopy(obj[k]) for k in keys.split()}
+    return {k: copy.deepcopy(obj[k]) for k in keys}
