@@ -197,13 +197,16 @@ def clipped(ratio, advantages, eps: float = 0.2, eps_high: float | None = None):
     return ((ratio > 1 + eps_high) & (advantages > 0)) | ((ratio < 1 - eps) & (advantages < 0))
 
 
-def grpo_loss(new_logp, old_logp, advantages, *, clip_eps: float = 0.2, num_tokens=None):
+def grpo_loss(new_logp, old_logp, advantages, mask=None, *, clip_eps: float = 0.2, num_tokens=None):
     """Потеря PPO/GRPO по токенам (тензоры torch), нат·ед. A: ρ_t = exp(log π_θ − log π_old),
-    L = −(1/N) Σ_t min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
-    микропакетах), иначе число токенов."""
+    L = −(1/N) Σ_t m_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t); N — num_tokens (весь пакет при
+    микропакетах), иначе Σ m_t (без маски m_t = 1 — число токенов)."""
     ratio = (new_logp - old_logp).exp()  # ρ_t, безразмерное
     surr = ratio * advantages
     surr = surr.minimum(ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
+    if mask is not None:  # токены среды (m_t = 0) не входят в потерю; N = Σ m_t
+        surr = surr * mask
+        num_tokens = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
     return -surr.mean() if num_tokens is None else -surr.sum() / num_tokens
 
 

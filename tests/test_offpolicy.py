@@ -674,3 +674,21 @@ def test_clipped_is_one_rule_for_numpy_and_torch():
     expected = [True, False, True, False, False]  # активен только член со знаком A
     assert op.clipped(rho, adv, 0.2).tolist() == expected
     assert op.clipped(torch.tensor(rho), torch.tensor(adv), 0.2).tolist() == expected
+
+
+def test_grpo_loss_mask_and_token_count_vs_loop():
+    """L = −(1/N) Σ m_t · min(ρA, clip(ρ)A): токены среды не входят, N = Σ m_t или num_tokens."""
+    new = torch.tensor([-0.1, -2.0, -0.3, -1.2, -0.05])
+    old = torch.tensor([-0.4, -0.5, -0.3, -1.0, -0.9])
+    adv = torch.tensor([1.0, 1.0, -2.0, -2.0, 0.5])
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
+    terms = []
+    for n, o, a, m in zip(new.tolist(), old.tolist(), adv.tolist(), mask.tolist()):
+        rho = math.exp(n - o)
+        terms.append(m * min(rho * a, min(max(rho, 0.8), 1.2) * a))
+    assert op.grpo_loss(new, old, adv, mask).item() == pytest.approx(-sum(terms) / 3, rel=1e-6)
+    got = op.grpo_loss(new, old, adv, mask, num_tokens=10).item()
+    assert got == pytest.approx(-sum(terms) / 10, rel=1e-6)
+    assert op.grpo_loss(new, old, adv, torch.ones(5)).item() == pytest.approx(
+        op.grpo_loss(new, old, adv).item(), rel=1e-6
+    )
