@@ -108,11 +108,6 @@ def _count_ones(mask) -> int | None:
     return sum(1 for m in mask if is_int(m) and m == 1)
 
 
-def _positions(idx: list) -> str:
-    shown = ", ".join(str(i) for i in idx[:5])
-    return shown + (f" … (всего {len(idx)})" if len(idx) > 5 else "")
-
-
 _LOGPROB_MESSAGES = {
     "field_type": "behavior_logprobs: не числа на позициях {}",
     "logprob_finite": "NaN или ±inf на позициях {}",
@@ -160,7 +155,7 @@ def _validate(record) -> list[str]:
             bad = [i for i, t in enumerate(toks) if not _is_nonneg_int(t)]
             if bad:
                 out.append(
-                    f"[field_type] {k}: не неотрицательные целые на позициях {_positions(bad)}"
+                    f"[field_type] {k}: не неотрицательные целые на позициях {fmt.listing(bad)}"
                 )
 
     n_policy = None
@@ -168,7 +163,7 @@ def _validate(record) -> list[str]:
     if mask is not None:
         bad = [i for i, m in enumerate(mask) if not (is_int(m) and m in (0, 1))]
         if bad:
-            out.append(f"[mask_values] маска политики не 0/1 на позициях {_positions(bad)}")
+            out.append(f"[mask_values] маска политики не 0/1 на позициях {fmt.listing(bad)}")
         else:
             n_policy = _count_ones(mask)
         if len(lengths) == 2 and len(mask) != sum(lengths.values()):
@@ -179,7 +174,7 @@ def _validate(record) -> list[str]:
         ones = [i for i, m in enumerate(mask[: lengths.get("prompt_tokens", 0)]) if m == 1]
         if ones:
             out.append(
-                f"[mask_prompt] маска политики равна 1 на позиции {_positions(ones)} запроса: "
+                f"[mask_prompt] маска политики равна 1 на позиции {fmt.listing(ones)} запроса: "
                 "токены запроса не выбирались политикой"
             )
 
@@ -197,7 +192,7 @@ def _validate(record) -> list[str]:
         }
         for key, bad in bad_by_rule.items():
             if bad:
-                out.append(f"[{key}] " + _LOGPROB_MESSAGES[key].format(_positions(bad)))
+                out.append(f"[{key}] " + _LOGPROB_MESSAGES[key].format(fmt.listing(bad)))
 
     if "policy_version" in rec:
         out += _check_versions(
@@ -222,7 +217,7 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
         if bad:
             out.append(
                 "[token_versions_length] поточечные версии не неотрицательные целые на позициях "
-                + _positions(bad)
+                + fmt.listing(bad)
             )
         if n_policy is not None and len(tpv) != n_policy:
             out.append(
@@ -234,7 +229,7 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
         if pv is not None:
             out.append(
                 f"[mixed_versions] версии политики внутри ответа различаются "
-                f"({_positions(distinct)}), одна метка policy_version неверна — лекция, шаг "
+                f"({fmt.listing(distinct)}), одна метка policy_version неверна — лекция, шаг "
                 "12.1.4; укажите policy_version=None и поточечные версии"
             )
     elif pv is None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from course_utils import atomic, checkpoint as ck
 from course_utils.args import choice, integer, is_real, path, text
-from course_utils.fmt import count
+from course_utils.fmt import count, listing
 from course_utils.toy_run import ToyRLRun
 
 TRACKER = "latest_checkpointed_iteration.txt"  # как в verl: шаг последней полной точки, текстом
@@ -381,11 +381,6 @@ class BatchVerdict:
         return "Пакет отклонён целиком:\n" + "\n".join(f"  • {r}" for r in self.reasons)
 
 
-def _ids(ids: list) -> str:
-    shown = ", ".join(str(i) for i in ids[:5])
-    return shown + (f" … (всего {len(ids)})" if len(ids) > 5 else "")
-
-
 def _version(rollout: Mapping) -> str | None:
     v = rollout.get("verifier_version")
     return v if isinstance(v, str) and v else None
@@ -434,7 +429,7 @@ def accept_batch(
         (bad_reward, "нет награды или она не конечное число: {ids}"),
         (no_version, "нет версии верификатора: {ids}"),
     )
-    reasons = [msg.format(ids=_ids(bad), n=len(bad)) for bad, msg in checks if bad]
+    reasons = [msg.format(ids=listing(bad), n=len(bad)) for bad, msg in checks if bad]
     versions = sorted({_version(r) for r in items} - {None})
     if len(versions) > 1:
         reasons.append(f"в пакете смешаны версии верификатора: {', '.join(versions)}")

@@ -47,6 +47,13 @@ def count(n: Any, one: str, few: str, many: str) -> str:
     return f"{num(int(n))}{NBSP}{plural(n, one, few, many)}"
 
 
+def listing(items: Any, show=str, limit: int = 5) -> str:
+    """Первые limit элементов через запятую и «… (всего N)», если их больше: "3, 7 … (всего 12)"."""
+    items = list(items)
+    text = ", ".join(map(show, items[:limit]))
+    return text + (f" … (всего {len(items)})" if len(items) > limit else "")
+
+
 def short(x: Any, width: int = 60) -> str:
     """repr(x) для сообщения об ошибке: не длиннее width символов (обрезка — «…»)."""
     try:

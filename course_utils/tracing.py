@@ -21,6 +21,7 @@ import pandas as pd
 from course_utils.args import integer, is_number, real, text
 from course_utils.arith_task import VERIFIER_VERSION, is_informative_group, scalar_reward
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
+from course_utils.fmt import listing
 from course_utils.tracing_plots import (  # noqa: F401
     BASE_COLUMNS,
     _events_to_frame,
@@ -475,9 +476,7 @@ def verifier_mismatches(tables: TraceTables, expected_version: Any = None) -> pd
 def _report(msgs: list[str], items: list, template: str) -> None:
     """Если items не пуст, добавляет template, где «{}» — первые пять items."""
     if items:
-        shown = ", ".join(repr(x) for x in items[:5])
-        shown += f" … (всего {len(items)})" if len(items) > 5 else ""
-        msgs.append(template.replace("{}", shown))
+        msgs.append(template.replace("{}", listing(items, repr)))
 
 
 def check_chain(tables: TraceTables) -> list[str]:

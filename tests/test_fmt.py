@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from course_utils.fmt import NBSP, count, num, plural
+from course_utils.fmt import NBSP, count, listing, num, plural
 
 
 def test_digit_groups_use_no_break_space_never_comma():
@@ -53,3 +53,9 @@ def test_count_joins_number_and_word():
 def test_num_refuses_non_numbers(bad):
     with pytest.raises(ValueError, match="x должно быть числом"):
         num(bad)
+
+
+def test_listing_shows_first_five_and_total():
+    assert listing(range(3)) == "0, 1, 2"
+    assert listing(range(12)) == "0, 1, 2, 3, 4 … (всего 12)"
+    assert listing(["a", "b"], repr, limit=1) == "'a' … (всего 2)"
