@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils.args import choice, integer, nonnegative, positive, real, text
-from course_utils.csv_tables import DATA_DIR
+from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.fmt import NBSP, count, num
 
 MODEL_CONFIGS_DIR = DATA_DIR / "model_configs"
@@ -105,9 +104,11 @@ class TrainingRecipe:
 
 def _read_recipes() -> dict[str, TrainingRecipe]:
     """Рецепты из data/training_recipes.csv: имя, b_param, b_grad, b_m1, b_m2, b_master, подпись."""
-    with open(DATA_DIR / "training_recipes.csv", encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f))[1:]  # без строки заголовка
-    return {name: TrainingRecipe(*map(int, parts), label) for name, *parts, label in rows}
+    columns = ("name", *(f.name for f in fields(TrainingRecipe)))  # как в заголовке файла
+    rows = read_exact_csv(DATA_DIR / "training_recipes.csv", columns, "рецепты обучения")
+    return {
+        r["name"]: TrainingRecipe(*(int(r[c]) for c in columns[1:-1]), r["label"]) for _, r in rows
+    }
 
 
 RECIPES = _read_recipes()

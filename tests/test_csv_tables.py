@@ -16,6 +16,11 @@ def test_rows_are_stripped_and_numbered(tmp_path):
         (2, {"a": "x", "b": "1"}),
         (3, {"a": "y", "b": "2"}),
     ]
+    p.write_text("a,b\nx,1\n\nz\n", encoding="utf-8")  # пустая строка пропущена, нет поля — ""
+    assert read_exact_csv(p, ("a", "b"), "таблица", Broken) == [
+        (2, {"a": "x", "b": "1"}),
+        (4, {"a": "z", "b": ""}),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -25,6 +30,7 @@ def test_rows_are_stripped_and_numbered(tmp_path):
         ("a,b,c\nx,1,2\n", "лишние столбцы: c"),
         ("b,a\n1,x\n", "порядок столбцов b, a"),
         ("a,b\n", "нет ни одной строки"),
+        ("a,b\nx,1,2\n", "строка 2: полей 3, а столбцов 2"),
     ],
 )
 def test_errors_name_the_file_and_problem(tmp_path, text, message):
