@@ -317,10 +317,7 @@ class Learner:
 
     def wire_copy(self) -> dict:
         """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
-        import torch
-
-        with torch.no_grad():
-            return {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
+        return {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
 
     def checksum(self) -> str:
         """SHA-256 весов в типе движка (``state_checksum``)."""
