@@ -159,8 +159,11 @@ class Numbers(AnswerType):
         n, m = len(_plain(expected)), len(_plain(given))
         if n != m:
             return f"Нужно {fmt.count(n, 'число', 'числа', 'чисел')}, по одному {self.noun}, а получено {m}."
-        wrong = [str(i) for i, (a, b) in enumerate(zip(_plain(expected), _plain(given)))
-                 if not self.item.same(a, b)]  # fmt: skip
+        wrong = [
+            str(i)
+            for i, (a, b) in enumerate(zip(_plain(expected), _plain(given)))
+            if not self.item.same(a, b)
+        ]
         return f"Неверны элементы с номерами (с нуля): {', '.join(wrong[:8])}."
 
 
@@ -246,8 +249,10 @@ class Fields(AnswerType):
         missing = [k for k in self.fields if norm(k) not in g]
         extra = [str(k) for k in given if norm(k) not in {norm(f) for f in self.fields}]
         if missing or extra:
-            parts = [f"не хватает — {', '.join(missing)}" if missing else "",
-                     f"лишние — {', '.join(extra)}" if extra else ""]  # fmt: skip
+            parts = [
+                f"не хватает — {', '.join(missing)}" if missing else "",
+                f"лишние — {', '.join(extra)}" if extra else "",
+            ]
             return f"Ключи не те ({'; '.join(p for p in parts if p)}). Нужны ровно: {keys}."
         bad = ((key, kind.problem(g[norm(key)], task)) for key, kind in self.fields.items())
         return next((f"{key}: {why}" for key, why in bad if why), None)

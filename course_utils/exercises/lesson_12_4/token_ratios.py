@@ -20,16 +20,20 @@ def _ratios_task(variant: int) -> dict:
     while True:  # многоходовой ответ модели с вызовами калькулятора
         x, y, rows = rng.randint(12, 89), rng.randint(3, 29), []
         if rng.random() < 0.5:
-            turns = [(1, ["Посчитаю", ":", " calc", f"({x}*{y})"]),
-                     (0, ["<tool>", f"{x * y}", "</tool>"]),
-                     (1, [" Ответ", ":", f" {x * y}", "<eos>"])]  # fmt: skip
+            turns = [
+                (1, ["Посчитаю", ":", " calc", f"({x}*{y})"]),
+                (0, ["<tool>", f"{x * y}", "</tool>"]),
+                (1, [" Ответ", ":", f" {x * y}", "<eos>"]),
+            ]
         else:
             z = rng.randint(2, 9)
-            turns = [(1, [" calc", f"({x}+{y})"]),
-                     (0, ["<tool>", f"{x + y}", "</tool>"]),
-                     (1, [" calc", f"({x + y}*{z})"]),
-                     (0, ["<tool>", f"{(x + y) * z}", "</tool>"]),
-                     (1, [" Ответ", f" {(x + y) * z}", "<eos>"])]  # fmt: skip
+            turns = [
+                (1, [" calc", f"({x}+{y})"]),
+                (0, ["<tool>", f"{x + y}", "</tool>"]),
+                (1, [" calc", f"({x + y}*{z})"]),
+                (0, ["<tool>", f"{(x + y) * z}", "</tool>"]),
+                (1, [" Ответ", f" {(x + y) * z}", "<eos>"]),
+            ]
         for k, words in turns:  # 1 — реплика политики, 0 — ответ инструмента (среды)
             for word in words:
                 if k:  # движок выбрал токен; тренер пересчитал чуть иначе
