@@ -77,7 +77,7 @@ class RolloutRecord:
         if any(problems.values()):
             parts = [f"{what}: " + ", ".join(keys) for what, keys in problems.items() if keys]
             raise ValueError("Запись роллаута: " + "; ".join(parts))
-        return cls(**{k: d[k] for k in _FIELDS if k in d})
+        return cls(**d)
 
     @property
     def num_policy_tokens(self) -> int:

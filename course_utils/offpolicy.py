@@ -331,14 +331,13 @@ _ROWS = 64  # позиций за раз: логиты словаря в 150 т�
 
 def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float):
     """Пары кусков [≤ _ROWS, vocab] логитов a и b (float64, z = logits/T) и форма [..., vocab]."""
-    shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (logits_a, logits_b)]
-    if shapes[0] != shapes[1]:
-        raise ValueError(f"{name_a} и {name_b}: формы различаются, {shapes[0]} против {shapes[1]}")
-    shape = shapes[0]
+    arrays = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
+    shape, other = (tuple(x.shape) for x in arrays)  # тензор остаётся тензором до куска
+    if shape != other:
+        raise ValueError(f"{name_a} и {name_b}: формы различаются, {shape} против {other}")
     if len(shape) < 1 or shape[-1] < 2:
         raise ValueError(f"{name_a}: нужна форма [..., vocab] со словарём ≥ 2, получено {shape}")
-    as_2d = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
-    flat = [x.reshape(-1, shape[-1]) for x in as_2d]  # тензор остаётся тензором до куска
+    flat = [x.reshape(-1, shape[-1]) for x in arrays]
 
     def chunks():
         for start in range(0, flat[0].shape[0], _ROWS):
@@ -481,17 +480,15 @@ def tim_report(engine_logprobs, trainer_logprobs) -> dict:
         raise ValueError("нет ни одного токена политики для сравнения")
     d_all = _log_ratio_np(lt, lb)
     d, seq, rows = d_all[m], _seq_sum(d_all, m), m.any(axis=-1)
-    ad = np.abs(d)
-    violations = int(support_violations(lt, lb, m)["count"])
-    with np.errstate(invalid="ignore"):
-        mean_delta = float(d.mean())
+    ad, stats = np.abs(d), log_weight_stats(d)
+    violations = stats["support_violations"]  # Δ = +inf: μ = 0 < π
     nan, method = float("nan"), "linear" if np.isfinite(ad).all() else "higher"
-    out = {"n_sequences": int(lb.shape[0]), "n_tokens": int(m.sum())}
+    out = {"n_sequences": int(lb.shape[0]), "n_tokens": stats["n_tokens"]}
     out |= {
-        "abs_delta_mean": float(ad.mean()),
+        "abs_delta_mean": stats["mean_abs_log_ratio"],
         "abs_delta_p99": float(np.percentile(ad, 99, method=method)),
     }
-    out |= {"abs_delta_max": float(ad.max()), "mean_delta": mean_delta}
+    out |= {"abs_delta_max": stats["max_abs_log_ratio"], "mean_delta": stats["mean_log_ratio"]}
     out |= {"share_above_threshold": float((ad > threshold).mean()), "threshold": threshold}
     out |= {"seq_log_ratio": seq, "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
     out["token_ess_fraction"] = nan if violations else normalized_ess(d, log=True)

@@ -161,7 +161,6 @@ class ServeResult:
     version: int
     replica: str
     request_id: str
-    checksum: str | None
     read_checksum: str | None = None
     read_consistent: bool | None = None
 
@@ -242,9 +241,9 @@ class InProcessEngine:
         choice("buffer", buffer, ("active", "staging"))
         return self._buffer(self._active if buffer == "active" else 1 - self._active)
 
-    def checksum(self, buffer: str = "active") -> str:
-        """SHA-256 буфера, посчитанная заново по его текущим байтам."""
-        return state_checksum(self.weights(buffer))
+    def checksum(self) -> str:
+        """SHA-256 активного буфера, посчитанная заново по его текущим байтам."""
+        return self._checksum(self._active)
 
     def expected_checksum(self, source: Any) -> str:
         """Сумма, которую должен дать буфер после записи source (в типе весов движка)."""
@@ -276,7 +275,7 @@ class InProcessEngine:
         запроса, даже если посреди него случится ``commit``."""
         with self._pinned(request_id) as (model, version, checksum, rid):
             output = request_fn(model, version)
-        return ServeResult(output, version, self.name, rid, checksum)
+        return ServeResult(output, version, self.name, rid)
 
     def forward(self, input_ids, request_id=None, between_layers=None, track_reads=False):
         """Логиты запроса на активном буфере, версия закреплена в начале. between_layers(i) —
@@ -300,8 +299,7 @@ class InProcessEngine:
                     hook = layer.register_forward_pre_hook(lambda *_, i=i: between_layers(i))
                     handles.append(hook)
                 for module in model.modules() if track_reads else []:
-                    if next(module.parameters(recurse=False), None) is not None:
-                        handles.append(module.register_forward_pre_hook(snapshot))
+                    handles.append(module.register_forward_pre_hook(snapshot))
                 logits = _logits(model, input_ids)
             finally:
                 for h in handles:
@@ -312,7 +310,7 @@ class InProcessEngine:
                     reads.setdefault(name, p.detach().clone())
                 read_checksum = state_checksum(reads)
                 read_ok = read_checksum == checksum and not torn
-        return ServeResult(logits, version, self.name, rid, checksum, read_checksum, read_ok)
+        return ServeResult(logits, version, self.name, rid, read_checksum, read_ok)
 
     # --- публикация ------------------------------------------------------------------------
 
@@ -513,10 +511,10 @@ class PublishReport:
         return out + "."
 
 
-def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome):
+def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, results):
     """Шаги публикации по одному на yield (запись тензора, проверка реплики): запись во все
-    подготовительные буферы → проверка → ready → барьер → commit всех подряд; одна неудача —
-    abort. Итог — в outcome: results (VerifyResult) и committed."""
+    подготовительные буферы → проверка (VerifyResult — в results) → ready → барьер → commit всех
+    подряд; одна неудача — abort."""
     if not atomic:
         for e in engines:
             yield from e.unsafe_update_steps(tensors, version)
@@ -527,9 +525,9 @@ def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outco
         if e.name == corrupt:
             e.corrupt_staging()
     for e in engines:
-        outcome["results"].append(e.verify(expected, probe, ref))
+        results.append(e.verify(expected, probe, ref))
         yield f"verify {e.name}"
-    failed = [r.replica for r in outcome["results"] if not r.ok]
+    failed = [r.replica for r in results if not r.ok]
     for e in engines:
         if e.name not in failed:
             e.ready()
@@ -538,7 +536,6 @@ def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outco
         engines[0].log.add("abort", "publisher", version, detail=why)
         for e in engines:
             e.discard_staging()
-        outcome["committed"] = False
         return
     why = f"готовы все реплики: {len(engines)}"
     engines[0].log.add("barrier", "publisher", version, detail=why)
@@ -591,9 +588,9 @@ def publish(
     total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
     busy = len(_decoder_layers(template)) * max(1, math.ceil(len(inputs) / 2))
     steps_per_layer = max(1, math.ceil(total / busy))
-    outcome = {"results": [], "committed": True}
+    results: list[VerifyResult] = []
     ref = _logits(reference, probe)
-    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome)
+    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, results)
 
     def advance(_layer: int) -> None:  # перед каждым слоем запроса — steps_per_layer шагов
         for _ in zip(range(steps_per_layer), steps):
@@ -607,7 +604,7 @@ def publish(
         outputs.append(res.logits)
     for _ in steps:
         pass
-    results, committed = outcome["results"], outcome["committed"]
+    committed = all(r.ok for r in results)  # без atomic проверок нет: переключены все
     return PublishReport(version, atomic, committed, results, rows, engines[0].log, outputs)
 
 
