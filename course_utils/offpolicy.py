@@ -330,7 +330,7 @@ _ROWS = 64  # позиций за раз: логиты словаря в 150 т�
 
 
 def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float):
-    """Пары кусков [≤ _ROWS, vocab] логитов a и b (float64, z = logits/T) и форма [..., vocab]."""
+    """Куски (начало, z_a, z_b) по ≤ _ROWS позиций (float64, z = logits/T) и форма [..., vocab]."""
     arrays = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
     shape, other = (tuple(x.shape) for x in arrays)  # тензор остаётся тензором до куска
     if shape != other:
@@ -341,10 +341,11 @@ def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float
 
     def chunks():
         for start in range(0, flat[0].shape[0], _ROWS):
-            yield tuple(
+            za, zb = (
                 _floats(f[start : start + _ROWS], name, allow_neg_inf=False) / temperature
                 for f, name in zip(flat, (name_a, name_b))
             )
+            yield start, za, zb
 
     return chunks(), shape
 
@@ -394,10 +395,9 @@ def position_shift_report(logits_target, logits_behavior, tokens) -> dict:
     names = ("logits_target", "logits_behavior")
     pairs, shape = _logit_pair(logits_target, logits_behavior, *names, 1.0)
     flat_tok = _token_ids(tokens, shape, "tokens").reshape(-1, 1)
-    eps, d, start = [], [], 0
-    for za, zb in pairs:
+    eps, d = [], []
+    for start, za, zb in pairs:
         y = flat_tok[start : start + len(za)]
-        start += len(za)
         eps.append(np.abs(za - zb).max(axis=-1))
         d.append(np.take_along_axis(log_softmax(za) - log_softmax(zb), y, -1)[:, 0])
     eps, d = np.concatenate(eps).reshape(shape[:-1]), np.concatenate(d).reshape(shape[:-1])
@@ -425,8 +425,8 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
     temperature = positive("temperature", temperature)
     limit = integer("limit", limit, 0)
     pairs, shape = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
-    differ_rows, examples, start = [], [], 0
-    for za, zb in pairs:
+    differ_rows, examples = [], []
+    for start, za, zb in pairs:
         (pa, above_a, in_a), (pb, above_b, in_b) = _nucleus(za, top_p), _nucleus(zb, top_p)
         differ = in_a != in_b
         rows = differ.any(axis=-1)
@@ -437,7 +437,6 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
             vals = {"p_a": pa, "p_b": pb, "mass_above_a": above_a, "mass_above_b": above_b}
             ex = {"position": key, "token": tok} | {k: float(v[i, tok]) for k, v in vals.items()}
             examples.append(ex | {"in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok])})
-        start += len(za)
     rows = np.concatenate(differ_rows).reshape(shape[:-1])
     out = {"count": int(rows.sum()), "share": float(rows.mean())}
     return out | {"positions": np.argwhere(rows).astype(np.int64), "examples": examples}

@@ -208,7 +208,7 @@ class InProcessEngine:
         self._lock = threading.Lock()
         self._active = 0
         self._versions: list[int | None] = [version, None]
-        self._checksums: list[str | None] = [self._checksum(0), None]
+        self._checksums: list[str | None] = [state_checksum(self._models[0]), None]
         self._readers = [0, 0]
         self._staging_state = "empty"  # empty → staging → staged → verified | failed
         self._requests = 0
@@ -233,9 +233,6 @@ class InProcessEngine:
     def _buffer(self, idx: int) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self._models[idx].named_parameters()}
 
-    def _checksum(self, idx: int) -> str:
-        return state_checksum(self._buffer(idx))
-
     def weights(self, buffer: str = "active") -> dict[str, torch.Tensor]:
         """Тензоры буфера ("active" или "staging") без копирования — для опытов и приёма."""
         choice("buffer", buffer, ("active", "staging"))
@@ -243,7 +240,7 @@ class InProcessEngine:
 
     def checksum(self) -> str:
         """SHA-256 активного буфера, посчитанная заново по его текущим байтам."""
-        return self._checksum(self._active)
+        return state_checksum(self._models[self._active])
 
     def expected_checksum(self, source: Any) -> str:
         """Сумма, которую должен дать буфер после записи source (в типе весов движка)."""
@@ -349,7 +346,7 @@ class InProcessEngine:
         self._versions[idx], self._checksums[idx] = version, None
         self.log.add("stage_start", self.name, version, buffer="staging")
         yield self._buffer(idx)
-        self._checksums[idx] = self._checksum(idx)
+        self._checksums[idx] = state_checksum(self._models[idx])
         self._staging_state = "staged"
         checksum = self._checksums[idx]
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="staging")
@@ -376,7 +373,7 @@ class InProcessEngine:
         probe_ids = _check_input_ids(probe_ids, self.vocab_size, "probe_ids")
         atol = nonnegative("atol", atol)
         idx = 1 - self._active
-        version, checksum = int(self._versions[idx]), self._checksum(idx)
+        version, checksum = int(self._versions[idx]), state_checksum(self._models[idx])
         logits = _logits(self._models[idx], probe_ids)
         if not torch.is_tensor(reference) or reference.shape != logits.shape:
             raise ValueError(
@@ -454,7 +451,7 @@ class InProcessEngine:
         detail = "запись на месте в активный буфер, пока идут запросы"
         self.log.add("stage_start", self.name, version, buffer="active", detail=detail)
         yield from transfer_weights(tensors, self._buffer(idx))
-        checksum = self._checksum(idx)
+        checksum = state_checksum(self._models[idx])
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="active")
         with self._lock:
             self._versions[idx], self._checksums[idx] = version, checksum
