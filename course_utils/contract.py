@@ -226,13 +226,12 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
                 f"а токенов политики {n_policy}: нужна одна версия на токен"
             )
         distinct = list(dict.fromkeys(v for v in tpv if _is_nonneg_int(v)))
-    if len(distinct) > 1:
-        if pv is not None:
-            out.append(
-                f"[mixed_versions] версии политики внутри ответа различаются "
-                f"({fmt.listing(distinct)}), одна метка policy_version неверна — лекция, шаг "
-                "12.1.4; укажите policy_version=None и поточечные версии"
-            )
+    if len(distinct) > 1 and pv is not None:
+        out.append(
+            f"[mixed_versions] версии политики внутри ответа различаются "
+            f"({fmt.listing(distinct)}), одна метка policy_version неверна — лекция, шаг "
+            "12.1.4; укажите policy_version=None и поточечные версии"
+        )
     elif pv is None:
         if not distinct:
             out.append("[policy_version] policy_version = None, а поточечных версий нет")

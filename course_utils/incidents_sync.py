@@ -180,9 +180,7 @@ def run_pause_mode(engine, new_state, mode, lengths, publish_at, abort_all_reque
     )
 
 
-def _rollout_record(
-    sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]
-) -> RolloutRecord:
+def _rollout_record(sample_id: str, prompt: list[int], out: list[tuple]) -> RolloutRecord:
     tokens, logps, versions = (list(x) for x in zip(*out))
     return RolloutRecord(
         sample_id=sample_id,
