@@ -227,16 +227,13 @@ def conclusions(frame: pd.DataFrame) -> list[str]:
     сравнению с наименьшей. Каждое число и каждое «больше/меньше» взято из таблицы."""
     col = "задержка политики L, версий"
     lo, hi = int(frame[col].min()), int(frame[col].max())
-
-    def at(level: int, key: str) -> pd.Series:
-        return frame[(frame[col] == level) & (frame["ключ"] == key)].iloc[0]
-
+    at = frame.set_index([col, "ключ"]).loc  # at[L, ключ] — строка таблицы
     top = frame[frame[col] == hi]
     best = top.loc[top["RMSE, п. п."].idxmin()]
     worst = top.loc[top["RMSE, п. п."].idxmax()]
-    a0, a1 = at(lo, "as_is"), at(hi, "as_is")
-    drop, trunc, mask, once = (at(hi, k) for k in ("drop", "truncate", "mask", "one_update"))
-    once0 = at(lo, "one_update")
+    a0, a1 = at[lo, "as_is"], at[hi, "as_is"]
+    drop, trunc, mask, once = (at[hi, k] for k in ("drop", "truncate", "mask", "one_update"))
+    once0 = at[lo, "one_update"]
     kr, kt, lr = "роллаутов сохранено, %", "токенов сохранено, %", "длина сохранённых / всех"
     ek, eg = "ESS/n, n — сохранённые", "ESS/n, n — сгенерированные"
     sd, b, se = "разброс, п. п.", "смещение, п. п.", "ст. ошибка смещения, п. п."
