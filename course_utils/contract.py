@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -77,7 +78,7 @@ class RolloutRecord:
         if any(problems.values()):
             parts = [f"{what}: " + ", ".join(keys) for what, keys in problems.items() if keys]
             raise ValueError("Запись роллаута: " + "; ".join(parts))
-        return cls(**{k: d[k] for k in _FIELDS if k in d})
+        return cls(**d)
 
     @property
     def num_policy_tokens(self) -> int:
@@ -225,13 +226,12 @@ def _check_versions(pv, tpv, n_policy: int | None) -> list[str]:
                 f"а токенов политики {n_policy}: нужна одна версия на токен"
             )
         distinct = list(dict.fromkeys(v for v in tpv if _is_nonneg_int(v)))
-    if len(distinct) > 1:
-        if pv is not None:
-            out.append(
-                f"[mixed_versions] версии политики внутри ответа различаются "
-                f"({fmt.listing(distinct)}), одна метка policy_version неверна — лекция, шаг "
-                "12.1.4; укажите policy_version=None и поточечные версии"
-            )
+    if len(distinct) > 1 and pv is not None:
+        out.append(
+            f"[mixed_versions] версии политики внутри ответа различаются "
+            f"({fmt.listing(distinct)}), одна метка policy_version неверна — лекция, шаг "
+            "12.1.4; укажите policy_version=None и поточечные версии"
+        )
     elif pv is None:
         if not distinct:
             out.append("[policy_version] policy_version = None, а поточечных версий нет")
@@ -343,16 +343,14 @@ def write_jsonl(records, path) -> None:
 
 def _read_checked(path) -> tuple[str, bytes]:
     """Байты файла, сверенные с SHA-256 из ``<файл>.sha256``, если он есть; иначе ValueError."""
-    name = os.fspath(check_path("path", path))
-    if not os.path.isfile(name):
+    file = check_path("path", path)
+    name, side = os.fspath(file), Path(f"{file}{_SUFFIX}")
+    if not file.is_file():
         raise ValueError(f"{name}: файл не найден")
-    side = name + _SUFFIX
-    with open(name, "rb") as f:
-        data = f.read()
+    data = file.read_bytes()
     if not os.path.lexists(side):
         return name, data
-    with open(side, "rb") as f:
-        match = _CHECKSUM_LINE.fullmatch(f.read())
+    match = _CHECKSUM_LINE.fullmatch(side.read_bytes())
     if match is None:
         raise ValueError(
             f"{side}: файл контрольной суммы повреждён — нужна одна строка sha256sum "
@@ -362,7 +360,7 @@ def _read_checked(path) -> tuple[str, bytes]:
     if actual != expected:
         raise ValueError(
             f"{name}: сумма SHA-256 файла {actual[:16]}… не совпадает с суммой из "
-            f"{os.path.basename(side)} ({expected[:16]}…) — файл повреждён или изменён после "
+            f"{side.name} ({expected[:16]}…) — файл повреждён или изменён после "
             "записи (или запись прервалась между файлом и суммой); записи не прочитаны"
         )
     return name, data

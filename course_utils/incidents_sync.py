@@ -150,8 +150,7 @@ def run_pause_mode(engine, new_state, mode, lengths, publish_at, abort_all_reque
     gens = [torch.Generator().manual_seed(i) for i in range(n)]
     out: list[list[tuple[int, float, int]]] = [[] for _ in range(n)]  # (токен, log μ, версия)
     active, tick, published, started = set(range(n)), 0, False, None
-    in_flight = aborted = wasted = delay = 0
-    delay_s = 0.0
+    aborted = wasted = 0  # без прерывания
     while active or not published:
         if tick == publish_at:  # публикацию запросили: сколько запросов в полёте
             started, in_flight = time.perf_counter(), len(active)
@@ -181,9 +180,7 @@ def run_pause_mode(engine, new_state, mode, lengths, publish_at, abort_all_reque
     )
 
 
-def _rollout_record(
-    sample_id: str, prompt: list[int], out: list[tuple[int, float, int]]
-) -> RolloutRecord:
+def _rollout_record(sample_id: str, prompt: list[int], out: list[tuple]) -> RolloutRecord:
     tokens, logps, versions = (list(x) for x in zip(*out))
     return RolloutRecord(
         sample_id=sample_id,

@@ -330,22 +330,22 @@ _ROWS = 64  # позиций за раз: логиты словаря в 150 т�
 
 
 def _logit_pair(logits_a, logits_b, name_a: str, name_b: str, temperature: float):
-    """Пары кусков [≤ _ROWS, vocab] логитов a и b (float64, z = logits/T) и форма [..., vocab]."""
-    shapes = [tuple(x.shape) if hasattr(x, "shape") else np.shape(x) for x in (logits_a, logits_b)]
-    if shapes[0] != shapes[1]:
-        raise ValueError(f"{name_a} и {name_b}: формы различаются, {shapes[0]} против {shapes[1]}")
-    shape = shapes[0]
+    """Куски (начало, z_a, z_b) по ≤ _ROWS позиций (float64, z = logits/T) и форма [..., vocab]."""
+    arrays = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
+    shape, other = (tuple(x.shape) for x in arrays)  # тензор остаётся тензором до куска
+    if shape != other:
+        raise ValueError(f"{name_a} и {name_b}: формы различаются, {shape} против {other}")
     if len(shape) < 1 or shape[-1] < 2:
         raise ValueError(f"{name_a}: нужна форма [..., vocab] со словарём ≥ 2, получено {shape}")
-    as_2d = [x if hasattr(x, "reshape") else np.asarray(x) for x in (logits_a, logits_b)]
-    flat = [x.reshape(-1, shape[-1]) for x in as_2d]  # тензор остаётся тензором до куска
+    flat = [x.reshape(-1, shape[-1]) for x in arrays]
 
     def chunks():
         for start in range(0, flat[0].shape[0], _ROWS):
-            yield tuple(
+            za, zb = (
                 _floats(f[start : start + _ROWS], name, allow_neg_inf=False) / temperature
                 for f, name in zip(flat, (name_a, name_b))
             )
+            yield start, za, zb
 
     return chunks(), shape
 
@@ -395,10 +395,9 @@ def position_shift_report(logits_target, logits_behavior, tokens) -> dict:
     names = ("logits_target", "logits_behavior")
     pairs, shape = _logit_pair(logits_target, logits_behavior, *names, 1.0)
     flat_tok = _token_ids(tokens, shape, "tokens").reshape(-1, 1)
-    eps, d, start = [], [], 0
-    for za, zb in pairs:
+    eps, d = [], []
+    for start, za, zb in pairs:
         y = flat_tok[start : start + len(za)]
-        start += len(za)
         eps.append(np.abs(za - zb).max(axis=-1))
         d.append(np.take_along_axis(log_softmax(za) - log_softmax(zb), y, -1)[:, 0])
     eps, d = np.concatenate(eps).reshape(shape[:-1]), np.concatenate(d).reshape(shape[:-1])
@@ -426,8 +425,8 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
     temperature = positive("temperature", temperature)
     limit = integer("limit", limit, 0)
     pairs, shape = _logit_pair(logits_a, logits_b, "logits_a", "logits_b", temperature)
-    differ_rows, examples, start = [], [], 0
-    for za, zb in pairs:
+    differ_rows, examples = [], []
+    for start, za, zb in pairs:
         (pa, above_a, in_a), (pb, above_b, in_b) = _nucleus(za, top_p), _nucleus(zb, top_p)
         differ = in_a != in_b
         rows = differ.any(axis=-1)
@@ -438,7 +437,6 @@ def top_p_flips(logits_a, logits_b, top_p: float, temperature: float = 1.0, limi
             vals = {"p_a": pa, "p_b": pb, "mass_above_a": above_a, "mass_above_b": above_b}
             ex = {"position": key, "token": tok} | {k: float(v[i, tok]) for k, v in vals.items()}
             examples.append(ex | {"in_a": bool(in_a[i, tok]), "in_b": bool(in_b[i, tok])})
-        start += len(za)
     rows = np.concatenate(differ_rows).reshape(shape[:-1])
     out = {"count": int(rows.sum()), "share": float(rows.mean())}
     return out | {"positions": np.argwhere(rows).astype(np.int64), "examples": examples}
@@ -481,17 +479,15 @@ def tim_report(engine_logprobs, trainer_logprobs) -> dict:
         raise ValueError("нет ни одного токена политики для сравнения")
     d_all = _log_ratio_np(lt, lb)
     d, seq, rows = d_all[m], _seq_sum(d_all, m), m.any(axis=-1)
-    ad = np.abs(d)
-    violations = int(support_violations(lt, lb, m)["count"])
-    with np.errstate(invalid="ignore"):
-        mean_delta = float(d.mean())
+    ad, stats = np.abs(d), log_weight_stats(d)
+    violations = stats["support_violations"]  # Δ = +inf: μ = 0 < π
     nan, method = float("nan"), "linear" if np.isfinite(ad).all() else "higher"
-    out = {"n_sequences": int(lb.shape[0]), "n_tokens": int(m.sum())}
+    out = {"n_sequences": int(lb.shape[0]), "n_tokens": stats["n_tokens"]}
     out |= {
-        "abs_delta_mean": float(ad.mean()),
+        "abs_delta_mean": stats["mean_abs_log_ratio"],
         "abs_delta_p99": float(np.percentile(ad, 99, method=method)),
     }
-    out |= {"abs_delta_max": float(ad.max()), "mean_delta": mean_delta}
+    out |= {"abs_delta_max": stats["max_abs_log_ratio"], "mean_delta": stats["mean_log_ratio"]}
     out |= {"share_above_threshold": float((ad > threshold).mean()), "threshold": threshold}
     out |= {"seq_log_ratio": seq, "seq_abs_log_ratio_max": float(np.abs(seq[rows]).max())}
     out["token_ess_fraction"] = nan if violations else normalized_ess(d, log=True)

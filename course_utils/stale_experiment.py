@@ -125,18 +125,6 @@ _FIGURES = ("kept_rollouts", "kept_tokens", "length_ratio", "ess", "ess_per_kept
 _FIGURES += ("ess_per_generated", "clip", "estimate")
 
 
-def _strategy_weights(
-    kind: str, log_w: np.ndarray, lag: np.ndarray, drop_above, cap, band
-) -> np.ndarray:
-    """Веса стратегии: 0 у отброшенных (lag > drop_above), TIS min(w, cap), MIS w·1[w ∈ band]."""
-    w = np.exp(log_w)
-    if kind == "drop":
-        return np.where(lag <= drop_above, w, 0.0)
-    if kind == "truncate":
-        return truncated_weights(w, cap)[0]
-    return masked_weights(w, *band)[0] if kind == "mask" else w
-
-
 def stale_experiment(
     pools: dict,
     policy: ToyPolicy | None = None,
@@ -184,7 +172,13 @@ def stale_experiment(
             draws[name] = (lag, counts, log_rho, (counts * log_rho).sum(-1), counts[..., -1] == 0)
         for kind in _LABELS:
             lag, counts, log_rho, log_w, reward = draws["once" if kind == "one_update" else "reuse"]
-            w = _strategy_weights(kind, log_w, lag, drop_above, cap, band)
+            w = np.exp(log_w)  # веса стратегии: 0 — роллаут не сохранён
+            if kind == "drop":
+                w = np.where(lag <= drop_above, w, 0.0)
+            elif kind == "truncate":
+                w = truncated_weights(w, cap)[0]  # TIS: min(w, cap)
+            elif kind == "mask":
+                w = masked_weights(w, *band)[0]  # MIS: w·1[w ∈ band]
             frame = pd.DataFrame(
                 batch_figures(w[i], len_pool[idx[i]], reward[i], counts[i], log_rho[i], eps)
                 for i in range(repeats)
@@ -233,16 +227,13 @@ def conclusions(frame: pd.DataFrame) -> list[str]:
     сравнению с наименьшей. Каждое число и каждое «больше/меньше» взято из таблицы."""
     col = "задержка политики L, версий"
     lo, hi = int(frame[col].min()), int(frame[col].max())
-
-    def at(level: int, key: str) -> pd.Series:
-        return frame[(frame[col] == level) & (frame["ключ"] == key)].iloc[0]
-
+    at = frame.set_index([col, "ключ"]).loc  # at[L, ключ] — строка таблицы
     top = frame[frame[col] == hi]
     best = top.loc[top["RMSE, п. п."].idxmin()]
     worst = top.loc[top["RMSE, п. п."].idxmax()]
-    a0, a1 = at(lo, "as_is"), at(hi, "as_is")
-    drop, trunc, mask, once = (at(hi, k) for k in ("drop", "truncate", "mask", "one_update"))
-    once0 = at(lo, "one_update")
+    a0, a1 = at[lo, "as_is"], at[hi, "as_is"]
+    drop, trunc, mask, once = (at[hi, k] for k in ("drop", "truncate", "mask", "one_update"))
+    once0 = at[lo, "one_update"]
     kr, kt, lr = "роллаутов сохранено, %", "токенов сохранено, %", "длина сохранённых / всех"
     ek, eg = "ESS/n, n — сохранённые", "ESS/n, n — сгенерированные"
     sd, b, se = "разброс, п. п.", "смещение, п. п.", "ст. ошибка смещения, п. п."

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ def _normalise(events: Any) -> list[dict]:
         if ev.get("t") is not None:
             real(f"events[{i}]: поле t, с", ev["t"])
         out.append(ev | {"version": version, "_pos": i})
-    if out and all(e.get("t") is not None for e in out):
+    if all(e.get("t") is not None for e in out):
         out.sort(key=lambda e: e["t"])
     return out
 
@@ -53,15 +54,13 @@ def audit_log(events: Any) -> list[str]:
     версии v пройден, когда ready прислали все её участники (реплики с stage_*/verify_*/
     ready/commit для v) и, если в журнале есть barrier для v, — после первого из них."""
     evs = _normalise(events)
-    participants: dict[int, set[str]] = {}
-    has_barrier: set[int] = set()
+    participants: dict[int, set[str]] = defaultdict(set)
+    has_barrier = {ev["version"] for ev in evs if ev["event"] == "barrier"}
     ref_checksum: dict[int, str] = {}
     for ev in evs:
         v = ev["version"]
         if ev["event"] in _REPLICA_EVENTS:
-            participants.setdefault(v, set()).add(ev["replica"])
-        if ev["event"] == "barrier":
-            has_barrier.add(v)
+            participants[v].add(ev["replica"])
         if ev["event"] in ("verify_ok", "verify_fail") and ev.get("expected_checksum"):
             ref_checksum.setdefault(v, ev["expected_checksum"])
     for ev in evs:  # без присланной суммы эталон — первая сумма переключения (или init)
@@ -72,12 +71,12 @@ def audit_log(events: Any) -> list[str]:
     current: dict[str, int] = {}
     initial: dict[str, int] = {}
     switched: set[int] = set()  # версии, на которые переключилась хотя бы одна реплика
-    ready: dict[int, set[str]] = {}
+    ready: dict[int, set[str]] = defaultdict(set)
     barrier_passed: set[int] = set()
     verified: dict[tuple[str, int], str | None] = {}
 
     def not_ready(v: int) -> list[str]:
-        return sorted(participants.get(v, set()) - ready.get(v, set()))
+        return sorted(participants[v] - ready[v])
 
     def barrier_missing(v: int) -> str:
         if waiting := not_ready(v):
@@ -115,7 +114,7 @@ def audit_log(events: Any) -> list[str]:
                     f"ожидаемой {_short(expected)} ({where})",
                 )
         elif kind == "ready":
-            ready.setdefault(v, set()).add(r)
+            ready[v].add(r)
         elif kind == "barrier":
             if waiting := not_ready(v):
                 report(
@@ -138,9 +137,7 @@ def audit_log(events: Any) -> list[str]:
             if kind == "commit":
                 state = verified.get((r, v))
                 if state != "ok":
-                    why = {"fail": "последняя проверка — verify_fail"}.get(
-                        state, "проверки не было"
-                    )
+                    why = "последняя проверка — verify_fail" if state else "проверки не было"
                     msg = f"реплика {r} переключилась на версию {v} без verify_ok ({why}; {where})"
                     report("commit_without_verify", msg)
                 if v < cur:

@@ -161,7 +161,6 @@ class ServeResult:
     version: int
     replica: str
     request_id: str
-    checksum: str | None
     read_checksum: str | None = None
     read_consistent: bool | None = None
 
@@ -209,7 +208,7 @@ class InProcessEngine:
         self._lock = threading.Lock()
         self._active = 0
         self._versions: list[int | None] = [version, None]
-        self._checksums: list[str | None] = [self._checksum(0), None]
+        self._checksums: list[str | None] = [state_checksum(self._models[0]), None]
         self._readers = [0, 0]
         self._staging_state = "empty"  # empty → staging → staged → verified | failed
         self._requests = 0
@@ -234,17 +233,14 @@ class InProcessEngine:
     def _buffer(self, idx: int) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self._models[idx].named_parameters()}
 
-    def _checksum(self, idx: int) -> str:
-        return state_checksum(self._buffer(idx))
-
     def weights(self, buffer: str = "active") -> dict[str, torch.Tensor]:
         """Тензоры буфера ("active" или "staging") без копирования — для опытов и приёма."""
         choice("buffer", buffer, ("active", "staging"))
         return self._buffer(self._active if buffer == "active" else 1 - self._active)
 
-    def checksum(self, buffer: str = "active") -> str:
-        """SHA-256 буфера, посчитанная заново по его текущим байтам."""
-        return state_checksum(self.weights(buffer))
+    def checksum(self) -> str:
+        """SHA-256 активного буфера, посчитанная заново по его текущим байтам."""
+        return state_checksum(self._models[self._active])
 
     def expected_checksum(self, source: Any) -> str:
         """Сумма, которую должен дать буфер после записи source (в типе весов движка)."""
@@ -276,7 +272,7 @@ class InProcessEngine:
         запроса, даже если посреди него случится ``commit``."""
         with self._pinned(request_id) as (model, version, checksum, rid):
             output = request_fn(model, version)
-        return ServeResult(output, version, self.name, rid, checksum)
+        return ServeResult(output, version, self.name, rid)
 
     def forward(self, input_ids, request_id=None, between_layers=None, track_reads=False):
         """Логиты запроса на активном буфере, версия закреплена в начале. between_layers(i) —
@@ -300,8 +296,7 @@ class InProcessEngine:
                     hook = layer.register_forward_pre_hook(lambda *_, i=i: between_layers(i))
                     handles.append(hook)
                 for module in model.modules() if track_reads else []:
-                    if next(module.parameters(recurse=False), None) is not None:
-                        handles.append(module.register_forward_pre_hook(snapshot))
+                    handles.append(module.register_forward_pre_hook(snapshot))
                 logits = _logits(model, input_ids)
             finally:
                 for h in handles:
@@ -312,7 +307,7 @@ class InProcessEngine:
                     reads.setdefault(name, p.detach().clone())
                 read_checksum = state_checksum(reads)
                 read_ok = read_checksum == checksum and not torn
-        return ServeResult(logits, version, self.name, rid, checksum, read_checksum, read_ok)
+        return ServeResult(logits, version, self.name, rid, read_checksum, read_ok)
 
     # --- публикация ------------------------------------------------------------------------
 
@@ -351,7 +346,7 @@ class InProcessEngine:
         self._versions[idx], self._checksums[idx] = version, None
         self.log.add("stage_start", self.name, version, buffer="staging")
         yield self._buffer(idx)
-        self._checksums[idx] = self._checksum(idx)
+        self._checksums[idx] = state_checksum(self._models[idx])
         self._staging_state = "staged"
         checksum = self._checksums[idx]
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="staging")
@@ -378,7 +373,7 @@ class InProcessEngine:
         probe_ids = _check_input_ids(probe_ids, self.vocab_size, "probe_ids")
         atol = nonnegative("atol", atol)
         idx = 1 - self._active
-        version, checksum = int(self._versions[idx]), self._checksum(idx)
+        version, checksum = int(self._versions[idx]), state_checksum(self._models[idx])
         logits = _logits(self._models[idx], probe_ids)
         if not torch.is_tensor(reference) or reference.shape != logits.shape:
             raise ValueError(
@@ -456,7 +451,7 @@ class InProcessEngine:
         detail = "запись на месте в активный буфер, пока идут запросы"
         self.log.add("stage_start", self.name, version, buffer="active", detail=detail)
         yield from transfer_weights(tensors, self._buffer(idx))
-        checksum = self._checksum(idx)
+        checksum = state_checksum(self._models[idx])
         self.log.add("stage_done", self.name, version, checksum=checksum, buffer="active")
         with self._lock:
             self._versions[idx], self._checksums[idx] = version, checksum
@@ -513,10 +508,10 @@ class PublishReport:
         return out + "."
 
 
-def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome):
+def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, results):
     """Шаги публикации по одному на yield (запись тензора, проверка реплики): запись во все
-    подготовительные буферы → проверка → ready → барьер → commit всех подряд; одна неудача —
-    abort. Итог — в outcome: results (VerifyResult) и committed."""
+    подготовительные буферы → проверка (VerifyResult — в results) → ready → барьер → commit всех
+    подряд; одна неудача — abort."""
     if not atomic:
         for e in engines:
             yield from e.unsafe_update_steps(tensors, version)
@@ -527,9 +522,9 @@ def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outco
         if e.name == corrupt:
             e.corrupt_staging()
     for e in engines:
-        outcome["results"].append(e.verify(expected, probe, ref))
+        results.append(e.verify(expected, probe, ref))
         yield f"verify {e.name}"
-    failed = [r.replica for r in outcome["results"] if not r.ok]
+    failed = [r.replica for r in results if not r.ok]
     for e in engines:
         if e.name not in failed:
             e.ready()
@@ -538,7 +533,6 @@ def _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outco
         engines[0].log.add("abort", "publisher", version, detail=why)
         for e in engines:
             e.discard_staging()
-        outcome["committed"] = False
         return
     why = f"готовы все реплики: {len(engines)}"
     engines[0].log.add("barrier", "publisher", version, detail=why)
@@ -591,9 +585,9 @@ def publish(
     total = n * len(engines[0].param_names) + (n if atomic else 0) + 1
     busy = len(_decoder_layers(template)) * max(1, math.ceil(len(inputs) / 2))
     steps_per_layer = max(1, math.ceil(total / busy))
-    outcome = {"results": [], "committed": True}
+    results: list[VerifyResult] = []
     ref = _logits(reference, probe)
-    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, outcome)
+    steps = _publish_steps(engines, tensors, version, atomic, probe, ref, corrupt, results)
 
     def advance(_layer: int) -> None:  # перед каждым слоем запроса — steps_per_layer шагов
         for _ in zip(range(steps_per_layer), steps):
@@ -607,7 +601,7 @@ def publish(
         outputs.append(res.logits)
     for _ in steps:
         pass
-    results, committed = outcome["results"], outcome["committed"]
+    committed = all(r.ok for r in results)  # без atomic проверок нет: переключены все
     return PublishReport(version, atomic, committed, results, rows, engines[0].log, outputs)
 
 
