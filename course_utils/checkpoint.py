@@ -58,11 +58,8 @@ def components_frame():
     """Таблица pandas ``COMPONENTS``: «компонент», «что в нём», «что ломается без него»."""
     import pandas as pd
 
-    rows = [
-        {"компонент": k, "что в нём": w, "что ломается без него": m}
-        for k, (w, m) in COMPONENTS.items()
-    ]
-    return pd.DataFrame(rows)
+    rows = [(name, *what) for name, what in COMPONENTS.items()]
+    return pd.DataFrame(rows, columns=["компонент", "что в нём", "что ломается без него"])
 
 
 class CheckpointError(ValueError):
@@ -121,27 +118,23 @@ def _encode(obj: Any, where: str, tensors: dict) -> Any:
     )
 
 
-def _decode(obj: Any, tensors: Mapping, path: Path, fname: str) -> Any:
-    """JSON-скелет и тензоры → состояние (обратное ``_encode``)."""
+def _decode(obj: Any, tensors: Mapping) -> Any:
+    """JSON-скелет и тензоры → состояние (обратное ``_encode``); KeyError — нет тензора."""
     if isinstance(obj, list):
-        return [_decode(v, tensors, path, fname) for v in obj]
+        return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if len(obj) == 1:
         ((key, value),) = obj.items()
         if key == _TENSOR:
-            if value not in tensors:
-                raise _fail(
-                    path, f"файл {fname} ссылается на тензор {value!r}, которого нет", fname
-                )
             return tensors[value]
         if key == _TUPLE:
-            return tuple(_decode(v, tensors, path, fname) for v in value)
+            return tuple(_decode(v, tensors) for v in value)
         if key == _FLOAT:
             return float(value)
         if key == _ITEMS:
-            return {_decode(k, {}, path, fname): _decode(v, tensors, path, fname) for k, v in value}
-    return {k: _decode(v, tensors, path, fname) for k, v in obj.items()}
+            return {_decode(k, {}): _decode(v, tensors) for k, v in value}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
 
 
 def _canonical(obj: Any) -> bytes:
@@ -174,7 +167,7 @@ def _is_copy(name: str) -> bool:
     return name.startswith((_TMP_PREFIX, _OLD_PREFIX))
 
 
-def _publish(src: Path, target: Path) -> None:
+def publish_dir(src: Path, target: Path) -> None:
     """Ставит полную копию src на место target; в любой момент на диске есть полная копия.
 
     Если target уже есть: 1) target → ".old-<имя>-…" (полная, её находит latest_checkpoint),
@@ -295,7 +288,7 @@ def save_checkpoint(
             tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode()
         )
         atomic.fsync_dir(tmp)
-        _publish(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -332,8 +325,10 @@ def _well_formed(manifest: dict) -> bool:
     )
 
 
-def _read_manifest(path: Path) -> dict:
-    """manifest.json каталога path: наш формат, собственная SHA-256 сходится, списки целы."""
+def read_manifest(path: str | os.PathLike) -> dict:
+    """manifest.json контрольной точки (без проверки файлов данных): наш формат, собственная
+    SHA-256 сходится, списки целы; иначе CheckpointError."""
+    path = _path("path", path)
     if not path.is_dir():
         raise _fail(path, "каталога нет или это не каталог")
     if not (path / MANIFEST).is_file():
@@ -407,7 +402,7 @@ def _load_state(
     """Всё, что проверяет load_checkpoint, и разобранное состояние: (manifest, state)."""
     import safetensors.torch
 
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     _check_config(path, manifest, config)
     missing = [c for c in components or () if c not in manifest["components"]]
     if missing:
@@ -430,9 +425,10 @@ def _load_state(
         if skeleton is None:
             raise _fail(path, f"у компонента {comp} нет файла {comp}.json", MANIFEST)
         try:
-            state[comp] = _decode(skeleton, tensors, path, f"{comp}.json")
-        except CheckpointError:
-            raise
+            state[comp] = _decode(skeleton, tensors)
+        except KeyError as exc:
+            msg = f"файл {comp}.json ссылается на тензор {exc.args[0]!r}, которого нет"
+            raise _fail(path, msg, f"{comp}.json") from None
         except (TypeError, ValueError) as exc:
             msg = f"файл {comp}.json: неверная структура ({exc})"
             raise _fail(path, msg, f"{comp}.json") from None
@@ -463,11 +459,6 @@ def verify_checkpoint(
 ) -> dict:
     """Проверяет ровно то же, что ``load_checkpoint``, и возвращает manifest; иначе CheckpointError."""
     return _load_state(_path("path", path), config, _required(components))[0]
-
-
-def read_manifest(path: str | os.PathLike) -> dict:
-    """manifest.json контрольной точки (без проверки файлов данных); CheckpointError, если его нет."""
-    return _read_manifest(_path("path", path))
 
 
 # ----------------------------------------------------------------------------- поиск
@@ -508,7 +499,7 @@ def latest_checkpoint(
     found = []
     for entry in root.iterdir() if root.is_dir() else ():
         try:
-            found.append((_order_key(entry, _read_manifest(entry)), entry))
+            found.append((_order_key(entry, read_manifest(entry)), entry))
         except CheckpointError:
             continue
     for _, entry in sorted(found, reverse=True):
@@ -542,15 +533,13 @@ def remove_incomplete(root: str | os.PathLike) -> list[str]:
         if _publishable(manifest.get("name")):  # иначе не трогаем: её найдёт latest_checkpoint
             copies.setdefault(manifest["name"], []).append((_created(manifest), entry))
     for name, found in sorted(copies.items()):
-        found.sort()
-        (created, newest), older = found[-1], found[:-1]
-        target = root / name
+        *older, (created, newest) = sorted(found)
         try:
-            current = _created(verify_checkpoint(target))
+            current = _created(verify_checkpoint(root / name))
         except CheckpointError:
             current = None  # под именем ничего нет или копия там не полная
         if current is None or current < created:
-            _publish(newest, target)
+            publish_dir(newest, root / name)
         else:
             older.append((created, newest))
         for _, entry in older:
