@@ -236,27 +236,26 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
 
     # Кодируем всё до создания каталога: ошибка типа не оставит мусора.
-    encoded: dict[str, tuple[bytes | None, bytes]] = {}
+    blobs: dict[str, bytes] = {}  # имя файла → байты, в порядке записи
+    components: dict[str, list[str]] = {}
     for comp, value in state.items():
         tensors: dict = {}
         skeleton = _encode(value, "", tensors)
+        if tensors:
+            blobs[f"{comp}.safetensors"] = safetensors.torch.save(tensors)
         js = json.dumps(skeleton, ensure_ascii=False, indent=1, allow_nan=False).encode()
-        encoded[comp] = (safetensors.torch.save(tensors) if tensors else None, js)
+        blobs[f"{comp}.json"] = js
+        components[comp] = [f for f in blobs if f.startswith(f"{comp}.")]  # имена без точек
+    files = {
+        f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for f, b in blobs.items()
+    }
 
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{target.name}-", dir=target.parent))
     try:
-        files: dict[str, dict] = {}
-        components: dict[str, list[str]] = {}
-        for comp, (st, js) in encoded.items():
-            components[comp] = []
-            for fname, data in ((f"{comp}.safetensors", st), (f"{comp}.json", js)):
-                if data is None:
-                    continue
-                atomic.write_synced(tmp / fname, data)
-                files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                components[comp].append(fname)
-                if after_file is not None:
-                    after_file(fname)
+        for fname, data in blobs.items():
+            atomic.write_synced(tmp / fname, data)
+            if after_file is not None:
+                after_file(fname)
         counters = state.get("counters")
         counters = counters if isinstance(counters, Mapping) else {}
         versions = state.get("versions") if isinstance(state.get("versions"), Mapping) else {}
@@ -470,11 +469,8 @@ def _created(manifest: Mapping) -> float:
 
 
 def _order_key(entry: Path, manifest: Mapping) -> tuple[int, bool, float, str]:
-    """Ключ новизны: (шаг, основной ли каталог, время создания, имя); больше — новее.
-
-    Шаг — из manifest; если там его нет — из имени "step-NNNNNN" (каталога или записанного в
-    manifest), иначе −1. При равном шаге основной каталог идёт раньше копий ".tmp-…"/".old-…".
-    """
+    """Ключ новизны (больше — новее): шаг (из manifest, иначе из имени "step-NNNNNN", иначе −1),
+    основной каталог, а не копия ".tmp-…"/".old-…", время создания, имя."""
     step = manifest.get("step")
     if not is_int(step):
         m = _NAME_RE.match(entry.name) or _NAME_RE.match(str(manifest.get("name", "")))
@@ -491,8 +487,8 @@ def latest_checkpoint(
     """Самая новая контрольная точка в root, которую примет ``load_checkpoint``; иначе None.
 
     Кандидаты — подкаталоги с manifest.json под любым именем, включая полные копии ".tmp-…" и
-    ".old-…" от записи, убитой посреди замены. Новизна — ``_order_key``. Негодные
-    пропускаются: откат к предыдущей годной точке.
+    ".old-…" от записи, убитой посреди замены; по шагу, затем основной каталог раньше копии.
+    Негодные пропускаются: откат к предыдущей годной точке.
     """
     root = _path("root", root)
     components = _required(components)
