@@ -65,10 +65,9 @@ def components_frame():
 class CheckpointError(ValueError):
     """Контрольная точка не проходит проверку: нет файла, файл обрезан или изменён и т. п."""
 
-    def __init__(self, message: str, path: str | os.PathLike | None = None, file: str = ""):
+    def __init__(self, message: str, file: str = ""):
         super().__init__(message)
-        self.path = str(path) if path is not None else ""
-        self.file = file
+        self.file = file  # файл, не прошедший проверку ("" — каталог в целом)
 
 
 def checkpoint_name(step: int) -> str:
@@ -298,7 +297,7 @@ def save_checkpoint(
 
 
 def _fail(path: Path, text: str, file: str = "") -> CheckpointError:
-    return CheckpointError(f"Контрольная точка {path}: {text}", path, file)
+    return CheckpointError(f"Контрольная точка {path}: {text}", file)
 
 
 def _required(components: Iterable[str] | None) -> tuple[str, ...] | None:
