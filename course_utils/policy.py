@@ -508,7 +508,8 @@ def grpo_step(
         )
     old = [o.to(device).float() for o in old_logprobs]
     n_tok = max(sum(lengths), 1)
-    scaler = scaler or torch.amp.GradScaler("cuda", enabled=False)  # выключенный: потеря как есть
+    if scaler is None:  # выключенный GradScaler: scale, unscale_ и step — без масштаба
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
     forward = {"with_grad": True, "autocast_dtype": autocast_dtype, "micro_batch": micro_batch}
     after = after_stage or (lambda stage: None)  # после forward_backward и optimizer_step
     losses, norms, clip_by_epoch, skipped, low, adv = [], [], [], 0, None, None
