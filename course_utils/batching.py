@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -20,12 +19,13 @@ from course_utils.args import integer, nonnegative
 from course_utils.arith_task import ArithTask, target_response
 from course_utils.policy import (
     _cache_kwarg,
+    _decode_step,
     _forward,
     _padded,
     _prompt_ids,
     sampling_logprobs,
 )
-from course_utils.tracing import cuda_sync_or_none
+from course_utils.tracing import StageTimer, cuda_sync_or_none
 
 
 def response_lengths(
@@ -78,33 +78,25 @@ def _decode_fixed_lengths(
         raise ValueError("tasks и lengths должны быть непустыми и одной длины")
     lengths = _lengths(lengths)
     device = next(model.parameters()).device
-    sync = cuda_sync_or_none(device) or (lambda: None)
+    timer = StageTimer(sync=cuda_sync_or_none(device))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = [_prompt_ids(tokenizer, t) for t in tasks]
     n, steps = len(prompts), max(lengths)
     ids = _padded(prompts, pad_id, left=True).to(device)
     mask = _padded([[1] * len(p) for p in prompts], 0, left=True).to(device)
-    last = (mask.cumsum(-1) - 1).clamp(min=0)
     gen = torch.Generator(device=device).manual_seed(seed)
-    sync()
-    t0 = time.perf_counter()
-    logits, cache = _forward(model, ids, mask, last)
-    sync()
-    t1 = time.perf_counter()
-    last = last[:, -1:]
-    for step in range(steps):
-        token = torch.multinomial(sampling_logprobs(logits).exp(), 1, generator=gen)
-        if step == steps - 1:
-            break
-        mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-        last = last + 1
-        logits, cache = _forward(model, token, mask, last, cache)
-    sync()
-    t2 = time.perf_counter()
+    with timer.stage("prefill"):
+        logits, cache = _forward(model, ids, mask)
+    with timer.stage("decode"):
+        for step in range(steps):
+            token = torch.multinomial(sampling_logprobs(logits).exp(), 1, generator=gen)
+            if step == steps - 1:
+                break
+            logits, cache, mask = _decode_step(model, token, mask, cache)
     useful = sum(lengths)
     return {
-        "prefill_s": t1 - t0,
-        "decode_s": t2 - t1,
+        "prefill_s": timer.totals()["prefill"],
+        "decode_s": timer.totals()["decode"],
         "steps": steps,
         "useful_tokens": useful,
         "slot_steps": n * steps,
@@ -158,10 +150,9 @@ def stale_prefix_error(model, new_weights: dict, tokenizer, task: ArithTask, pro
     prompt = _prompt_ids(tokenizer, task)
     cont = tokenizer(target_response(task), add_special_tokens=False)["input_ids"][:probe_tokens]
     ids = torch.tensor([prompt], device=device)
-    pos = torch.arange(len(prompt), device=device)[None]
-    _, old_cache = _forward(model, ids, torch.ones_like(ids), pos)  # кэш версии v
+    _, old_cache = _forward(model, ids, torch.ones_like(ids))  # кэш версии v
     model.load_state_dict(new_weights)
-    _, fresh_cache = _forward(model, ids, torch.ones_like(ids), pos)  # кэш версии v+1
+    _, fresh_cache = _forward(model, ids, torch.ones_like(ids))  # кэш версии v+1
     tail = {
         "input_ids": torch.tensor([cont], device=device),
         "attention_mask": torch.ones((1, len(prompt) + len(cont)), dtype=torch.long, device=device),

@@ -58,20 +58,16 @@ def components_frame():
     """Таблица pandas ``COMPONENTS``: «компонент», «что в нём», «что ломается без него»."""
     import pandas as pd
 
-    rows = [
-        {"компонент": k, "что в нём": w, "что ломается без него": m}
-        for k, (w, m) in COMPONENTS.items()
-    ]
-    return pd.DataFrame(rows)
+    rows = [(name, *what) for name, what in COMPONENTS.items()]
+    return pd.DataFrame(rows, columns=["компонент", "что в нём", "что ломается без него"])
 
 
 class CheckpointError(ValueError):
     """Контрольная точка не проходит проверку: нет файла, файл обрезан или изменён и т. п."""
 
-    def __init__(self, message: str, path: str | os.PathLike | None = None, file: str = ""):
+    def __init__(self, message: str, file: str = ""):
         super().__init__(message)
-        self.path = str(path) if path is not None else ""
-        self.file = file
+        self.file = file  # файл, не прошедший проверку ("" — каталог в целом)
 
 
 def checkpoint_name(step: int) -> str:
@@ -121,27 +117,23 @@ def _encode(obj: Any, where: str, tensors: dict) -> Any:
     )
 
 
-def _decode(obj: Any, tensors: Mapping, path: Path, fname: str) -> Any:
-    """JSON-скелет и тензоры → состояние (обратное ``_encode``)."""
+def _decode(obj: Any, tensors: Mapping) -> Any:
+    """JSON-скелет и тензоры → состояние (обратное ``_encode``); KeyError — нет тензора."""
     if isinstance(obj, list):
-        return [_decode(v, tensors, path, fname) for v in obj]
+        return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if len(obj) == 1:
         ((key, value),) = obj.items()
         if key == _TENSOR:
-            if value not in tensors:
-                raise _fail(
-                    path, f"файл {fname} ссылается на тензор {value!r}, которого нет", fname
-                )
             return tensors[value]
         if key == _TUPLE:
-            return tuple(_decode(v, tensors, path, fname) for v in value)
+            return tuple(_decode(v, tensors) for v in value)
         if key == _FLOAT:
             return float(value)
         if key == _ITEMS:
-            return {_decode(k, {}, path, fname): _decode(v, tensors, path, fname) for k, v in value}
-    return {k: _decode(v, tensors, path, fname) for k, v in obj.items()}
+            return {_decode(k, {}): _decode(v, tensors) for k, v in value}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
 
 
 def _canonical(obj: Any) -> bytes:
@@ -174,7 +166,7 @@ def _is_copy(name: str) -> bool:
     return name.startswith((_TMP_PREFIX, _OLD_PREFIX))
 
 
-def _publish(src: Path, target: Path) -> None:
+def publish_dir(src: Path, target: Path) -> None:
     """Ставит полную копию src на место target; в любой момент на диске есть полная копия.
 
     Если target уже есть: 1) target → ".old-<имя>-…" (полная, её находит latest_checkpoint),
@@ -243,27 +235,26 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
 
     # Кодируем всё до создания каталога: ошибка типа не оставит мусора.
-    encoded: dict[str, tuple[bytes | None, bytes]] = {}
+    blobs: dict[str, bytes] = {}  # имя файла → байты, в порядке записи
+    components: dict[str, list[str]] = {}
     for comp, value in state.items():
         tensors: dict = {}
         skeleton = _encode(value, "", tensors)
+        if tensors:
+            blobs[f"{comp}.safetensors"] = safetensors.torch.save(tensors)
         js = json.dumps(skeleton, ensure_ascii=False, indent=1, allow_nan=False).encode()
-        encoded[comp] = (safetensors.torch.save(tensors) if tensors else None, js)
+        blobs[f"{comp}.json"] = js
+        components[comp] = [f for f in blobs if f.startswith(f"{comp}.")]  # имена без точек
+    files = {
+        f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for f, b in blobs.items()
+    }
 
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{target.name}-", dir=target.parent))
     try:
-        files: dict[str, dict] = {}
-        components: dict[str, list[str]] = {}
-        for comp, (st, js) in encoded.items():
-            components[comp] = []
-            for fname, data in ((f"{comp}.safetensors", st), (f"{comp}.json", js)):
-                if data is None:
-                    continue
-                atomic.write_synced(tmp / fname, data)
-                files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                components[comp].append(fname)
-                if after_file is not None:
-                    after_file(fname)
+        for fname, data in blobs.items():
+            atomic.write_synced(tmp / fname, data)
+            if after_file is not None:
+                after_file(fname)
         counters = state.get("counters")
         counters = counters if isinstance(counters, Mapping) else {}
         versions = state.get("versions") if isinstance(state.get("versions"), Mapping) else {}
@@ -295,7 +286,7 @@ def save_checkpoint(
             tmp / MANIFEST, json.dumps(manifest, ensure_ascii=False, indent=1).encode()
         )
         atomic.fsync_dir(tmp)
-        _publish(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -306,7 +297,7 @@ def save_checkpoint(
 
 
 def _fail(path: Path, text: str, file: str = "") -> CheckpointError:
-    return CheckpointError(f"Контрольная точка {path}: {text}", path, file)
+    return CheckpointError(f"Контрольная точка {path}: {text}", file)
 
 
 def _required(components: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -332,8 +323,10 @@ def _well_formed(manifest: dict) -> bool:
     )
 
 
-def _read_manifest(path: Path) -> dict:
-    """manifest.json каталога path: наш формат, собственная SHA-256 сходится, списки целы."""
+def read_manifest(path: str | os.PathLike) -> dict:
+    """manifest.json контрольной точки (без проверки файлов данных): наш формат, собственная
+    SHA-256 сходится, списки целы; иначе CheckpointError."""
+    path = _path("path", path)
     if not path.is_dir():
         raise _fail(path, "каталога нет или это не каталог")
     if not (path / MANIFEST).is_file():
@@ -407,7 +400,7 @@ def _load_state(
     """Всё, что проверяет load_checkpoint, и разобранное состояние: (manifest, state)."""
     import safetensors.torch
 
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     _check_config(path, manifest, config)
     missing = [c for c in components or () if c not in manifest["components"]]
     if missing:
@@ -430,9 +423,10 @@ def _load_state(
         if skeleton is None:
             raise _fail(path, f"у компонента {comp} нет файла {comp}.json", MANIFEST)
         try:
-            state[comp] = _decode(skeleton, tensors, path, f"{comp}.json")
-        except CheckpointError:
-            raise
+            state[comp] = _decode(skeleton, tensors)
+        except KeyError as exc:
+            msg = f"файл {comp}.json ссылается на тензор {exc.args[0]!r}, которого нет"
+            raise _fail(path, msg, f"{comp}.json") from None
         except (TypeError, ValueError) as exc:
             msg = f"файл {comp}.json: неверная структура ({exc})"
             raise _fail(path, msg, f"{comp}.json") from None
@@ -465,11 +459,6 @@ def verify_checkpoint(
     return _load_state(_path("path", path), config, _required(components))[0]
 
 
-def read_manifest(path: str | os.PathLike) -> dict:
-    """manifest.json контрольной точки (без проверки файлов данных); CheckpointError, если его нет."""
-    return _read_manifest(_path("path", path))
-
-
 # ----------------------------------------------------------------------------- поиск
 
 
@@ -479,11 +468,8 @@ def _created(manifest: Mapping) -> float:
 
 
 def _order_key(entry: Path, manifest: Mapping) -> tuple[int, bool, float, str]:
-    """Ключ новизны: (шаг, основной ли каталог, время создания, имя); больше — новее.
-
-    Шаг — из manifest; если там его нет — из имени "step-NNNNNN" (каталога или записанного в
-    manifest), иначе −1. При равном шаге основной каталог идёт раньше копий ".tmp-…"/".old-…".
-    """
+    """Ключ новизны (больше — новее): шаг (из manifest, иначе из имени "step-NNNNNN", иначе −1),
+    основной каталог, а не копия ".tmp-…"/".old-…", время создания, имя."""
     step = manifest.get("step")
     if not is_int(step):
         m = _NAME_RE.match(entry.name) or _NAME_RE.match(str(manifest.get("name", "")))
@@ -500,15 +486,15 @@ def latest_checkpoint(
     """Самая новая контрольная точка в root, которую примет ``load_checkpoint``; иначе None.
 
     Кандидаты — подкаталоги с manifest.json под любым именем, включая полные копии ".tmp-…" и
-    ".old-…" от записи, убитой посреди замены. Новизна — ``_order_key``. Негодные
-    пропускаются: откат к предыдущей годной точке.
+    ".old-…" от записи, убитой посреди замены; по шагу, затем основной каталог раньше копии.
+    Негодные пропускаются: откат к предыдущей годной точке.
     """
     root = _path("root", root)
     components = _required(components)
     found = []
     for entry in root.iterdir() if root.is_dir() else ():
         try:
-            found.append((_order_key(entry, _read_manifest(entry)), entry))
+            found.append((_order_key(entry, read_manifest(entry)), entry))
         except CheckpointError:
             continue
     for _, entry in sorted(found, reverse=True):
@@ -542,15 +528,13 @@ def remove_incomplete(root: str | os.PathLike) -> list[str]:
         if _publishable(manifest.get("name")):  # иначе не трогаем: её найдёт latest_checkpoint
             copies.setdefault(manifest["name"], []).append((_created(manifest), entry))
     for name, found in sorted(copies.items()):
-        found.sort()
-        (created, newest), older = found[-1], found[:-1]
-        target = root / name
+        *older, (created, newest) = sorted(found)
         try:
-            current = _created(verify_checkpoint(target))
+            current = _created(verify_checkpoint(root / name))
         except CheckpointError:
             current = None  # под именем ничего нет или копия там не полная
         if current is None or current < created:
-            _publish(newest, target)
+            publish_dir(newest, root / name)
         else:
             older.append((created, newest))
         for _, entry in older:

@@ -410,10 +410,8 @@ def accept_batch(
         )
     items = [r for r in batch if isinstance(r, Mapping)]
     ids = [r["rollout_id"] for r in items if "rollout_id" in r]
-    dup = []  # список, а не множество: id может оказаться нехешируемым
-    for k, i in enumerate(ids):
-        if i in ids[:k] and i not in dup:
-            dup.append(i)
+    # повтор — второе появление id; список, а не множество: id может оказаться нехешируемым
+    dup = [i for k, i in enumerate(ids) if ids[:k].count(i) == 1]
     not_dict = [i for i, r in enumerate(batch) if not isinstance(r, Mapping)]
     no_id = [i for i, r in enumerate(batch) if isinstance(r, Mapping) and "rollout_id" not in r]
     unknown = [i for i in ids if not isinstance(i, str | int) or i not in expected]

@@ -232,14 +232,21 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _forward(model, input_ids, attention_mask, position_ids, cache=None):
-    """Логиты последней позиции ``[B, V]`` и KV-кэш после прохода."""
+def _forward(model, input_ids, attention_mask, cache=None):
+    """Логиты последней позиции ``[B, V]`` и KV-кэш; позиция токена — число единиц маски до него."""
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
     kwargs = {_cache_kwarg(model): cache} if cache is not None else {}
-    kwargs.update(attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    kwargs.update(attention_mask=attention_mask, position_ids=positions, use_cache=True)
     kwargs["logits_to_keep"] = 1  # логиты только последней позиции: prefill не держит [B, T, V]
     out = model(input_ids=input_ids, **kwargs)
     cache = getattr(out, "cache", None)
     return out.logits[:, -1, :], (out.past_key_values if cache is None else cache)
+
+
+def _decode_step(model, token, attention_mask, cache):
+    """Шаг декодирования: токены ``[B, 1]`` в конец, маска + столбец единиц; (логиты, кэш, маска)."""
+    mask = torch.nn.functional.pad(attention_mask, (0, 1), value=1)
+    return *_forward(model, token, mask, cache), mask
 
 
 def _stop_ids(model, tokenizer) -> set[int]:
@@ -322,21 +329,18 @@ def generate_rollouts(
         n = len(prompts)
         ids = _padded(rows, pad_id, left=True).to(device)
         mask = _padded([[1] * len(p) for p in rows], 0, left=True).to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with timer.stage("prefill"):
-        logits, cache = _forward(model, ids, mask, positions)
+        logits, cache = _forward(model, ids, mask)
         if share_prefill:  # один prefill на группу: кэш и логиты запроса копируются G раз
             cache.batch_repeat_interleave(group_size)
             logits = logits.repeat_interleave(group_size, dim=0)
             mask = mask.repeat_interleave(group_size, dim=0)
-            positions = positions.repeat_interleave(group_size, dim=0)
     with timer.stage("decode"):
         out_tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
         out_logp = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
         lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
         stop_t = torch.tensor(sorted(stop), device=device)
-        last_pos = positions[:, -1]
         for step in range(max_new_tokens):
             logp = sampling_logprobs(logits, temperature, top_p)
             token = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
@@ -350,9 +354,7 @@ def generate_rollouts(
                 break
             if swap_at is not None and step + 1 == swap_at:
                 model.load_state_dict(swap_weights)  # новая версия весов посреди ответа
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-            last_pos = last_pos + 1
-            logits, cache = _forward(model, token[:, None], mask, last_pos[:, None], cache)
+            logits, cache, mask = _decode_step(model, token[:, None], mask, cache)
         out_tokens, out_logp, lengths = out_tokens.cpu(), out_logp.cpu(), lengths.cpu()
         ended = done.cpu()
         kv_bytes = tensor_bytes(t for la in cache.layers for t in (la.keys, la.values))  # K и V
@@ -506,6 +508,8 @@ def grpo_step(
         )
     old = [o.to(device).float() for o in old_logprobs]
     n_tok = max(sum(lengths), 1)
+    if scaler is None:  # выключенный GradScaler: scale, unscale_ и step — без масштаба
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
     forward = {"with_grad": True, "autocast_dtype": autocast_dtype, "micro_batch": micro_batch}
     after = after_stage or (lambda stage: None)  # после forward_backward и optimizer_step
     losses, norms, clip_by_epoch, skipped, low, adv = [], [], [], 0, None, None
@@ -524,11 +528,10 @@ def grpo_step(
                 new_c = torch.cat(recompute_logprobs(model, recs[part], **forward))
                 old_c, adv_c = torch.cat(old[part]), torch.cat(adv[part])
                 surr = grpo_loss(new_c, old_c, adv_c, clip_eps=clip_eps, num_tokens=n_tok)
-                (surr if scaler is None else scaler.scale(surr)).backward()
+                scaler.scale(surr).backward()
                 loss += float(surr.detach())
                 news.append(new_c.detach())
-            if scaler is not None:
-                scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
+            scaler.unscale_(optimizer)  # отсечение нормы — по настоящим градиентам
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
             new_all = torch.cat(news)
             ratio = torch.exp(new_all - torch.cat(old))  # ρ_t для доли клиппирования
@@ -538,13 +541,10 @@ def grpo_step(
             low = under if low is None else low | under
         after("forward_backward")
         with timer.stage("optimizer_step"):
-            if scaler is None:
-                optimizer.step()
-            else:
-                scale = scaler.get_scale()
-                scaler.step(optimizer)  # при inf/NaN в градиентах шаг пропускается
-                scaler.update()
-                skipped += int(scaler.get_scale() < scale)
+            scale = scaler.get_scale()
+            scaler.step(optimizer)  # при inf/NaN в градиентах шаг пропускается
+            scaler.update()
+            skipped += int(scaler.get_scale() < scale)
         after("optimizer_step")
         losses.append(loss)
     with timer.stage("optimizer_step"):  # уборка после шага тоже время шага: Σ этапов = шаг
@@ -554,7 +554,6 @@ def grpo_step(
         out |= {"clip_fraction_by_epoch": clip_by_epoch, "grad_norm": sum(norms) / epochs}
         out |= {"epochs": epochs, "near_zero_pi_tokens": int(low.sum()), "skipped_steps": skipped}
         out["policy_tokens"] = int(ratio.numel())
-        out["total_tokens"] = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
         out["mean_reward"] = sum(scalar_reward(r.reward, reward_weights) for r in recs) / len(recs)
         return out
 

@@ -196,8 +196,6 @@ def rehearse(
     kwargs = {**_DEFAULTS, **loop_kwargs}
     micro_batch = kwargs.pop("micro_batch")
     dev = policy.pick_device(device)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
     rss0 = int(psutil.Process().memory_info().rss)  # RSS процесса до модели, байт
     t0 = time.perf_counter()
     net, tokenizer, info = policy.load_policy(model, device=dev, dtype=dtype)
@@ -205,9 +203,7 @@ def rehearse(
     result = policy.sequential_loop(
         steps=steps, model=net, tokenizer=tokenizer, info=info, micro_batch=micro_batch, **kwargs
     )
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    measured, kind = policy.peak_memory(dev)
+    measured, kind = policy.peak_memory(dev)  # на GPU — пик последнего шага (сброс в цикле)
     if dev.type != "cuda":
         measured, kind = measured - rss0, "рост RSS процесса"  # пиковый RSS − RSS до модели
     table = result.steps

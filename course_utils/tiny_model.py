@@ -17,6 +17,7 @@ from pathlib import Path
 
 from course_utils.args import integer, path
 from course_utils.arith_task import ArithTask, make_tasks, target_response
+from course_utils.checkpoint import publish_dir
 from course_utils.csv_tables import DATA_DIR
 
 TINY_MODEL_DIR = DATA_DIR / "tiny_arith_lm"
@@ -147,12 +148,7 @@ def build_tiny_model(
         tokenizer.save_pretrained(tmp)
         info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr}
         (tmp / "BUILD_INFO.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        old = out_dir.with_name(out_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
