@@ -53,8 +53,9 @@ def plot_dataflow(ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(14, 6.2))
+    from course_utils.tracing_plots import get_axes
+
+    ax = get_axes(ax, (14, 6.2))
     lane = {key: i for i, (key, _) in enumerate(ROLES)}
     stages, n = STAGES, len(STAGES)
     colors = plt.get_cmap("tab10")

@@ -398,8 +398,9 @@ def plot_memory_timeline(
         positive("budget_bytes", budget_bytes)
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.5, 4.2))
+    from course_utils.tracing_plots import get_axes
+
+    ax = get_axes(ax, (8.5, 4.2))
     # ненулевые статьи в порядке первого появления
     components = list(dict.fromkeys(k for _, c in checked for k, v in c.items() if v > 0))
     cmap = plt.colormaps["tab10" if len(components) <= 10 else "tab20"]

@@ -584,15 +584,14 @@ def pool_utilization(
 def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None):
     """График: токены в очереди во времени (с), порог θ (по умолчанию max_queue_tokens) и
     превышение (закрашено: начатые до порога роллауты всё равно приходят)."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     from course_utils.fmt import num
+    from course_utils.tracing_plots import finish_axes, get_axes
 
     thr, t, d = _queue_steps(result, threshold_tokens)
     d = np.append(d, d[-1])
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3.8))
+    ax = get_axes(ax, (10, 3.8))
     ax.step(t, d, where="post", color="tab:blue", lw=1.4, label="токены в очереди")
     if thr is not None:
         ax.axhline(thr, color="black", ls="--", lw=1.0, label=f"порог запуска: {num(thr)} токенов")
@@ -600,17 +599,18 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
         ax.fill_between(  # ниже порога полоса нулевой высоты
             t, thr, np.maximum(d, thr), step="post", color="tab:red", alpha=0.35, lw=0, label=label
         )
-    ax.set_xlim(0, result.config.duration_s)
-    ax.set_ylim(0, 1.45 * max(d.max(), thr or 0, 1))  # место для легенды над данными
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.yaxis.set_major_formatter(lambda y, _: num(int(y)))
-    ax.set_xlabel("время, с (виртуальное)")
-    ax.set_ylabel("глубина очереди, токенов")
-    ax.set_title("Глубина очереди роллаутов")
-    ax.grid(linestyle=":", alpha=0.6)
-    ax.legend(loc="upper left", fontsize="small", ncols=1, frameon=True, framealpha=0.9)
-    ax.figure.tight_layout()
-    return ax
+    ax.grid(linestyle=":", alpha=0.6)  # поверх заливки: без set_axisbelow
+    return finish_axes(
+        ax,
+        xlim=(0, result.config.duration_s),
+        ylim=(0, 1.45 * max(d.max(), thr or 0, 1)),  # место для легенды над данными
+        xlabel="время, с (виртуальное)",
+        ylabel="глубина очереди, токенов",
+        title="Глубина очереди роллаутов",
+        legend={"loc": "upper left", "fontsize": "small", "frameon": True, "framealpha": 0.9},
+    )
 
 
 def _benchmark() -> None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -160,13 +159,13 @@ def stage_colors(stages) -> dict[str, Any]:
 def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с; на широких
     сегментах — доля этапа в T_seq, справа — T_seq. Возвращает Axes."""
-    import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
+
+    from course_utils.tracing_plots import LEGEND_RIGHT, finish_axes, get_axes
 
     times = _stage_times(stage_times)
     total = _positive_total(times)  # T_seq, с
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 2.6))
+    ax = get_axes(ax, (10, 2.6))
     colors = stage_colors(times)
     left = 0.0
     for stage, width in times.items():
@@ -180,17 +179,19 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
         left += width
     ax.text(total * 1.01, 0, f"{total:.2f} с", va="center", fontsize=9)
     ax.set_yticks([])
-    ax.set_ylim(0.5, -0.5)
-    ax.set_xlim(0, total * 1.14)
-    ax.set_xlabel("время шага, с")
-    ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
-    ax.set_axisbelow(True)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title(
-        f"Последовательный шаг по этапам: T_seq = {total:.2f} с" if title is None else title
+    return finish_axes(
+        ax,
+        ylim=(0.5, -0.5),
+        xlim=(0, total * 1.14),
+        xlabel="время шага, с",
+        title=f"Последовательный шаг по этапам: T_seq = {total:.2f} с" if title is None else title,
+        grid="x",
+        legend={
+            "title": "этап",
+            "fontsize": "small",
+            "frameon": False,
+            **LEGEND_RIGHT,
+            "borderaxespad": 0.0,
+        },
     )
-    legend = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
-    ax.legend(title="этап", fontsize="small", frameon=False, **legend)
-    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
-        ax.figure.tight_layout()
-    return ax

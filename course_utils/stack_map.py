@@ -228,9 +228,10 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from course_utils.tracing_plots import get_axes
+
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 6.6), layout="constrained")
+    ax = get_axes(ax, (10, 6.6), layout="constrained")
     cells = _stack_cells(frame)
     stacks = list(frame["stack"])
     colors = plt.get_cmap("tab10").colors
