@@ -88,12 +88,10 @@ def best_device_split(
     K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
     r_t = positive("train_rate_per_device", train_rate_per_device)
-    best = (0, 0, -1.0)
-    for k_gen in range(1, K):
-        rate = min(k_gen * r_g, (K - k_gen) * r_t)
-        if rate > best[2] and not math.isclose(rate, best[2], rel_tol=1e-12):
-            best = (k_gen, K - k_gen, rate)
-    return best
+    rates = {k: min(k * r_g, (K - k) * r_t) for k in range(1, K)}  # k_gen → токенов/с
+    top = max(rates.values())
+    k_gen = next(k for k, rate in rates.items() if math.isclose(rate, top, rel_tol=1e-12))
+    return k_gen, K - k_gen, rates[k_gen]
 
 
 # --------------------------------------------------------------------------- конфигурация
@@ -399,9 +397,9 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     out = {"duration_s": H, "throughput_tokens_per_s": float(steps["tokens"].sum() / H)}
     out["generated_tokens_per_s"] = float(rollouts.loc[enqueued, "tokens"].sum() / H)
     out["optimizer_steps"] = len(steps)
-    out["mean_policy_lag"] = float(lag.mean()) if len(lag) else math.nan
+    out["mean_policy_lag"] = float(lag.mean())  # NaN, если роллауты не взяты
     out["max_policy_lag"] = int(lag.max()) if len(lag) else 0
-    out["ess_norm"] = float(steps["ess_norm"].mean()) if len(steps) else math.nan
+    out["ess_norm"] = float(steps["ess_norm"].mean())
     out["trainer_idle_share"] = float(trainer_wait.sum() / H)
     out["collector_idle_share"] = float(backpressure / (cfg.num_collectors * H))
     out["peak_queue_tokens"] = int(queue["depth_tokens"].max())
@@ -562,15 +560,10 @@ def pool_utilization(
         raise ValueError(f"pools: не указан пул для исполнителей {unknown}")
     H = positive("horizon", df["end_s"].max() if horizon is None else horizon)
     busy: Counter[str] = Counter()
-    for w, g in df.groupby(df["worker"].astype(str)):
-        cur_s, cur_e = None, None
-        for s, e in sorted(zip(g["start_s"].clip(0, H), g["end_s"].clip(0, H))):
-            if cur_e is None or s > cur_e:
-                busy[w] += 0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy[w] += cur_e - cur_s
+    for w, g in df.sort_values("start_s").groupby(df["worker"].astype(str)):
+        start, end = g["start_s"].clip(0, H), g["end_s"].clip(0, H)
+        covered = end.cummax().shift(fill_value=0.0)  # конец объединения прошлых интервалов
+        busy[w] = (end - np.maximum(start, covered)).clip(lower=0).sum()  # новое занятое, с
     size = Counter(pools.values())
     out = {
         p: sum(busy[str(w)] for w, q in pools.items() if q == p) / (n * H) for p, n in size.items()

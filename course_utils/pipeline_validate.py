@@ -73,7 +73,7 @@ def trace_metrics(trace: Trace) -> dict[str, float]:
         "trainer_busy_fraction": float(busy / H),
         "queue_tokens_mean": float(np.sum(d * dt) / H),
         "queue_tokens_p95": float(d[order][np.searchsorted(share, 0.95 - 1e-12)]),
-        "policy_lag_mean": float(taken["lag"].mean()) if len(taken) else float("nan"),
+        "policy_lag_mean": float(taken["lag"].mean()),  # NaN, если групп нет
     }
 
 
