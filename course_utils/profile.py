@@ -37,8 +37,13 @@ DEFAULT_MEDIANS_S = dict(zip(STAGES, (0.05, 0.3, 6.0, 0.4, 0.8, 2.2, 0.3, 0.6)))
 NOISE_SIGMA = dict(zip(STAGES, (0.2, 0.1, 0.15, 0.25, 0.08, 0.05, 0.05, 0.1)))
 # Во сколько раз первый шаг медленнее (прогрев: выделение памяти, состояние Adam, ядра, кэши).
 WARMUP_FACTOR = dict(zip(STAGES, (3.0, 2.0, 1.3, 1.5, 2.0, 2.0, 4.0, 1.5)))
-# Этапы вне STAGES на рисунках курса: у каждого свой постоянный цвет.
-_EXTRA_STAGES = ("queue_wait", "backpressure", "verifier", "checkpoint")
+# Этапы вне STAGES на рисунках курса: у каждого свой постоянный цвет и подпись.
+EXTRA_STAGE_LABELS_RU = {
+    "queue_wait": "ожидание пакета",
+    "backpressure": "обратное давление",
+    "verifier": "проверка ответа",
+    "checkpoint": "контрольная точка",
+}
 _TOKEN_KEYS = {"input_tokens": "prefill", "output_tokens": "decode"}
 
 
@@ -145,13 +150,13 @@ def profile_table(
 
 
 def stage_colors(stages) -> dict[str, Any]:
-    """Один этап — один цвет на всех рисунках курса: STAGES и _EXTRA_STAGES — постоянные места
-    палитры tab20 (сначала тёмные оттенки), незнакомые этапы — следующие по первому появлению."""
+    """Один этап — один цвет на всех рисунках курса: STAGES и EXTRA_STAGE_LABELS_RU — постоянные
+    места палитры tab20 (сначала тёмные оттенки), незнакомые этапы — следующие по первому появлению."""
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
     places = [*range(0, 20, 2), *range(1, 20, 2)]  # тёмные, затем светлые
-    known = [*STAGES, *_EXTRA_STAGES]
+    known = [*STAGES, *EXTRA_STAGE_LABELS_RU]
     order = known + [s for s in dict.fromkeys(map(str, stages)) if s not in known]
     return {str(s): cmap(places[order.index(str(s)) % len(places)]) for s in stages}
 

@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
+from course_utils.profile import EXTRA_STAGE_LABELS_RU, STAGE_LABELS_RU, stage_colors
 
 # Легенда справа от осей, внутри фигуры: данные занимают всю ширину осей.
 LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
@@ -31,9 +31,7 @@ def get_axes(ax, figsize: tuple[float, float], **subplots_kw):
     return ax
 
 
-def finish_axes(
-    ax, *, grid: str | None = None, legend: Mapping | None = None, tight: bool = True, **labels
-):
+def finish_axes(ax, *, grid: str | None = None, legend: Mapping | None = None, **labels):
     """Оформление рисунка: ``ax.set(**labels)`` (title, xlabel, ylabel…), пунктирная сетка по оси
     grid ("x", "y", "both") под данными, ``ax.legend(**legend)``, tight_layout; возвращает ax."""
     ax.set(**labels)
@@ -42,9 +40,8 @@ def finish_axes(
         ax.set_axisbelow(True)
     if legend is not None:
         ax.legend(**legend)
-    if tight:
-        with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
-            ax.figure.tight_layout()
+    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
+        ax.figure.tight_layout()
     return ax
 
 
@@ -89,7 +86,7 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
         raise ValueError(f"{name}: нет ни одного события")
     times = {c: pd.to_numeric(frame[c], errors="coerce") for c in ("start_s", "end_s")}
     for col, vals in times.items():
-        if vals.isna().any() or not vals.map(math.isfinite).all():
+        if not np.isfinite(vals).all():  # NaN — не число
             raise ValueError(f"{name}: столбец {col} должен содержать конечные числа секунд")
     if (times["end_s"] < times["start_s"]).any():
         raise ValueError(f"{name}: есть события с end_s < start_s")
@@ -97,13 +94,7 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
 
 
 # Подписи на рисунках по-русски; ключи стадий и имена исполнителей в данных — английские.
-_STAGE_LABELS = {
-    **_LOOP_STAGE_LABELS,
-    "queue_wait": "ожидание пакета",
-    "backpressure": "обратное давление",
-    "verifier": "проверка ответа",
-    "checkpoint": "контрольная точка",
-}
+_STAGE_LABELS = {**STAGE_LABELS_RU, **EXTRA_STAGE_LABELS_RU}
 _WORKER_LABELS = {
     "main": "главный поток",
     "collector": "сборщик",
