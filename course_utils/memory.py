@@ -11,7 +11,7 @@ import json
 import math
 import os
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import astuple, dataclass, field, fields
 from fractions import Fraction
 from numbers import Rational, Real
 from pathlib import Path
@@ -88,7 +88,7 @@ class TrainingRecipe:
     @property
     def total(self) -> Real:
         """Σ байт на параметр: b_param + b_grad + b_m1 + b_m2 + b_master."""
-        return sum(getattr(self, f.name) for f in fields(self)[:5])  # b_param + … + b_master
+        return sum(astuple(self)[:5])  # b_param + b_grad + b_m1 + b_m2 + b_master
 
     @property
     def optimizer_bytes(self) -> Real:
@@ -97,8 +97,7 @@ class TrainingRecipe:
 
     def describe(self) -> str:
         """Одна строка по-русски: "2 + 2 + 4 + 4 + 4 = 16 Б/параметр — <подпись>"."""
-        parts = (self.param_bytes, self.grad_bytes, self.m1_bytes, self.m2_bytes, self.master_bytes)
-        line = " + ".join(f"{p:g}" for p in parts) + f" = {self.total:g} Б/параметр"
+        line = " + ".join(f"{p:g}" for p in astuple(self)[:5]) + f" = {self.total:g} Б/параметр"
         return f"{line} — {self.label}" if self.label else line
 
 

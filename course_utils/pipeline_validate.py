@@ -255,8 +255,8 @@ def comparison_frame(result: dict) -> pd.DataFrame:
         for m in case["metrics"]:
             kind = "отн." if m["error_kind"] == "relative" else "абс."
             ok = None if None in (m["target"], m["error"]) else abs(m["error"]) <= m["target"]
-            rows.append((run, m["name"], m["predicted"], m["measured"], m["error"], kind))
-            rows[-1] += (m["target"], ok)
+            values = (m["predicted"], m["measured"], m["error"])
+            rows.append((run, m["name"], *values, kind, m["target"], ok))
     return pd.DataFrame(rows, columns=[c.replace("_", " ") for c in _FRAME_COLUMNS.split()])
 
 
