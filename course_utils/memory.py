@@ -251,8 +251,7 @@ class ModelShape:
         """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3;
         смещения и q/k-norm — по правилам семейства, head_dim по умолчанию hidden_size // heads."""
         d = _config_dict(config)
-        missing = [k for k in _CONFIG_FIELDS if d.get(k) is None]
-        if missing:
+        if missing := [k for k in _CONFIG_FIELDS if d.get(k) is None]:
             raise ValueError(f"config: нет обязательных ключей {missing}")
         model_type = d.get("model_type") or "llama"
         attn_bias = bool(d.get("attention_bias", False))

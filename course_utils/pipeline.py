@@ -516,8 +516,7 @@ def critical_path(
     if df.empty:
         raise ValueError("intervals: нет ни одного интервала работы")
     preds = {i: list(d) for i, d in (deps or {}).items()}  # строка → предшественники
-    bad = [j for i, d in preds.items() for j in [i, *d] if not is_int(j) or j not in df.index]
-    if bad:
+    if bad := [j for i, d in preds.items() for j in [i, *d] if not is_int(j) or j not in df.index]:
         raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
     start, end = df["start_s"].to_dict(), df["end_s"].to_dict()
     for worker, g in df.groupby(df["worker"].astype(str), sort=False):
@@ -555,8 +554,7 @@ def pool_utilization(
     df = _intervals(intervals, WAIT_STAGES)
     if df.empty and horizon is None:
         raise ValueError("intervals: нет интервалов работы, а horizon не задан")
-    unknown = sorted(set(df["worker"].astype(str)) - set(map(str, pools)))
-    if unknown:
+    if unknown := sorted(set(df["worker"].astype(str)) - set(map(str, pools))):
         raise ValueError(f"pools: не указан пул для исполнителей {unknown}")
     H = positive("horizon", df["end_s"].max() if horizon is None else horizon)
     busy: Counter[str] = Counter()

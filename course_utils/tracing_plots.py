@@ -52,8 +52,7 @@ _REQUIRED = ("worker", "stage", "start_s", "end_s")
 def _event_row(i: int, ev: Any) -> dict[str, Any]:
     if not isinstance(ev, Mapping):
         raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
-    missing = [c for c in _REQUIRED if c not in ev]
-    if missing:
+    if missing := [c for c in _REQUIRED if c not in ev]:
         raise ValueError(f"в событии №{i} нет полей {missing}")
     return {"trace_id": None, **ev, "duration_s": float(ev["end_s"]) - float(ev["start_s"])}
 
@@ -79,8 +78,7 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
             f"{name} должно быть DataFrame, StageTimer или списком событий-словарей, "
             f"получено {type(data)}"
         )
-    missing = [c for c in _REQUIRED if c not in frame.columns]
-    if missing:
+    if missing := [c for c in _REQUIRED if c not in frame.columns]:
         raise ValueError(f"{name}: нет столбцов {missing}")
     if len(frame) == 0:
         raise ValueError(f"{name}: нет ни одного события")
