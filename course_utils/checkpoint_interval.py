@@ -123,11 +123,11 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(0, min(100.0, 100 * float((write + redo).max())) * 1.05)
     (c_scale, c_unit), (m_scale, m_unit) = _time_unit(write_s), _time_unit(mtbf_s)
     ax.grid(linestyle=":", alpha=0.6, which="both")
     return finish_axes(
         ax,
+        ylim=(0, min(100.0, 100 * float((write + redo).max())) * 1.05),
         xlabel=f"интервал между контрольными точками I, {unit} (логарифмическая шкала)",
         ylabel="потери H(I), % полезного времени",
         title=f"Цена контрольных точек: запись C = {write_s / c_scale:.3g} {c_unit},\n"
