@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = vars(ap.parse_args(argv))
     as_json, out = kwargs.pop("json"), kwargs.pop("out")
     try:
-        result = validate(**{**kwargs, "factors": tuple(kwargs.get("factors", (0.5, 2.0)))})
+        result = validate(**kwargs)  # умолчания — у validate
     except (ValueError, RuntimeError) as exc:  # неверный аргумент или неуспешный запуск
         print(f"validate: {exc}", file=sys.stderr)
         return 2
