@@ -22,7 +22,9 @@ import pandas as pd
 
 from course_utils.args import choice, flag, integer, is_int, nonnegative, positive, real
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
+from course_utils.fmt import num
 from course_utils.offpolicy import normalized_ess
+from course_utils.tracing_plots import _to_frame, finish_axes, get_axes
 
 # Стадии ожидания: не работа, а простой исполнителя (не входят в сумму работы и загрузку пулов).
 WAIT_STAGES = ("queue_wait", "backpressure")
@@ -486,8 +488,6 @@ def queue_above_threshold(result: SimResult, threshold_tokens: float | None = No
 
 
 def _intervals(intervals: Any, exclude_stages: Iterable[str]) -> pd.DataFrame:
-    from course_utils.tracing import _to_frame
-
     try:
         df = _to_frame(intervals, "intervals").reset_index(drop=True)
     except ValueError as exc:
@@ -576,9 +576,6 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
     """График: токены в очереди во времени (с), порог θ (по умолчанию max_queue_tokens) и
     превышение (закрашено: начатые до порога роллауты всё равно приходят)."""
     from matplotlib.ticker import MaxNLocator
-
-    from course_utils.fmt import num
-    from course_utils.tracing_plots import finish_axes, get_axes
 
     thr, t, d = _queue_steps(result, threshold_tokens)
     d = np.append(d, d[-1])

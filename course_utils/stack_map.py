@@ -21,6 +21,7 @@ import pandas as pd
 
 from course_utils import args, fmt
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
+from course_utils.tracing_plots import get_axes
 
 STACK_MAP_COLUMNS: tuple[str, ...] = tuple(
     "stack placement synchrony async_variants placement_synchrony staleness_control_key"
@@ -227,8 +228,6 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-
-    from course_utils.tracing_plots import get_axes
 
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
     ax = get_axes(ax, (10, 6.6), layout="constrained")
