@@ -543,12 +543,9 @@ def parse_accelerate_printout(text: str) -> dict[str, dict[str, str]]:
         raise ValueError(
             "text должно быть таблицей accelerate estimate-memory (accelerate_printout)"
         )
-    rows = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip("│").split("│")]
-        if len(cells) == 4 and cells[0] in ACCELERATE_DTYPES:
-            rows[cells[0]] = dict(zip(_ACCELERATE_HEADERS, cells[1:]))
-    return rows
+    rows = ([c.strip() for c in line.strip("│").split("│")] for line in text.splitlines())
+    table = [cells for cells in rows if len(cells) == 4 and cells[0] in ACCELERATE_DTYPES]
+    return {cells[0]: dict(zip(_ACCELERATE_HEADERS, cells[1:])) for cells in table}
 
 
 _HIDDEN = "не печатает: статья estimate_training_usage"

@@ -100,9 +100,7 @@ def stage_medians(frame: pd.DataFrame, skip_warmup: int = 1) -> pd.Series:
     arr = frame[stage_columns()].iloc[skip_warmup:].to_numpy(dtype=float)
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError("frame: времена этапов должны быть конечными числами ≥ 0 с")
-    out = pd.Series(np.median(arr, axis=0), index=list(STAGES), name="медиана, с")
-    out.index.name = "этап"
-    return out
+    return pd.Series(np.median(arr, axis=0), index=pd.Index(STAGES, name="этап"), name="медиана, с")
 
 
 def sequential_time(stage_times: Mapping[str, float] | pd.Series) -> float:

@@ -497,8 +497,7 @@ def choose_stacks(
         rows.append((row["stack"], not failed, failed, unconfirmed, snapshot, age))
 
     result = pd.DataFrame(rows, columns=list(CHOICE_COLUMNS))
-    result.attrs["include_unconfirmed"] = include_unconfirmed
-    result.attrs["today"] = today
+    result.attrs.update(include_unconfirmed=include_unconfirmed, today=today)
     return result
 
 

@@ -22,8 +22,7 @@ LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
 
 
 def get_axes(ax, figsize: tuple[float, float], **subplots_kw):
-    """ax, если он дан, иначе оси новой фигуры размером figsize, дюймы (subplots_kw — в
-    ``plt.subplots``)."""
+    """ax, если он дан, иначе оси новой фигуры figsize, дюймы (subplots_kw — в plt.subplots)."""
     if ax is None:
         import matplotlib.pyplot as plt
 
