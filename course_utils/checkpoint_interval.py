@@ -84,8 +84,9 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     """График H(I) = C/I + I/(2M) в % от интервала I (ось x логарифмическая, единица по I*):
     пунктиром — слагаемые C/I и I/(2M), оранжевым — daly_overhead и daly_interval; отмечены I*
     Янга и current_interval_s (ваш интервал, с). Возвращает matplotlib Axes."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from course_utils.tracing_plots import LEGEND_RIGHT, finish_axes, get_axes
 
     i_star = young_interval(write_s, mtbf_s)
     scale, unit = _time_unit(i_star)
@@ -96,8 +97,7 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     grid = np.geomspace(lo, hi, 400)
     write, redo = write_s / grid, grid / (2 * mtbf_s)  # доли: C/I и I/(2M)
     exact = np.array([daly_overhead(i, write_s, mtbf_s) for i in grid])
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 4))
+    ax = get_axes(ax, (11, 4))
     for y, style in (
         (write + redo, dict(color="tab:blue", lw=2, label="H(I) = C/I + I/(2M)")),
         (write, dict(color="tab:gray", ls="--", lw=1, label="запись: C/I")),
@@ -123,17 +123,14 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(0, min(100.0, 100 * float((write + redo).max())) * 1.05)
-    ax.set_xlabel(f"интервал между контрольными точками I, {unit} (логарифмическая шкала)")
-    ax.set_ylabel("потери H(I), % полезного времени")
     (c_scale, c_unit), (m_scale, m_unit) = _time_unit(write_s), _time_unit(mtbf_s)
-    ax.set_title(
-        f"Цена контрольных точек: запись C = {write_s / c_scale:.3g} {c_unit},\n"
-        f"среднее время между отказами M = {mtbf_s / m_scale:.3g} {m_unit}"
-    )
     ax.grid(linestyle=":", alpha=0.6, which="both")
-    # справа от осей, внутри фигуры: кривые занимают всю ширину осей и легенду не перекрывают
-    ax.legend(fontsize="small", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    if ax.figure is not None:
-        ax.figure.tight_layout()
-    return ax
+    return finish_axes(
+        ax,
+        ylim=(0, min(100.0, 100 * float((write + redo).max())) * 1.05),
+        xlabel=f"интервал между контрольными точками I, {unit} (логарифмическая шкала)",
+        ylabel="потери H(I), % полезного времени",
+        title=f"Цена контрольных точек: запись C = {write_s / c_scale:.3g} {c_unit},\n"
+        f"среднее время между отказами M = {mtbf_s / m_scale:.3g} {m_unit}",
+        legend={"fontsize": "small", "frameon": False, **LEGEND_RIGHT},
+    )

@@ -53,8 +53,9 @@ def plot_dataflow(ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(14, 6.2))
+    from course_utils.tracing_plots import get_axes
+
+    ax = get_axes(ax, (14, 6.2))
     lane = {key: i for i, (key, _) in enumerate(ROLES)}
     stages, n = STAGES, len(STAGES)
     colors = plt.get_cmap("tab10")
@@ -87,9 +88,7 @@ def plot_dataflow(ax=None):
     storage_text = "журнал роллаутов, метрики, контрольные точки"
     ax.text(n / 2 - 0.5, ys, storage_text, fontsize=8.5, color="0.3", **mid)
     ax.set_yticks(range(len(ROLES)), [name for _, name in ROLES], fontsize=9)
-    ax.set_xticks([])
-    ax.set_xlim(-0.6, n - 0.2)
-    ax.set_ylim(len(ROLES) - 0.5, -0.5)
+    ax.set(xticks=[], xlim=(-0.6, n - 0.2), ylim=(len(ROLES) - 0.5, -0.5))
     ax.spines[["top", "right", "bottom"]].set_visible(False)
     ax.set_title("Одно обновление онлайн-RL: этапы (блоки), роли (дорожки) и данные (стрелки)")
     return ax

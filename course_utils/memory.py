@@ -11,7 +11,7 @@ import json
 import math
 import os
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import astuple, dataclass, field, fields
 from fractions import Fraction
 from numbers import Rational, Real
 from pathlib import Path
@@ -88,7 +88,7 @@ class TrainingRecipe:
     @property
     def total(self) -> Real:
         """Σ байт на параметр: b_param + b_grad + b_m1 + b_m2 + b_master."""
-        return sum(getattr(self, f.name) for f in fields(self)[:5])  # b_param + … + b_master
+        return sum(astuple(self)[:5])  # b_param + b_grad + b_m1 + b_m2 + b_master
 
     @property
     def optimizer_bytes(self) -> Real:
@@ -97,8 +97,7 @@ class TrainingRecipe:
 
     def describe(self) -> str:
         """Одна строка по-русски: "2 + 2 + 4 + 4 + 4 = 16 Б/параметр — <подпись>"."""
-        parts = (self.param_bytes, self.grad_bytes, self.m1_bytes, self.m2_bytes, self.master_bytes)
-        line = " + ".join(f"{p:g}" for p in parts) + f" = {self.total:g} Б/параметр"
+        line = " + ".join(f"{p:g}" for p in astuple(self)[:5]) + f" = {self.total:g} Б/параметр"
         return f"{line} — {self.label}" if self.label else line
 
 
@@ -252,8 +251,7 @@ class ModelShape:
         """Форма из config.json (словарь, путь, PretrainedConfig) qwen2, llama, mistral, qwen3;
         смещения и q/k-norm — по правилам семейства, head_dim по умолчанию hidden_size // heads."""
         d = _config_dict(config)
-        missing = [k for k in _CONFIG_FIELDS if d.get(k) is None]
-        if missing:
+        if missing := [k for k in _CONFIG_FIELDS if d.get(k) is None]:
             raise ValueError(f"config: нет обязательных ключей {missing}")
         model_type = d.get("model_type") or "llama"
         attn_bias = bool(d.get("attention_bias", False))
@@ -398,8 +396,9 @@ def plot_memory_timeline(
         positive("budget_bytes", budget_bytes)
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.5, 4.2))
+    from course_utils.tracing_plots import get_axes
+
+    ax = get_axes(ax, (8.5, 4.2))
     # ненулевые статьи в порядке первого появления
     components = list(dict.fromkeys(k for _, c in checked for k, v in c.items() if v > 0))
     cmap = plt.colormaps["tab10" if len(components) <= 10 else "tab20"]
@@ -544,12 +543,9 @@ def parse_accelerate_printout(text: str) -> dict[str, dict[str, str]]:
         raise ValueError(
             "text должно быть таблицей accelerate estimate-memory (accelerate_printout)"
         )
-    rows = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip("│").split("│")]
-        if len(cells) == 4 and cells[0] in ACCELERATE_DTYPES:
-            rows[cells[0]] = dict(zip(_ACCELERATE_HEADERS, cells[1:]))
-    return rows
+    rows = ([c.strip() for c in line.strip("│").split("│")] for line in text.splitlines())
+    table = [cells for cells in rows if len(cells) == 4 and cells[0] in ACCELERATE_DTYPES]
+    return {cells[0]: dict(zip(_ACCELERATE_HEADERS, cells[1:])) for cells in table}
 
 
 _HIDDEN = "не печатает: статья estimate_training_usage"

@@ -22,7 +22,9 @@ import pandas as pd
 
 from course_utils.args import choice, flag, integer, is_int, nonnegative, positive, real
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
+from course_utils.fmt import num
 from course_utils.offpolicy import normalized_ess
+from course_utils.tracing_plots import _to_frame, finish_axes, get_axes
 
 # Стадии ожидания: не работа, а простой исполнителя (не входят в сумму работы и загрузку пулов).
 WAIT_STAGES = ("queue_wait", "backpressure")
@@ -88,12 +90,10 @@ def best_device_split(
     K = integer("K", K, 2, strict=True)
     r_g = positive("gen_rate_per_device", gen_rate_per_device)
     r_t = positive("train_rate_per_device", train_rate_per_device)
-    best = (0, 0, -1.0)
-    for k_gen in range(1, K):
-        rate = min(k_gen * r_g, (K - k_gen) * r_t)
-        if rate > best[2] and not math.isclose(rate, best[2], rel_tol=1e-12):
-            best = (k_gen, K - k_gen, rate)
-    return best
+    rates = {k: min(k * r_g, (K - k) * r_t) for k in range(1, K)}  # k_gen → токенов/с
+    top = max(rates.values())
+    k_gen = next(k for k, rate in rates.items() if math.isclose(rate, top, rel_tol=1e-12))
+    return k_gen, K - k_gen, rates[k_gen]
 
 
 # --------------------------------------------------------------------------- конфигурация
@@ -399,9 +399,9 @@ def _summary(cfg, rollouts, queue, steps, events) -> dict:
     out = {"duration_s": H, "throughput_tokens_per_s": float(steps["tokens"].sum() / H)}
     out["generated_tokens_per_s"] = float(rollouts.loc[enqueued, "tokens"].sum() / H)
     out["optimizer_steps"] = len(steps)
-    out["mean_policy_lag"] = float(lag.mean()) if len(lag) else math.nan
+    out["mean_policy_lag"] = float(lag.mean())  # NaN, если роллауты не взяты
     out["max_policy_lag"] = int(lag.max()) if len(lag) else 0
-    out["ess_norm"] = float(steps["ess_norm"].mean()) if len(steps) else math.nan
+    out["ess_norm"] = float(steps["ess_norm"].mean())
     out["trainer_idle_share"] = float(trainer_wait.sum() / H)
     out["collector_idle_share"] = float(backpressure / (cfg.num_collectors * H))
     out["peak_queue_tokens"] = int(queue["depth_tokens"].max())
@@ -488,8 +488,6 @@ def queue_above_threshold(result: SimResult, threshold_tokens: float | None = No
 
 
 def _intervals(intervals: Any, exclude_stages: Iterable[str]) -> pd.DataFrame:
-    from course_utils.tracing import _to_frame
-
     try:
         df = _to_frame(intervals, "intervals").reset_index(drop=True)
     except ValueError as exc:
@@ -518,8 +516,7 @@ def critical_path(
     if df.empty:
         raise ValueError("intervals: нет ни одного интервала работы")
     preds = {i: list(d) for i, d in (deps or {}).items()}  # строка → предшественники
-    bad = [j for i, d in preds.items() for j in [i, *d] if not is_int(j) or j not in df.index]
-    if bad:
+    if bad := [j for i, d in preds.items() for j in [i, *d] if not is_int(j) or j not in df.index]:
         raise ValueError(f"deps: номера строк вне intervals (или этапы ожидания): {bad}")
     start, end = df["start_s"].to_dict(), df["end_s"].to_dict()
     for worker, g in df.groupby(df["worker"].astype(str), sort=False):
@@ -557,20 +554,14 @@ def pool_utilization(
     df = _intervals(intervals, WAIT_STAGES)
     if df.empty and horizon is None:
         raise ValueError("intervals: нет интервалов работы, а horizon не задан")
-    unknown = sorted(set(df["worker"].astype(str)) - set(map(str, pools)))
-    if unknown:
+    if unknown := sorted(set(df["worker"].astype(str)) - set(map(str, pools))):
         raise ValueError(f"pools: не указан пул для исполнителей {unknown}")
     H = positive("horizon", df["end_s"].max() if horizon is None else horizon)
     busy: Counter[str] = Counter()
-    for w, g in df.groupby(df["worker"].astype(str)):
-        cur_s, cur_e = None, None
-        for s, e in sorted(zip(g["start_s"].clip(0, H), g["end_s"].clip(0, H))):
-            if cur_e is None or s > cur_e:
-                busy[w] += 0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy[w] += cur_e - cur_s
+    for w, g in df.sort_values("start_s").groupby(df["worker"].astype(str)):
+        start, end = g["start_s"].clip(0, H), g["end_s"].clip(0, H)
+        covered = end.cummax().shift(fill_value=0.0)  # конец объединения прошлых интервалов
+        busy[w] = (end - np.maximum(start, covered)).clip(lower=0).sum()  # новое занятое, с
     size = Counter(pools.values())
     out = {
         p: sum(busy[str(w)] for w, q in pools.items() if q == p) / (n * H) for p, n in size.items()
@@ -584,15 +575,11 @@ def pool_utilization(
 def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None):
     """График: токены в очереди во времени (с), порог θ (по умолчанию max_queue_tokens) и
     превышение (закрашено: начатые до порога роллауты всё равно приходят)."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
-
-    from course_utils.fmt import num
 
     thr, t, d = _queue_steps(result, threshold_tokens)
     d = np.append(d, d[-1])
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3.8))
+    ax = get_axes(ax, (10, 3.8))
     ax.step(t, d, where="post", color="tab:blue", lw=1.4, label="токены в очереди")
     if thr is not None:
         ax.axhline(thr, color="black", ls="--", lw=1.0, label=f"порог запуска: {num(thr)} токенов")
@@ -600,17 +587,18 @@ def plot_queue(result: SimResult, ax=None, threshold_tokens: float | None = None
         ax.fill_between(  # ниже порога полоса нулевой высоты
             t, thr, np.maximum(d, thr), step="post", color="tab:red", alpha=0.35, lw=0, label=label
         )
-    ax.set_xlim(0, result.config.duration_s)
-    ax.set_ylim(0, 1.45 * max(d.max(), thr or 0, 1))  # место для легенды над данными
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.yaxis.set_major_formatter(lambda y, _: num(int(y)))
-    ax.set_xlabel("время, с (виртуальное)")
-    ax.set_ylabel("глубина очереди, токенов")
-    ax.set_title("Глубина очереди роллаутов")
-    ax.grid(linestyle=":", alpha=0.6)
-    ax.legend(loc="upper left", fontsize="small", ncols=1, frameon=True, framealpha=0.9)
-    ax.figure.tight_layout()
-    return ax
+    ax.grid(linestyle=":", alpha=0.6)  # поверх заливки: без set_axisbelow
+    return finish_axes(
+        ax,
+        xlim=(0, result.config.duration_s),
+        ylim=(0, 1.45 * max(d.max(), thr or 0, 1)),  # место для легенды над данными
+        xlabel="время, с (виртуальное)",
+        ylabel="глубина очереди, токенов",
+        title="Глубина очереди роллаутов",
+        legend={"loc": "upper left", "fontsize": "small", "frameon": True, "framealpha": 0.9},
+    )
 
 
 def _benchmark() -> None:

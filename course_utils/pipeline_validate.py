@@ -73,7 +73,7 @@ def trace_metrics(trace: Trace) -> dict[str, float]:
         "trainer_busy_fraction": float(busy / H),
         "queue_tokens_mean": float(np.sum(d * dt) / H),
         "queue_tokens_p95": float(d[order][np.searchsorted(share, 0.95 - 1e-12)]),
-        "policy_lag_mean": float(taken["lag"].mean()) if len(taken) else float("nan"),
+        "policy_lag_mean": float(taken["lag"].mean()),  # NaN, если групп нет
     }
 
 
@@ -255,8 +255,8 @@ def comparison_frame(result: dict) -> pd.DataFrame:
         for m in case["metrics"]:
             kind = "отн." if m["error_kind"] == "relative" else "абс."
             ok = None if None in (m["target"], m["error"]) else abs(m["error"]) <= m["target"]
-            rows.append((run, m["name"], m["predicted"], m["measured"], m["error"], kind))
-            rows[-1] += (m["target"], ok)
+            values = (m["predicted"], m["measured"], m["error"])
+            rows.append((run, m["name"], *values, kind, m["target"], ok))
     return pd.DataFrame(rows, columns=[c.replace("_", " ") for c in _FRAME_COLUMNS.split()])
 
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = vars(ap.parse_args(argv))
     as_json, out = kwargs.pop("json"), kwargs.pop("out")
     try:
-        result = validate(**{**kwargs, "factors": tuple(kwargs.get("factors", (0.5, 2.0)))})
+        result = validate(**kwargs)  # умолчания — у validate
     except (ValueError, RuntimeError) as exc:  # неверный аргумент или неуспешный запуск
         print(f"validate: {exc}", file=sys.stderr)
         return 2

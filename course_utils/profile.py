@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -38,8 +37,13 @@ DEFAULT_MEDIANS_S = dict(zip(STAGES, (0.05, 0.3, 6.0, 0.4, 0.8, 2.2, 0.3, 0.6)))
 NOISE_SIGMA = dict(zip(STAGES, (0.2, 0.1, 0.15, 0.25, 0.08, 0.05, 0.05, 0.1)))
 # Во сколько раз первый шаг медленнее (прогрев: выделение памяти, состояние Adam, ядра, кэши).
 WARMUP_FACTOR = dict(zip(STAGES, (3.0, 2.0, 1.3, 1.5, 2.0, 2.0, 4.0, 1.5)))
-# Этапы вне STAGES на рисунках курса: у каждого свой постоянный цвет.
-_EXTRA_STAGES = ("queue_wait", "backpressure", "verifier", "checkpoint")
+# Этапы вне STAGES на рисунках курса: у каждого свой постоянный цвет и подпись.
+EXTRA_STAGE_LABELS_RU = {
+    "queue_wait": "ожидание пакета",
+    "backpressure": "обратное давление",
+    "verifier": "проверка ответа",
+    "checkpoint": "контрольная точка",
+}
 _TOKEN_KEYS = {"input_tokens": "prefill", "output_tokens": "decode"}
 
 
@@ -96,9 +100,7 @@ def stage_medians(frame: pd.DataFrame, skip_warmup: int = 1) -> pd.Series:
     arr = frame[stage_columns()].iloc[skip_warmup:].to_numpy(dtype=float)
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError("frame: времена этапов должны быть конечными числами ≥ 0 с")
-    out = pd.Series(np.median(arr, axis=0), index=list(STAGES), name="медиана, с")
-    out.index.name = "этап"
-    return out
+    return pd.Series(np.median(arr, axis=0), index=pd.Index(STAGES, name="этап"), name="медиана, с")
 
 
 def sequential_time(stage_times: Mapping[str, float] | pd.Series) -> float:
@@ -146,13 +148,13 @@ def profile_table(
 
 
 def stage_colors(stages) -> dict[str, Any]:
-    """Один этап — один цвет на всех рисунках курса: STAGES и _EXTRA_STAGES — постоянные места
-    палитры tab20 (сначала тёмные оттенки), незнакомые этапы — следующие по первому появлению."""
+    """Один этап — один цвет на всех рисунках курса: STAGES и EXTRA_STAGE_LABELS_RU — постоянные
+    места палитры tab20 (сначала тёмные оттенки), незнакомые этапы — следующие по первому появлению."""
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
     places = [*range(0, 20, 2), *range(1, 20, 2)]  # тёмные, затем светлые
-    known = [*STAGES, *_EXTRA_STAGES]
+    known = [*STAGES, *EXTRA_STAGE_LABELS_RU]
     order = known + [s for s in dict.fromkeys(map(str, stages)) if s not in known]
     return {str(s): cmap(places[order.index(str(s)) % len(places)]) for s in stages}
 
@@ -160,13 +162,13 @@ def stage_colors(stages) -> dict[str, Any]:
 def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с; на широких
     сегментах — доля этапа в T_seq, справа — T_seq. Возвращает Axes."""
-    import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
+
+    from course_utils.tracing_plots import LEGEND_RIGHT, finish_axes, get_axes
 
     times = _stage_times(stage_times)
     total = _positive_total(times)  # T_seq, с
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 2.6))
+    ax = get_axes(ax, (10, 2.6))
     colors = stage_colors(times)
     left = 0.0
     for stage, width in times.items():
@@ -180,17 +182,19 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
         left += width
     ax.text(total * 1.01, 0, f"{total:.2f} с", va="center", fontsize=9)
     ax.set_yticks([])
-    ax.set_ylim(0.5, -0.5)
-    ax.set_xlim(0, total * 1.14)
-    ax.set_xlabel("время шага, с")
-    ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
-    ax.set_axisbelow(True)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title(
-        f"Последовательный шаг по этапам: T_seq = {total:.2f} с" if title is None else title
+    return finish_axes(
+        ax,
+        ylim=(0.5, -0.5),
+        xlim=(0, total * 1.14),
+        xlabel="время шага, с",
+        title=f"Последовательный шаг по этапам: T_seq = {total:.2f} с" if title is None else title,
+        grid="x",
+        legend={
+            "title": "этап",
+            "fontsize": "small",
+            "frameon": False,
+            **LEGEND_RIGHT,
+            "borderaxespad": 0.0,
+        },
     )
-    legend = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
-    ax.legend(title="этап", fontsize="small", frameon=False, **legend)
-    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
-        ax.figure.tight_layout()
-    return ax

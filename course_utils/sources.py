@@ -43,8 +43,7 @@ def load_sources(path: str | Path | None = None) -> pd.DataFrame:
 
 def sources_for_step(frame: pd.DataFrame, step: str) -> pd.DataFrame:
     """Строки реестра для шага (``"12.2.2"``) или целого урока (``"12.2"``), порядок как в файле."""
-    missing = [c for c in SOURCES_COLUMNS if c not in getattr(frame, "columns", ())]
-    if missing:
+    if missing := [c for c in SOURCES_COLUMNS if c not in getattr(frame, "columns", ())]:
         raise ValueError(f"frame: нет столбцов {missing}; передайте таблицу из load_sources()")
     if not isinstance(step, str) or not (_STEP.match(step) or _LESSON.match(step)):
         raise ValueError(

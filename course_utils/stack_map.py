@@ -21,6 +21,7 @@ import pandas as pd
 
 from course_utils import args, fmt
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
+from course_utils.tracing_plots import get_axes
 
 STACK_MAP_COLUMNS: tuple[str, ...] = tuple(
     "stack placement synchrony async_variants placement_synchrony staleness_control_key"
@@ -229,8 +230,7 @@ def plot_stack_map(frame: pd.DataFrame, ax=None):
     from matplotlib.patches import Rectangle
 
     _require_columns(frame, ("stack", "placement_synchrony", "snapshot_date"))
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 6.6), layout="constrained")
+    ax = get_axes(ax, (10, 6.6), layout="constrained")
     cells = _stack_cells(frame)
     stacks = list(frame["stack"])
     colors = plt.get_cmap("tab10").colors
@@ -497,8 +497,7 @@ def choose_stacks(
         rows.append((row["stack"], not failed, failed, unconfirmed, snapshot, age))
 
     result = pd.DataFrame(rows, columns=list(CHOICE_COLUMNS))
-    result.attrs["include_unconfirmed"] = include_unconfirmed
-    result.attrs["today"] = today
+    result.attrs.update(include_unconfirmed=include_unconfirmed, today=today)
     return result
 
 

@@ -1,20 +1,48 @@
-"""Таблица событий стадий и диаграмма Ганта к ``tracing`` (уроки 12.1, 12.3).
+"""Рисунки курса: общее оформление осей, таблица событий стадий и диаграмма Ганта (12.1, 12.3).
 
-``_to_frame`` приводит события (DataFrame, ``StageTimer`` или список словарей) к таблице
-BASE_COLUMNS и проверяет её; ``gantt`` рисует её: строка на исполнителя, цвет на стадию,
-подписи по-русски (``stage_label``, ``worker_label``). Модуль ``tracing`` их реэкспортирует.
+``get_axes`` и ``finish_axes`` — оформление, общее для всех ``plot_*`` пакета. ``_to_frame``
+приводит события (DataFrame, ``StageTimer`` или список словарей) к таблице BASE_COLUMNS и
+проверяет её; ``gantt`` рисует её: строка на исполнителя, цвет на стадию, подписи по-русски
+(``stage_label``, ``worker_label``). Модуль ``tracing`` их реэкспортирует.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from course_utils.profile import STAGE_LABELS_RU as _LOOP_STAGE_LABELS, stage_colors
+from course_utils.profile import EXTRA_STAGE_LABELS_RU, STAGE_LABELS_RU, stage_colors
+
+# Легенда справа от осей, внутри фигуры: данные занимают всю ширину осей.
+LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
+
+
+def get_axes(ax, figsize: tuple[float, float], **subplots_kw):
+    """ax, если он дан, иначе оси новой фигуры figsize, дюймы (subplots_kw — в plt.subplots)."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=figsize, **subplots_kw)
+    return ax
+
+
+def finish_axes(ax, *, grid: str | None = None, legend: Mapping | None = None, **labels):
+    """Оформление рисунка: ``ax.set(**labels)`` (title, xlabel, ylabel…), пунктирная сетка по оси
+    grid ("x", "y", "both") под данными, ``ax.legend(**legend)``, tight_layout; возвращает ax."""
+    ax.set(**labels)
+    if grid is not None:
+        ax.grid(axis=grid, linestyle=":", alpha=0.6)
+        ax.set_axisbelow(True)
+    if legend is not None:
+        ax.legend(**legend)
+    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
+        ax.figure.tight_layout()
+    return ax
+
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 _REQUIRED = ("worker", "stage", "start_s", "end_s")
@@ -23,8 +51,7 @@ _REQUIRED = ("worker", "stage", "start_s", "end_s")
 def _event_row(i: int, ev: Any) -> dict[str, Any]:
     if not isinstance(ev, Mapping):
         raise ValueError(f"событие №{i} должно быть словарём, получено {type(ev)}")
-    missing = [c for c in _REQUIRED if c not in ev]
-    if missing:
+    if missing := [c for c in _REQUIRED if c not in ev]:
         raise ValueError(f"в событии №{i} нет полей {missing}")
     return {"trace_id": None, **ev, "duration_s": float(ev["end_s"]) - float(ev["start_s"])}
 
@@ -50,14 +77,13 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
             f"{name} должно быть DataFrame, StageTimer или списком событий-словарей, "
             f"получено {type(data)}"
         )
-    missing = [c for c in _REQUIRED if c not in frame.columns]
-    if missing:
+    if missing := [c for c in _REQUIRED if c not in frame.columns]:
         raise ValueError(f"{name}: нет столбцов {missing}")
     if len(frame) == 0:
         raise ValueError(f"{name}: нет ни одного события")
     times = {c: pd.to_numeric(frame[c], errors="coerce") for c in ("start_s", "end_s")}
     for col, vals in times.items():
-        if vals.isna().any() or not vals.map(math.isfinite).all():
+        if not np.isfinite(vals).all():  # NaN — не число
             raise ValueError(f"{name}: столбец {col} должен содержать конечные числа секунд")
     if (times["end_s"] < times["start_s"]).any():
         raise ValueError(f"{name}: есть события с end_s < start_s")
@@ -65,13 +91,7 @@ def _to_frame(data: Any, name: str) -> pd.DataFrame:
 
 
 # Подписи на рисунках по-русски; ключи стадий и имена исполнителей в данных — английские.
-_STAGE_LABELS = {
-    **_LOOP_STAGE_LABELS,
-    "queue_wait": "ожидание пакета",
-    "backpressure": "обратное давление",
-    "verifier": "проверка ответа",
-    "checkpoint": "контрольная точка",
-}
+_STAGE_LABELS = {**STAGE_LABELS_RU, **EXTRA_STAGE_LABELS_RU}
 _WORKER_LABELS = {
     "main": "главный поток",
     "collector": "сборщик",
@@ -114,7 +134,6 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None):
     Цвет — по стадии (легенда справа, внутри рисунка); вложенные события — поверх более узкими
     полосами; подписи — ``stage_label`` и ``worker_label``. Возвращает matplotlib Axes.
     """
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     df = _to_frame(frame_or_events, "frame_or_events").reset_index(drop=True)
@@ -125,8 +144,7 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None):
     level = pd.Series(0, index=df.index)
     for rows in worker.groupby(worker, sort=False).groups.values():
         level[rows] = _nesting_levels(start[rows].tolist(), end[rows].tolist())
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, min(1.5 + 0.55 * len(workers), 12.0)))
+    ax = get_axes(ax, (10, min(1.5 + 0.55 * len(workers), 12.0)))
 
     row_of = {w: i for i, w in enumerate(workers)}
     for s in stages:
@@ -144,24 +162,21 @@ def gantt(frame_or_events: Any, ax=None, title: str | None = None):
         for patch, lv in zip(bars.patches, level[rows]):
             patch.set_zorder(2 + lv)  # вложенные полосы поверх внешних
 
-    ax.set_yticks(range(len(workers)))
-    ax.set_yticklabels([worker_label(w) for w in workers])
+    ax.set_yticks(range(len(workers)), [worker_label(w) for w in workers])
     ax.set_ylim(len(workers) - 0.5, -0.5)  # первый исполнитель сверху
-    ax.set_xlabel("время, с")
-    ax.set_ylabel("исполнитель")
-    ax.grid(axis="x", linestyle=":", alpha=0.6, zorder=0)
-    ax.set_axisbelow(True)
-    ax.set_title(title if title is not None else "Диаграмма Ганта по этапам")
-    ax.legend(
-        handles=[Patch(facecolor=colors[s], label=stage_label(s)) for s in stages],
-        title="этап",
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        borderaxespad=0.0,
-        fontsize="small",
-        ncols=1 if len(stages) <= 16 else 2,
+    legend = [Patch(facecolor=colors[s], label=stage_label(s)) for s in stages]
+    return finish_axes(
+        ax,
+        xlabel="время, с",
+        ylabel="исполнитель",
+        title=title if title is not None else "Диаграмма Ганта по этапам",
+        grid="x",
+        legend={
+            "handles": legend,
+            "title": "этап",
+            **LEGEND_RIGHT,
+            "borderaxespad": 0.0,
+            "fontsize": "small",
+            "ncols": 1 if len(stages) <= 16 else 2,
+        },
     )
-    if ax.figure is not None:
-        with contextlib.suppress(Exception):
-            ax.figure.tight_layout()
-    return ax
