@@ -23,6 +23,7 @@ from course_utils import atomic, checkpoint as ck
 from course_utils.args import choice, integer, is_real, path, text
 from course_utils.fmt import count, listing
 from course_utils.toy_run import ToyRLRun
+from course_utils.tracing_plots import finish_axes, get_axes
 
 TRACKER = "latest_checkpointed_iteration.txt"  # как в verl: шаг последней полной точки, текстом
 # Как аварийный запуск пишет точки (prepare_crash_run): синхронно или в фоне, с трекером или без.
@@ -291,12 +292,10 @@ _METRIC_LABEL = {
 def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", ax=None):
     """График метрики по шагам для трёх ветвей: cumulative_reward = Σ mean_reward с шага 1 (у. е.)
     или curriculum_level; отмечены авария и точка восстановления. Возвращает Axes."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     ylabel, title, integer_y = _METRIC_LABEL[choice("metric", metric, _METRIC_LABEL)]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+    ax = get_axes(ax, (9, 4))
     for name, events in result.branches.items():
         style = dict(_BRANCH_STYLE.get(name, {"label": name}))
         if name == "full" and result.custom_resume:
@@ -311,17 +310,14 @@ def plot_crash_test(result: CrashTestResult, metric: str = "cumulative_reward", 
         (result.restored_step, "tab:blue", 1.2, f"контрольная точка: шаг {result.restored_step}"),
     ):
         ax.axvline(x + 0.5, color=color, ls=":", lw=lw, label=label)
-    ax.set_xlabel("шаг обучения, номер")
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"Три ветви одного запуска: {title}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if integer_y:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(linestyle=":", alpha=0.6)
-    ax.legend(fontsize="small", frameon=False)
-    if ax.figure is not None:
-        ax.figure.tight_layout()
-    return ax
+    legend = {"fontsize": "small", "frameon": False}
+    title = f"Три ветви одного запуска: {title}"
+    return finish_axes(
+        ax, grid="both", legend=legend, xlabel="шаг обучения, номер", ylabel=ylabel, title=title
+    )
 
 
 # ----------------------------------------------------------------------------- три вида отказов
