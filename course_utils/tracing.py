@@ -32,39 +32,67 @@ from course_utils.tracing_plots import (  # noqa: F401
 )
 
 
-class StageTimer:
-    """Таймер стадий: событие = (worker, stage, start_s, end_s), секунды от создания таймера.
+class _Event(dict):
+    """Событие стадии (словарь) с длительностью duration_s = end_s − start_s, с."""
 
-    ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock``, иначе
-    асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
+    @property
+    def duration_s(self) -> float:
+        return self["end_s"] - self["start_s"]
+
+
+class StageTimer:
+    """Таймер стадий: событие = (worker, stage, start_s, end_s), секунды от t0 (по умолчанию —
+    создание таймера); step и worker стадии — необязательные поля события.
+
+    ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock`` в
+    ``stage``, иначе асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
+    worker=None — события без исполнителя, если его не назвала стадия.
     """
 
     def __init__(
         self,
-        worker: str = "main",
+        worker: str | None = "main",
         sync: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        t0: float | None = None,
     ) -> None:
-        self.worker = text("worker", worker)
+        self.worker = None if worker is None else text("worker", worker)
         self.sync, self.clock = sync, clock
         self._events: list[dict[str, Any]] = []  # в порядке начала; открытые — без end_s
-        self.t0 = float(clock())
+        self.t0 = float(clock() if t0 is None else t0)
 
-    def _now(self) -> float:
-        if self.sync is not None:
-            self.sync()
+    def now(self) -> float:
+        """Секунды от t0 по clock, без sync."""
         return float(self.clock()) - self.t0
 
+    def _synced_now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return self.now()
+
+    def _event(self, stage: str, step: Any, worker: str | None) -> _Event:
+        worker = worker or self.worker
+        event = _Event() if worker is None else _Event(worker=worker)
+        event["stage"] = stage
+        if step is not None:
+            event["step"] = step
+        self._events.append(event)  # list.append атомарен: события пишут и два потока
+        return event
+
+    def add(self, stage: str, start_s: float, duration_s: float, step=None, worker=None) -> None:
+        """Событие замеренного снаружи интервала: end_s = start_s + duration_s, с."""
+        event = self._event(stage, step, worker)
+        event.update(start_s=start_s, end_s=start_s + duration_s)
+
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, step: Any = None, worker: str | None = None) -> Iterator[_Event]:
         """Замеряет блок ``with``: duration_s = end_s − start_s, с; пишется и при исключении."""
-        event = {"worker": self.worker, "stage": text("name (имя этапа)", name)}
-        self._events.append(event)  # место — по началу стадии, даже если внешняя ещё открыта
-        event["start_s"] = self._now()
+        event = self._event(text("name (имя этапа)", name), step, worker)
+        event["start_s"] = self._synced_now()  # место — по началу, даже если внешняя открыта
         try:
-            yield
+            yield event
         finally:
-            event["end_s"] = self._now()
+            event["end_s"] = self._synced_now()
 
     @property
     def events(self) -> list[dict[str, Any]]:

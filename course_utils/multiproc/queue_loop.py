@@ -196,10 +196,10 @@ class _QueueTrainer:
     def _train_loop(self) -> None:
         try:
             for b in itertools.count():
-                wall0 = self.stages.clock()
+                t0 = self.stages.now()
                 with self.cond:
                     groups, pop_s = self._take_batch()
-                self.stages.add("wait_rollouts", b, wall0, self.stages.clock() - wall0)
+                self.stages.add("wait_rollouts", t0, self.stages.now() - t0, b)
                 if groups is None:
                     return
                 u, records = self.version, [rec for g in groups for rec in g["records"]]
