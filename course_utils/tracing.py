@@ -71,18 +71,14 @@ class StageTimer:
         return self.now()
 
     def _event(self, stage: str, step: Any, worker: str | None) -> _Event:
-        worker = worker or self.worker
-        event = _Event() if worker is None else _Event(worker=worker)
-        event["stage"] = stage
-        if step is not None:
-            event["step"] = step
+        fields = {"worker": worker or self.worker, "stage": stage, "step": step}
+        event = _Event((k, v) for k, v in fields.items() if v is not None)
         self._events.append(event)  # list.append атомарен: события пишут и два потока
         return event
 
     def add(self, stage: str, start_s: float, duration_s: float, step=None, worker=None) -> None:
         """Событие замеренного снаружи интервала: end_s = start_s + duration_s, с."""
-        event = self._event(stage, step, worker)
-        event.update(start_s=start_s, end_s=start_s + duration_s)
+        self._event(stage, step, worker).update(start_s=start_s, end_s=start_s + duration_s)
 
     @contextlib.contextmanager
     def stage(self, name: str, step: Any = None, worker: str | None = None) -> Iterator[_Event]:
@@ -107,7 +103,7 @@ class StageTimer:
         """Время стадии T = Σ (end_s − start_s), с; вложенные стадии входят и во внешние."""
         out: dict[str, float] = {}
         for ev in self.events:
-            out[ev["stage"]] = out.get(ev["stage"], 0.0) + (ev["end_s"] - ev["start_s"])
+            out[ev["stage"]] = out.get(ev["stage"], 0.0) + ev.duration_s
         return out
 
 
@@ -590,12 +586,10 @@ def check_chain(tables: TraceTables) -> list[str]:
                 f"шаг {int(row.optimizer_step)}: версия после шага {res}, а версия тренера при "
                 f"сборке пакета {row.trainer_policy_version} (ожидалось {res} = версия + 1)"
             )
-    future = [  # задержка = trainer_policy_version − behavior_policy_version < 0
-        rid
-        for rid, bid, v in linked[
-            ["rollout_id", "training_batch_id", "behavior_policy_version"]
-        ].itertuples(index=False)
-        if bid in trainer_of and v > trainer_of[bid]
+    used = linked[["rollout_id", "training_batch_id", "behavior_policy_version"]]
+    # задержка = trainer_policy_version − behavior_policy_version < 0
+    future = [
+        rid for rid, bid, v in used.itertuples(index=False) if v > trainer_of.get(bid, math.inf)
     ]
     newer = "версии идут назад: роллауты сгенерированы версией новее версии тренера"
     _report(msgs, future, newer + " (задержка < 0): {}")

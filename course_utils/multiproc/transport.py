@@ -54,10 +54,8 @@ def _check_peer(name: str, peer: Any) -> int:
 
 def device_sync(device) -> None:
     """Ждёт завершения работы CUDA на device (до замера времени); на CPU ничего не делает."""
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
+    if sync := cuda_sync_or_none(device):
+        sync()
 
 
 def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> int:
