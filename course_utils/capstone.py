@@ -272,8 +272,7 @@ class _Trainer:
     def _collect(self, b: int) -> None:
         if self.queue[b]["records"] is None:
             out = self._ask(1 + b % self.n_gen, {"type": "collect", "batch": b})
-            self.queue[b].update(records=out["records"], replica=out["replica"])
-            self.queue[b]["generate_s"] = out["generate_s"]
+            self.queue[b] |= {k: out[k] for k in ("records", "replica", "generate_s")}
 
     def _state(self) -> dict:
         import torch
@@ -455,7 +454,8 @@ def _violations(*checks) -> list[str]:
 
 
 class _Audit:
-    """Гарантии по файлам каталога прогона; каждая — (выполнена, число, граница, доказательство)."""
+    """Гарантии по файлам каталога прогона; каждая — (число, граница, нарушения): выполнена,
+    если нарушений нет."""
 
     def __init__(self, run_dir: Path) -> None:
         from course_utils.contract import read_parquet
@@ -498,7 +498,7 @@ class _Audit:
         ]
         bad += self.read_errors
         fig = {"records": len(self.records), "mismatched_records": len(bad)}
-        return not bad, fig, {"mismatched_records": 0}, bad
+        return fig, {"mismatched_records": 0}, bad
 
     def rollout_contract(self):
         """Каждая запись проходит validate_rollout, Parquet сверен с суммой SHA-256."""
@@ -507,7 +507,7 @@ class _Audit:
         bad = [f"{r.sample_id}: {p}" for r in self.records for p in validate_rollout(r)]
         bad += self.read_errors
         fig = {"records": len(self.records), "invalid_records": len(bad)}
-        return not bad, fig, {"invalid_records": 0}, bad
+        return fig, {"invalid_records": 0}, bad
 
     def lags(self) -> pd.DataFrame:
         """Задержка L = u − v каждой записи, версий: u — версия тренера на её шаге (optimizer_step)."""
@@ -530,7 +530,7 @@ class _Audit:
             ("пик очереди, токенов", fig["peak_queue_tokens"], s.queue_tokens, True),
             (f"пик памяти, МиБ ({_MEMORY_KIND})", rss, s.memory_budget_mib, True),
         )
-        return not bad, fig, bound, bad
+        return fig, bound, bad
 
     def declared_update(self):
         """ESS/n каждого пакета ≥ нижней границы, доля клиппирования ≤ верхней."""
@@ -544,7 +544,7 @@ class _Audit:
         ]
         bound = {"min_ess_norm": s.min_ess_norm, "max_clip_fraction": s.max_clip_fraction}
         bad = _violations(*checks)
-        return not bad, fig, bound, bad
+        return fig, bound, bad
 
     def atomic_sync(self):
         """audit_log журнала чист, и каждому commit предшествует barrier версии — отдельно для
@@ -564,7 +564,7 @@ class _Audit:
                     )
         versions = {e["version"] for e in self.sync if e["event"] == "commit"}
         fig = {"published_versions": len(versions), "violations": len(bad)}
-        return not bad, fig, {"violations": 0}, bad
+        return fig, {"violations": 0}, bad
 
     def full_checkpoint(self):
         """Точки полные и журнал шагов без пропусков; после kill -9 шаги, посчитанные обоими
@@ -590,7 +590,7 @@ class _Audit:
                 bad.append(
                     f"шаги {a['recomputed_steps']} после перезапуска не совпали с первым вычислением"
                 )
-        return not bad, fig, {"missing_components": [], "recomputed_identical": True}, bad
+        return fig, {"missing_components": [], "recomputed_identical": True}, bad
 
     def trace_chain(self):
         """check_chain таблиц трассы из файлов прогона пуст и сирот нет."""
@@ -619,7 +619,7 @@ class _Audit:
         bad += [f"роллаут {x} не связан с шагом оптимизатора" for x in orphans]
         fig = {"rollouts": len(rollouts), "steps": len(steps)}
         fig |= {"orphans": len(orphans), "breaks": len(bad)}
-        return not bad, fig, {"orphans": 0, "breaks": 0}, bad
+        return fig, {"orphans": 0, "breaks": 0}, bad
 
 
 def audit(run_dir: str | Path) -> list[dict]:
@@ -629,9 +629,9 @@ def audit(run_dir: str | Path) -> list[dict]:
     a = _Audit(path("run_dir", run_dir))
     out = []
     for key, label in GUARANTEES:
-        holds, figure, bound, bad = getattr(a, key)()
+        figure, bound, bad = getattr(a, key)()
         evidence = bad[:5] if bad else [" ".join(getattr(a, key).__doc__.split())]
-        out.append(dict(name=key, label=label, holds=bool(holds), figure=figure, bound=bound))
+        out.append(dict(name=key, label=label, holds=not bad, figure=figure, bound=bound))
         out[-1]["evidence"] = evidence
     return out
 

@@ -32,39 +32,63 @@ from course_utils.tracing_plots import (  # noqa: F401
 )
 
 
-class StageTimer:
-    """Таймер стадий: событие = (worker, stage, start_s, end_s), секунды от создания таймера.
+class _Event(dict):
+    """Событие стадии (словарь) с длительностью duration_s = end_s − start_s, с."""
 
-    ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock``, иначе
-    асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
+    @property
+    def duration_s(self) -> float:
+        return self["end_s"] - self["start_s"]
+
+
+class StageTimer:
+    """Таймер стадий: событие = (worker, stage, start_s, end_s), секунды от t0 (по умолчанию —
+    создание таймера); step и worker стадии — необязательные поля события.
+
+    ``sync`` (например, torch.cuda.synchronize) вызывается перед каждым чтением ``clock`` в
+    ``stage``, иначе асинхронная работа GPU попала бы не в ту стадию. Стадии можно вкладывать.
+    worker=None — события без исполнителя, если его не назвала стадия.
     """
 
     def __init__(
         self,
-        worker: str = "main",
+        worker: str | None = "main",
         sync: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        t0: float | None = None,
     ) -> None:
-        self.worker = text("worker", worker)
+        self.worker = None if worker is None else text("worker", worker)
         self.sync, self.clock = sync, clock
         self._events: list[dict[str, Any]] = []  # в порядке начала; открытые — без end_s
-        self.t0 = float(clock())
+        self.t0 = float(clock() if t0 is None else t0)
 
-    def _now(self) -> float:
-        if self.sync is not None:
-            self.sync()
+    def now(self) -> float:
+        """Секунды от t0 по clock, без sync."""
         return float(self.clock()) - self.t0
 
+    def _synced_now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return self.now()
+
+    def _event(self, stage: str, step: Any, worker: str | None) -> _Event:
+        fields = {"worker": worker or self.worker, "stage": stage, "step": step}
+        event = _Event((k, v) for k, v in fields.items() if v is not None)
+        self._events.append(event)  # list.append атомарен: события пишут и два потока
+        return event
+
+    def add(self, stage: str, start_s: float, duration_s: float, step=None, worker=None) -> None:
+        """Событие замеренного снаружи интервала: end_s = start_s + duration_s, с."""
+        self._event(stage, step, worker).update(start_s=start_s, end_s=start_s + duration_s)
+
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, step: Any = None, worker: str | None = None) -> Iterator[_Event]:
         """Замеряет блок ``with``: duration_s = end_s − start_s, с; пишется и при исключении."""
-        event = {"worker": self.worker, "stage": text("name (имя этапа)", name)}
-        self._events.append(event)  # место — по началу стадии, даже если внешняя ещё открыта
-        event["start_s"] = self._now()
+        event = self._event(text("name (имя этапа)", name), step, worker)
+        event["start_s"] = self._synced_now()  # место — по началу, даже если внешняя открыта
         try:
-            yield
+            yield event
         finally:
-            event["end_s"] = self._now()
+            event["end_s"] = self._synced_now()
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -79,7 +103,7 @@ class StageTimer:
         """Время стадии T = Σ (end_s − start_s), с; вложенные стадии входят и во внешние."""
         out: dict[str, float] = {}
         for ev in self.events:
-            out[ev["stage"]] = out.get(ev["stage"], 0.0) + (ev["end_s"] - ev["start_s"])
+            out[ev["stage"]] = out.get(ev["stage"], 0.0) + ev.duration_s
         return out
 
 
@@ -562,12 +586,10 @@ def check_chain(tables: TraceTables) -> list[str]:
                 f"шаг {int(row.optimizer_step)}: версия после шага {res}, а версия тренера при "
                 f"сборке пакета {row.trainer_policy_version} (ожидалось {res} = версия + 1)"
             )
-    future = [  # задержка = trainer_policy_version − behavior_policy_version < 0
-        rid
-        for rid, bid, v in linked[
-            ["rollout_id", "training_batch_id", "behavior_policy_version"]
-        ].itertuples(index=False)
-        if bid in trainer_of and v > trainer_of[bid]
+    used = linked[["rollout_id", "training_batch_id", "behavior_policy_version"]]
+    # задержка = trainer_policy_version − behavior_policy_version < 0
+    future = [
+        rid for rid, bid, v in used.itertuples(index=False) if v > trainer_of.get(bid, math.inf)
     ]
     newer = "версии идут назад: роллауты сгенерированы версией новее версии тренера"
     _report(msgs, future, newer + " (задержка < 0): {}")

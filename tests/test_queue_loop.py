@@ -333,13 +333,14 @@ def test_stage_events_use_one_clock(monkeypatch):
 
     import torch
 
-    stages = transport._Stages(time.time(), torch.device("cpu"), time.time() - time.perf_counter())
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src: None)  # один ранг
+    stages = transport.shared_stages(torch.device("cpu"))
     wall = time.time
     with stages.stage("a"):
         monkeypatch.setattr(transport.time, "time", lambda: wall() + 3600.0)
-    t0 = stages.clock()
-    stages.add("b", None, t0, 0.0)
+    t0 = stages.now()
+    stages.add("b", t0, 0.0)
     a, b = stages.events
     assert a["end_s"] >= a["start_s"] >= 0
     assert 0 <= b["start_s"] - a["end_s"] < 1.0  # старый код: сдвиг на 3600 с
-    assert abs(stages.now() - (stages.clock() - stages.t_ref)) < 1.0
+    assert abs(stages.now() - (stages.clock() - stages.t0)) < 1.0

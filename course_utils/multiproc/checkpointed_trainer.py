@@ -90,7 +90,13 @@ def checkpointed_trainer(
     if ckpt is not None:  # чужая конфигурация (другой seed) — CheckpointError, а не тихий старт
         run = resume_full(functools.partial(ToyRLRun, seed), ckpt)
         resumed_from = run.global_step
-    events, written = [], []
+    events, written, data_files = [], [], []
+
+    def kill_mid_write(fname: str) -> None:  # SIGKILL после второго файла данных точки
+        data_files.append(fname)
+        if len(data_files) == 2:
+            kill_self_once(run_dir_p, f"write-{kill_write}")
+
     log = run_dir_p / EVENTS_FILE
     while run.global_step < total_steps:
         event = run.step()
@@ -98,18 +104,9 @@ def checkpointed_trainer(
         append_event(log, {"pid": os.getpid(), "event": event})
         events.append(event)
         if t % checkpoint_every == 0:
-            files: list[str] = []  # SIGKILL после второго записанного файла данных
-
-            def hook(fname: str, files=files, tag=f"write-{t}") -> None:
-                files.append(fname)
-                if len(files) == 2:
-                    kill_self_once(run_dir_p, tag)
-
             target = run_dir_p / checkpoint_name(t)
-            hook_or_none = hook if t == kill_write else None
-            save_checkpoint(
-                run.state_dict(), target, run.config, overwrite=True, after_file=hook_or_none
-            )
+            hook = kill_mid_write if t == kill_write else None
+            save_checkpoint(run.state_dict(), target, run.config, overwrite=True, after_file=hook)
             written.append(target.name)
         if t == kill_at_step:
             kill_self_once(run_dir_p, f"step-{t}")

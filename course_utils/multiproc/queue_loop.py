@@ -92,7 +92,7 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         hello = {"type": "hello", **transport.model_card(r.info)}
         transport.send_object(hello, _TRAINER, "cpu", control)
     version, k, staging, requests, fetches = 0, 0, None, [], []
-    denials_total, backoff_s, denials_k, first_ask = 0, 0.0, 0, None
+    denials_k, first_ask = 0, None  # отказов подряд у запроса k; время его первой просьбы, с
     while True:
         first_ask = stages.now() if first_ask is None else first_ask
         with stages.stage("permission", k):
@@ -115,10 +115,9 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
         if reply.get("type") == "stop":
             break
         if reply.get("type") == "deny":
-            denials_total, denials_k = denials_total + 1, denials_k + 1
-            with stages.stage("backpressure_wait", k) as wait:
+            denials_k += 1
+            with stages.stage("backpressure_wait", k):
                 time.sleep(cfg["retry_s"])
-            backoff_s += wait.duration_s
             continue
         if reply.get("type") != "grant":
             raise RuntimeError(f"генератор {rank}: неизвестный ответ тренера {reply!r}")
@@ -129,27 +128,23 @@ def _run_queue_generator(r, control, cfg: dict) -> dict:
             batch = transport.sample_rollouts(
                 engine, r.tok, cfg, n_prompts, version, req_seed, run_id
             )
-        gen_end, tokens = stages.now(), _tokens(batch.records)
+        tokens = _tokens(batch.records)
         payload = {"type": "rollouts", "request_id": k, "version": version, "tokens": tokens}
         payload.update(generate_s=gen.duration_s, records=[x.to_dict() for x in batch.records])
         with stages.stage("send_rollouts", k) as snd:
             transport.send_object(payload, _TRAINER, "cpu", control)
-        row = {
-            "request_id": k,
-            "first_ask_s": first_ask,
-            "granted_s": granted,
-            "denials": denials_k,
-        }
-        row |= {"gen_start_s": gen_end - gen.duration_s, "gen_end_s": gen_end}
-        row |= {"sent_s": gen_end + snd.duration_s, "version": version, "tokens": tokens}
+        row = {"request_id": k, "first_ask_s": first_ask, "granted_s": granted}
+        row |= {"denials": denials_k, "gen_start_s": gen["start_s"], "gen_end_s": gen["end_s"]}
+        row |= {"sent_s": snd["end_s"], "version": version, "tokens": tokens}
         requests.append(row)
         k, denials_k, first_ask = k + 1, 0, None
+    waits = [ev.duration_s for ev in stages.events if ev["stage"] == "backpressure_wait"]
     return {
         "requests": requests,
         "weight_fetches": fetches,
         "n_requests": len(requests),
-        "denials": denials_total,
-        "backpressure_wait_s": backoff_s,
+        "denials": len(waits),
+        "backpressure_wait_s": sum(waits),
         "final_version": version,
     }
 
@@ -196,10 +191,10 @@ class _QueueTrainer:
     def _train_loop(self) -> None:
         try:
             for b in itertools.count():
-                wall0 = self.stages.clock()
+                t0 = self.stages.now()
                 with self.cond:
                     groups, pop_s = self._take_batch()
-                self.stages.add("wait_rollouts", b, wall0, self.stages.clock() - wall0)
+                self.stages.add("wait_rollouts", t0, self.stages.now() - t0, b)
                 if groups is None:
                     return
                 u, records = self.version, [rec for g in groups for rec in g["records"]]
@@ -384,15 +379,8 @@ def _with_in_flight(timeline, permissions, arrivals, threshold) -> list[dict]:
             crossing, bound = None, None
         elif prev_depth < threshold:
             crossing, bound = sum(flying), prev_depth + sum(flying)
-        rows.append(
-            {
-                **row,
-                "in_flight_tokens": sum(flying),
-                "in_flight_requests": len(flying),
-                "crossing_in_flight_tokens": crossing,
-                "bound_tokens": bound,
-            }
-        )
+        flight = {"in_flight_tokens": sum(flying), "in_flight_requests": len(flying)}
+        rows.append(row | flight | {"crossing_in_flight_tokens": crossing, "bound_tokens": bound})
         prev_depth = depth
     return rows
 

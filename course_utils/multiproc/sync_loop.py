@@ -90,10 +90,10 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
         with stages.stage("send_rollouts", step) as snd:
             rollout_bytes = transport.send_object(payload, _TRAINER, r.device)
         # Блокируемся, пока тренер не пришлёт веса: это и есть ожидание синхронного цикла.
-        wall0 = stages.clock()
+        t0 = stages.now()
         meta, staging, rs = transport.recv_tensors(_TRAINER, r.device, staging)
-        stages.add("wait_weights", step, wall0, rs.wait_s)
-        stages.add("recv_weights", step, wall0 + rs.wait_s, rs.transfer_s)
+        stages.add("wait_weights", t0, rs.wait_s, step)
+        stages.add("recv_weights", t0 + rs.wait_s, rs.transfer_s, step)
         if meta.get("version") != version + 1:
             raise RuntimeError(
                 f"генератор: после пакета версии {version} ожидались веса версии {version + 1}, "
@@ -132,10 +132,10 @@ def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
             raise RuntimeError("тренер: начальные веса генератора и тренера (версия 0) различаются")
     version, rows = 0, []
     for step in range(cfg["steps"]):
-        step_t0, wall0 = time.perf_counter(), stages.clock()
+        step_t0, t0 = time.perf_counter(), stages.now()
         payload, rs = transport.recv_object(_GENERATOR, r.device)
-        stages.add("wait_rollouts", step, wall0, rs.wait_s)
-        stages.add("recv_rollouts", step, wall0 + rs.wait_s, rs.transfer_s)
+        stages.add("wait_rollouts", t0, rs.wait_s, step)
+        stages.add("recv_rollouts", t0 + rs.wait_s, rs.transfer_s, step)
         with stages.stage("validate", step):
             records = transport.records_from(payload["records"], "пакет роллаутов")
         behavior = _behavior_version(records)

@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from course_utils.args import integer
+from course_utils.tracing import StageTimer, cuda_sync_or_none
 
 ROLE_GENERATOR = "генератор"
 ROLE_TRAINER = "тренер"
@@ -54,10 +54,8 @@ def _check_peer(name: str, peer: Any) -> int:
 
 def device_sync(device) -> None:
     """Ждёт завершения работы CUDA на device (до замера времени); на CPU ничего не делает."""
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
+    if sync := cuda_sync_or_none(device):
+        sync()
 
 
 def send_object(obj: Any, dst: int, device: Any = "cpu", group: Any = None) -> int:
@@ -203,57 +201,21 @@ def state_checksum(tensors: Any, dtype: Any = None) -> str:
 # ----------------------------------------------------------------------------- замер этапов
 
 
-class _Span:
-    duration_s = 0.0
-
-
-class _Stages:
-    """События этапов по часам clock() = perf_counter() + anchor (anchor — от ранга 0,
-    ``shared_stages``): процессы одной машины читают одну шкалу."""
-
-    def __init__(self, t_ref: float, device, anchor: float) -> None:
-        self.t_ref, self.device, self._anchor = t_ref, device, anchor  # с
-        self.events: list[dict] = []
-
-    def clock(self) -> float:
-        """Настенное время по perf_counter, с (для ``add``: wall_start = clock())."""
-        return time.perf_counter() + self._anchor
-
-    def now(self) -> float:
-        """Секунды от общей точки отсчёта: clock() − t_ref."""
-        return self.clock() - self.t_ref
-
-    def add(self, stage: str, step, wall_start: float, duration_s: float, worker=None) -> None:
-        """Событие: start_s = wall_start − t_ref, end_s = start_s + duration_s, с; wall_start — clock()."""
-        start = wall_start - self.t_ref
-        event = {"stage": stage, "step": step, "start_s": start, "end_s": start + duration_s}
-        if worker is not None:  # своя строка диаграммы Ганта (например, поток очереди)
-            event["worker"] = worker
-        self.events.append(event)  # list.append атомарен: события пишут и два потока
-
-    @contextlib.contextmanager
-    def stage(self, stage: str, step=None, worker=None) -> Iterator[_Span]:
-        """Замер этапа блоком with: ждёт устройство до и после, пишет событие в ``add``."""
-        span = _Span()
-        device_sync(self.device)
-        wall0 = self.clock()
-        try:
-            yield span
-        finally:
-            device_sync(self.device)
-            span.duration_s = self.clock() - wall0
-            self.add(stage, step, wall0, span.duration_s, worker)
-
-
-def shared_stages(device) -> _Stages:
-    """Журнал этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()), с."""
+def shared_stages(device) -> StageTimer:
+    """Таймер этапов на общей шкале: ранг 0 рассылает (time.time(), perf_counter()), с; часы
+    ранга — perf_counter() + сдвиг, поэтому процессы одной машины читают одну шкалу."""
     import torch
     import torch.distributed as dist
 
     ref = torch.tensor([time.time(), time.perf_counter()], dtype=torch.float64, device=device)
     dist.broadcast(ref, src=0)
     wall, perf = ref.tolist()
-    return _Stages(wall, device, wall - perf)
+    anchor = wall - perf  # с
+
+    def clock() -> float:
+        return time.perf_counter() + anchor
+
+    return StageTimer(None, cuda_sync_or_none(device), clock, t0=wall)
 
 
 # ----------------------------------------------------------------------------- общее для RL-циклов

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import statistics
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from course_utils.args import integer, nonnegative, optional_integer, positive, text
+from course_utils.multiproc import transport
 from course_utils.multiproc.transport import (
     ROLE_GENERATOR,
     ROLE_TRAINER,
     device_sync,
     rank_results,
-    shared_stages,
     state_checksum,
 )
 from course_utils.weight_sync import (
@@ -76,11 +76,6 @@ def broadcast_weights(
     контрольный запрос. corrupt_version — ранг corrupt_rank портит число этой версии. sizes —
     fp32-тензоры (numel · 4 Б): медиана repeats рассылок, с. Возвращает JSON-словарь ранга.
     """
-    import torch.distributed as dist
-
-    from course_utils.multiproc import local_device
-    from course_utils.policy import load_policy
-
     world_size = integer("world_size", world_size, 2)
     rank = integer("rank", rank, 0, world_size - 1)
     model = text("model", model)
@@ -93,125 +88,152 @@ def broadcast_weights(
     corrupt_version = optional_integer("corrupt_version", corrupt_version, 1, versions)
     corrupt_rank = integer("corrupt_rank", corrupt_rank, 1, world_size - 1)
 
-    device = local_device(backend)
-    t_ref = shared_stages(device).t_ref
-    log = EventLog(clock=time.time, t0=t_ref)
-    torch.manual_seed(seed)
-    net, _, info = load_policy(model, device=device)
-    is_trainer = rank == 0
-    probe = probe_input(net, seed=seed).to(device)
-    n_names = len(list(net.named_parameters()))
-    nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
-    ref = torch.empty_like(_logits(net, probe))  # буфер эталонных логитов тренера
-    params = dict(net.named_parameters()) if is_trainer else None
-    engine = None if is_trainer else InProcessEngine(net, version=0, name=f"rank-{rank}", log=log)
-    net = net if is_trainer else None  # у генератора веса — только в буферах движка
-    common = {"experiment": _EXPERIMENT, "rank": rank, "world_size": world_size}
-    common |= {"backend": backend, "role": ROLE_TRAINER if is_trainer else ROLE_GENERATOR}
-    common |= {"pid": os.getpid(), "hostname": socket.gethostname(), "device": str(device)}
-    common |= {"model": info.describe(), "num_params": info.num_params, "num_tensors": n_names}
-    common["t_ref_unix"] = t_ref
-
+    r = transport.start_rank(_EXPERIMENT, dict(locals()))  # проверенные аргументы
+    me = _Rank(r, seed, atol)
+    head = {k: v for k, v in r.head.items() if k != "clock_note"}  # часы журнала — time.time
+    head |= {"role": ROLE_TRAINER if me.is_trainer else ROLE_GENERATOR}
+    head |= {"hostname": socket.gethostname(), "num_tensors": me.n_names, "t_ref_unix": me.t_ref}
     dist.barrier()  # все загрузили модель: время первой версии не включает загрузку соседей
-    rows = []
-    version = 0
-    for v in range(1, versions + 1):
-        row: dict[str, Any] = {"version": v, "bytes": nbytes}
-        header = torch.zeros(2, dtype=torch.int64, device=device)
-        digest = torch.zeros(32, dtype=torch.uint8, device=device)
+    rows = [
+        me.publish(v, lr, corrupt=(v, rank) == (corrupt_version, corrupt_rank))
+        for v in range(1, versions + 1)
+    ]
+    size_rows = [_time_broadcast(n, r.device, me.is_trainer, seed, repeats) for n in size_list]
+    if me.is_trainer:
+        final = {"final_version": me.version, "checksum": state_checksum(me.net)}
+    else:
+        final = {"final_version": me.engine.version, "checksum": me.engine.active_checksum}
+    return {**head, **final, "versions": rows, "sizes": size_rows, "events": me.log.to_list()}
+
+
+class _Rank:
+    """Ранг рассылки: тренер (ранг 0) публикует версии весов, генератор принимает их движком."""
+
+    def __init__(self, r, seed: int, atol: float) -> None:
+        net, self.device, self.atol = r.net, r.device, atol
+        self.rank, self.world_size = r.head["rank"], r.head["world_size"]
+        self.t_ref = r.stages.t0  # общая точка отсчёта, с (time.time() ранга 0)
+        self.log = EventLog(clock=time.time, t0=self.t_ref)
+        self.is_trainer = self.rank == 0
+        self.probe = probe_input(net, seed=seed).to(self.device)
+        self.ref = torch.empty_like(_logits(net, self.probe))  # эталонные логиты тренера
+        self.n_names = len(list(net.named_parameters()))
+        self.nbytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        self.version = 0  # опубликованная версия (у тренера)
+        if self.is_trainer:
+            self.net, self.engine = net, None
+        else:  # у генератора веса — только в буферах движка
+            self.net, self.engine = None, InProcessEngine(net, 0, f"rank-{self.rank}", self.log)
+
+    def publish(self, v: int, lr: float, corrupt: bool) -> dict:
+        """Версия v → строка ранга: рассылка, проверка, барьер, commit/abort, контрольный запрос."""
+        row: dict[str, Any] = {"version": v, "bytes": self.nbytes}
+        got, expected = self._broadcast(v, lr, row)
+        ok = self.is_trainer or self._verify(expected, corrupt, row)
+        self._commit(got, ok, row)
+        return row | self._probe(v, got)
+
+    def _broadcast(self, v: int, lr: float, row: dict) -> tuple[int, str]:
+        """Заголовок, SHA-256, эталон и веса от тренера в буферы → (версия, ожидаемая сумма)."""
+        header = torch.zeros(2, dtype=torch.int64, device=self.device)
+        digest = torch.zeros(32, dtype=torch.uint8, device=self.device)
         t0 = time.perf_counter()
-        if is_trainer:
-            row["loss"] = _trainer_update(net, probe, lr)
-            expected = state_checksum(net)
-            ref.copy_(_logits(net, probe))
-            header.copy_(torch.tensor([v, n_names], device=device))
-            digest.copy_(torch.tensor(list(bytes.fromhex(expected)), dtype=torch.uint8))
-            device_sync(device)
+        if self.is_trainer:
+            row["loss"] = _trainer_update(self.net, self.probe, lr)
+            checksum = bytes.fromhex(state_checksum(self.net))
+            self.ref.copy_(_logits(self.net, self.probe))
+            header.copy_(torch.tensor([v, self.n_names], device=self.device))
+            digest.copy_(torch.tensor(list(checksum), dtype=torch.uint8))
+            device_sync(self.device)
             row["update_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-        for t in (header, digest, ref):
+        for t in (header, digest, self.ref):
             dist.broadcast(t, src=0)
-        got_version, n_tensors = header.tolist()
-        if not is_trainer:
+        got, n_tensors = header.tolist()
+        if not self.is_trainer:
             row["wait_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            if n_tensors != n_names:
+            if n_tensors != self.n_names:
                 raise RuntimeError(
-                    f"ранг {rank}: тренер шлёт {n_tensors} тензоров, у модели генератора {n_names}"
+                    f"ранг {self.rank}: тренер шлёт {n_tensors} тензоров, у модели генератора "
+                    f"{self.n_names}"
                 )
-            expected = bytes(digest.cpu().tolist()).hex()
-        with contextlib.nullcontext() if is_trainer else engine.staging(got_version) as buffers:
+        params = dict(self.net.named_parameters()) if self.is_trainer else None
+        with contextlib.nullcontext() if self.is_trainer else self.engine.staging(got) as buffers:
             for _ in transfer_weights(params, buffers, ("broadcast", 0)):
                 pass
-            device_sync(device)
+            device_sync(self.device)
         row["broadcast_s"] = time.perf_counter() - t0
+        return got, bytes(digest.cpu().tolist()).hex()
 
-        ok = True
-        if not is_trainer:
-            if corrupt_version == v and rank == corrupt_rank:
-                engine.corrupt_staging()
-            t0 = time.perf_counter()
-            res = engine.verify(expected, probe, ref, atol)
-            row["verify_s"] = time.perf_counter() - t0
-            row |= {"checksum_ok": res.checksum_ok, "logits_ok": res.logits_ok}
-            row["max_abs_diff"] = res.max_abs_diff
-            ok = res.ok
-            if ok:
-                engine.ready()
+    def _verify(self, expected: str, corrupt: bool, row: dict) -> bool:
+        """Генератор: SHA-256 и логиты буферов против тренера (atol); прошёл — engine.ready()."""
+        if corrupt:
+            self.engine.corrupt_staging()
         t0 = time.perf_counter()
-        flag = torch.tensor([int(ok)], dtype=torch.int64, device=device)
+        res = self.engine.verify(expected, self.probe, self.ref, self.atol)
+        row["verify_s"] = time.perf_counter() - t0
+        row |= {"checksum_ok": res.checksum_ok, "logits_ok": res.logits_ok}
+        row["max_abs_diff"] = res.max_abs_diff
+        if res.ok:
+            self.engine.ready()
+        return res.ok
+
+    def _commit(self, got: int, ok: bool, row: dict) -> None:
+        """Барьер all_reduce(MIN) флагов готовности: готовы все — commit, иначе abort везде."""
+        t0 = time.perf_counter()
+        flag = torch.tensor([int(ok)], dtype=torch.int64, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # барьер готовности: ждёт всех
         row["barrier_s"] = time.perf_counter() - t0
         row["committed"] = all_ok = bool(flag.item())
-
         t0 = time.perf_counter()
-        who = _TRAINER if is_trainer else engine.name
+        who = _TRAINER if self.is_trainer else self.engine.name
         if all_ok:
-            log.add("barrier", who, got_version, detail=f"готовы все генераторы: {world_size - 1}")
-            version = got_version if is_trainer else engine.commit()
+            ready = f"готовы все генераторы: {self.world_size - 1}"
+            self.log.add("barrier", who, got, detail=ready)
+            self.version = got if self.is_trainer else self.engine.commit()
         else:
-            log.add("abort", who, got_version, detail="проверка не прошла хотя бы на одном ранге")
-            if engine is not None:
-                engine.discard_staging()
+            self.log.add("abort", who, got, detail="проверка не прошла хотя бы на одном ранге")
+            if self.engine is not None:
+                self.engine.discard_staging()
         dist.barrier()  # все переключились (или все отказались) — приём запросов возобновлён
         row["commit_s"] = time.perf_counter() - t0
 
-        # Контрольный запрос: какую версию генератор реально обслуживает.
-        answer = torch.tensor([version, 1], dtype=torch.int64, device=device)
-        if engine is not None:
-            served = engine.forward(probe, request_id=f"{engine.name}/probe-v{v}")
-            match = bool((served.logits - ref).abs().max().item() <= atol)
-            answer = torch.tensor([served.version, int(match)], dtype=torch.int64, device=device)
-        gathered = [torch.zeros_like(answer) for _ in range(world_size)]
-        dist.all_gather(gathered, answer)
-        answers = [a.tolist() for a in gathered]
-        row["served_version"] = answers[rank][0]
-        row["served_matches_reference"] = None if is_trainer else bool(answers[rank][1])
-        if is_trainer:
-            row["published_version"] = got_version
-            row["generators_served"] = [a[0] for a in answers[1:]]
-        rows.append(row)
+    def _probe(self, v: int, got: int) -> dict:
+        """Контрольный запрос: какую версию реально обслуживает каждый генератор."""
+        if self.is_trainer:
+            answer = [self.version, 1]
+        else:
+            served = self.engine.forward(self.probe, request_id=f"{self.engine.name}/probe-v{v}")
+            match = bool((served.logits - self.ref).abs().max().item() <= self.atol)
+            answer = [served.version, int(match)]
+        mine = torch.tensor(answer, dtype=torch.int64, device=self.device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        out = {"served_version": answer[0], "served_matches_reference": None}
+        if self.is_trainer:
+            out["published_version"] = got
+            out["generators_served"] = [a.tolist()[0] for a in gathered[1:]]
+        else:
+            out["served_matches_reference"] = bool(answer[1])
+        return out
 
-    size_rows = []
-    for n in size_list:
-        buf = torch.zeros(n, dtype=torch.float32, device=device)
-        if is_trainer:
-            buf.copy_(torch.randn(n, generator=torch.Generator().manual_seed(seed + n)))
-        dist.broadcast(buf, src=0)  # прогрев
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            device_sync(device)
-            t0 = time.perf_counter()
-            dist.broadcast(buf, src=0)
-            device_sync(device)
-            times.append(time.perf_counter() - t0)
-        seconds = statistics.median(times)
-        size_rows.append({"size": n, "bytes": 4 * n, "seconds": seconds, "times_s": times})
 
-    final = {"final_version": version if is_trainer else engine.version}
-    final["checksum"] = state_checksum(net) if is_trainer else engine.active_checksum
-    return {**common, **final, "versions": rows, "sizes": size_rows, "events": log.to_list()}
+def _time_broadcast(n: int, device, is_trainer: bool, seed: int, repeats: int) -> dict:
+    """Рассылка fp32-тензора из n параметров (4·n Б): медиана repeats замеров после прогрева, с."""
+    buf = torch.zeros(n, dtype=torch.float32, device=device)
+    if is_trainer:
+        buf.copy_(torch.randn(n, generator=torch.Generator().manual_seed(seed + n)))
+    dist.broadcast(buf, src=0)  # прогрев
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        device_sync(device)
+        t0 = time.perf_counter()
+        dist.broadcast(buf, src=0)
+        device_sync(device)
+        times.append(time.perf_counter() - t0)
+    return {"size": n, "bytes": 4 * n, "seconds": statistics.median(times), "times_s": times}
 
 
 # ----------------------------------------------------------------------------- таблицы
