@@ -81,6 +81,11 @@ class RolloutRecord:
         return cls(**d)
 
     @property
+    def num_tokens(self) -> int:
+        """Токенов в записи: len(prompt_tokens) + len(response_tokens)."""
+        return len(self.prompt_tokens) + len(self.response_tokens)
+
+    @property
     def num_policy_tokens(self) -> int:
         """Число токенов, выбранных политикой: Σ policy_mask (позиций, равных 1)."""
         count = _count_ones(self.policy_mask)

@@ -82,7 +82,7 @@ def throughput_report(steps: pd.DataFrame, records, skip_warmup: int = 1) -> pd.
     n_groups, degenerate = degenerate_group_share(recs)
     rewards = [r.reward for r in recs if isinstance(r.reward, Mapping) and r.reward]
     verified = sum(all(math.isfinite(float(v)) for v in w.values()) for w in rewards)
-    total_tokens = sum(len(r.prompt_tokens) + len(r.response_tokens) for r in recs)
+    total_tokens = sum(r.num_tokens for r in recs)
     rows = [
         ("время шагов после прогрева", T, "с"),
         ("входные токены/с", kept["input_tokens"].sum() / T, "токенов/с"),
