@@ -213,11 +213,13 @@ def _generator(r, cfg: dict) -> dict:
 
 class _Trainer:
     def __init__(self, r, s: Spec, run_dir: Path, n_gen: int) -> None:
+        from course_utils.policy import fp32_trainer
+
         self.r, self.s, self.dir, self.n_gen = r, s, run_dir, n_gen
         self.ckpt = run_dir / CHECKPOINTS
         self.ckpt.mkdir(parents=True, exist_ok=True)
         self.config = {"spec": s.to_dict()}  # точка чужой спецификации — CheckpointError
-        self.learner = transport.fp32_trainer(r.net, r.device, s.lr)
+        self.learner = fp32_trainer(r.net, r.device, s.lr)
         self.version, self.next_batch = 0, 1
         self.queue: dict[int, dict] = {}  # пакет → {"version", "records" (None — в полёте)}
         self.gen_version, self.gen_rss = 0, {}
@@ -602,7 +604,7 @@ class _Audit:
         recs = pd.DataFrame(
             [
                 (r.sample_id, r.prompt_id, scalar_reward(r.reward), r.policy_version)
-                + (r.verifier_version, len(r.prompt_tokens) + len(r.response_tokens))
+                + (r.verifier_version, r.num_tokens)
                 for r in self.records
             ],
             columns=cols,

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -400,7 +401,7 @@ def _checked_records(records) -> list[RolloutRecord]:
         raise ValueError("records должен быть непустым списком записей роллаутов")
     out = [r if isinstance(r, RolloutRecord) else RolloutRecord.from_dict(r) for r in records]
     for r in out:
-        if len(r.policy_mask) != len(r.prompt_tokens) + len(r.response_tokens):
+        if len(r.policy_mask) != r.num_tokens:
             raise ValueError(f"records: у {r.sample_id} длина маски ≠ длине последовательности")
     return out
 
@@ -581,6 +582,46 @@ class LoopResult:
     memory_kind: str
 
 
+@dataclass
+class Learner:
+    """fp32-копия политики для обучения (``fp32_trainer``); движку веса уходят в типе wire."""
+
+    net: Any
+    wire: Any  # тип весов движка, torch.dtype
+    amp: Any  # тип autocast (None — без него)
+    scaler: Any  # GradScaler для float16 на CUDA, иначе None
+    opt: Any  # AdamW
+
+    def logprobs(self, records, **kw) -> list:
+        """log π_θ токенов политики каждой записи, нат (``recompute_logprobs``)."""
+        return recompute_logprobs(self.net, records, autocast_dtype=self.amp, **kw)
+
+    def update(self, records, old=None, **kw) -> dict:
+        """Шаг ``grpo_step`` (old — log π_old, None — behavior_logprobs) → его статистика."""
+        opts = {"autocast_dtype": self.amp, "scaler": self.scaler}
+        return grpo_step(self.net, self.opt, records, old, **opts, **kw)
+
+    def wire_copy(self) -> dict:
+        """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
+        return {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
+
+    def checksum(self) -> str:
+        """SHA-256 весов в типе движка (``state_checksum``)."""
+        from course_utils.multiproc.transport import state_checksum
+
+        return state_checksum(self.net, dtype=self.wire)
+
+
+def fp32_trainer(net, device, lr: float) -> Learner:
+    """fp32-копия net (net становится ею) для обучения с AdamW(lr); autocast и GradScaler — по
+    типу весов движка."""
+    wire = next(net.parameters()).dtype  # веса уходят движку в его типе
+    trainer = net.float()
+    amp = trainer_autocast_dtype(device, wire)
+    scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4): масштаб потерь
+    return Learner(trainer, wire, amp, scaler, torch.optim.AdamW(trainer.parameters(), lr=lr))
+
+
 def peak_memory(device: torch.device) -> tuple[int, str]:
     """Пик памяти, байт, и что измерено: max_memory_allocated на GPU, пиковый RSS на CPU."""
     if device.type == "cuda":
@@ -620,14 +661,10 @@ def sequential_loop(
     device = next(model.parameters()).device
     engine = model.eval()
     engine_dtype = next(engine.parameters()).dtype
-    trainer = copy.deepcopy(engine).float()
-    amp = trainer_autocast_dtype(device, engine_dtype)
-    scaler = grad_scaler_for(device, amp)  # только fp16 на CUDA (T4), иначе None
-    optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr)
+    learner = fp32_trainer(copy.deepcopy(engine), device, lr)
     timer = StageTimer(worker="main", sync=cuda_sync_or_none(device))
     sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
     sampling |= {"group_size": group_size, "timer": timer}
-    train = {"autocast_dtype": amp, "micro_batch": micro_batch}
     version, rows, records, step_of_event = 0, [], [], []
     for step in tqdm(range(steps), desc="шаги цикла", disable=not progress):
         if device.type == "cuda":
@@ -641,10 +678,10 @@ def sequential_loop(
         )
         recs = batch.records
         with timer.stage("logprob_recompute"):
-            old = recompute_logprobs(trainer, recs, **train)
-        stats = grpo_step(trainer, optimizer, recs, old, timer=timer, scaler=scaler, **train)
+            old = learner.logprobs(recs, micro_batch=micro_batch)
+        stats = learner.update(recs, old, timer=timer, micro_batch=micro_batch)
         with timer.stage("weight_sync"):
-            sync_weights(trainer, engine)
+            sync_weights(learner.net, engine)
             version += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -124,18 +124,16 @@ def memory_timeline(
     sampling = {"group_size": group_size, "max_new_tokens": max_new_tokens}
     engine = model.eval()
     device, engine_dtype = next(engine.parameters()).device, next(engine.parameters()).dtype
-    trainer = copy.deepcopy(engine).float()
-    train["autocast_dtype"] = policy.trainer_autocast_dtype(device, engine_dtype)
-    scaler = policy.grad_scaler_for(device, train["autocast_dtype"])
-    opt = torch.optim.AdamW(trainer.parameters(), lr=lr)
+    learner = policy.fp32_trainer(copy.deepcopy(engine), device, lr)
+    trainer = learner.net
     warm = policy.generate_rollouts(engine, tokenizer, tasks, seed=seed, **sampling).records
-    policy.grpo_step(trainer, opt, warm, scaler=scaler, **train)  # прогрев: создаёт m и v
+    learner.update(warm, **train)  # прогрев: создаёт m и v
 
     def state(kv: int = 0) -> dict[str, int]:  # Σ numel · element_size по живым тензорам, байт
         grads = memory.tensor_bytes(p.grad for p in trainer.parameters())
         weights = {ENGINE: memory.tensor_bytes(engine.parameters())}
         weights[TRAINER] = memory.tensor_bytes(trainer.parameters())
-        return weights | {GRADS: grads, ADAM: memory.optimizer_state_bytes(opt), KV: kv}
+        return weights | {GRADS: grads, ADAM: memory.optimizer_state_bytes(learner.opt), KV: kv}
 
     meter, measured, peaks, after_stage = _PhasePeak(device), [], {}, {}
 
@@ -154,14 +152,14 @@ def memory_timeline(
     meter.start(sum(state().values()))
     batch = policy.generate_rollouts(engine, tokenizer, tasks, seed=seed + 1, **sampling)
     close(state(batch.kv_cache_bytes))
-    old = policy.recompute_logprobs(trainer, batch.records, **train)
+    old = learner.logprobs(batch.records, **train)
     close(state())
-    policy.grpo_step(trainer, opt, batch.records, old, after_stage=after, scaler=scaler, **train)
+    learner.update(batch.records, old, after_stage=after, **train)
     close(after_stage["optimizer_step"])  # градиенты живы до уборки в конце grpo_step
     policy.sync_weights(trainer, engine)
     close(state())
     seqs = len(batch.records)
-    longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in batch.records)
+    longest = max(r.num_tokens for r in batch.records)
     logits_tokens = min(train["micro_batch"], seqs) * longest  # P = m · T позиций микропакета
     engine_b = torch.finfo(engine_dtype).bits // 8
     shape = memory.ModelShape.from_config(engine.config)
@@ -214,7 +212,7 @@ def rehearse(
     engine_b = torch.finfo(engine_dt).bits // 8
     shape = memory.ModelShape.from_config(net.config)
     sequences = kwargs["prompts_per_step"] * kwargs["group_size"]
-    longest = max(len(r.prompt_tokens) + len(r.response_tokens) for r in result.records)
+    longest = max(r.num_tokens for r in result.records)
     predicted = _predicted_peak_bytes(shape, engine_b, sequences, longest, micro_batch)
     weights = "случайные веса, настоящая форма" if info.is_random else "обученные веса"
     report: dict[str, Any] = {"model": info.model_id, "weights": weights}

@@ -28,7 +28,7 @@ _BATCH_STATS = ("loss", "clip_fraction", "grad_norm")  # итоги grpo_step в
 
 def _tokens(records) -> int:
     """Вес группы в очереди, токенов: Σ (запрос + ответ) по записям."""
-    return sum(len(r.prompt_tokens) + len(r.response_tokens) for r in records)
+    return sum(r.num_tokens for r in records)
 
 
 def queue_generators_trainer(
@@ -154,9 +154,11 @@ class _QueueTrainer:
     второй обучает; события очереди нумерует seq."""
 
     def __init__(self, r, control, cfg: dict) -> None:
+        from course_utils.policy import fp32_trainer
+
         self.info, self.device, self.control = r.info, r.device, control
         self.stages, self.cfg = r.stages, cfg
-        self.learner = transport.fp32_trainer(r.net, r.device, cfg["lr"])
+        self.learner = fp32_trainer(r.net, r.device, cfg["lr"])
         self.cond = threading.Condition()
         self.queue: deque = deque()
         self.seq = itertools.count(1)  # номер события очереди (строки шкалы или разрешения)

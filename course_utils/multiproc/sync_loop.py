@@ -123,8 +123,10 @@ def _run_generator(r: SimpleNamespace, cfg: dict) -> dict:
 
 
 def _run_trainer(r: SimpleNamespace, cfg: dict) -> dict:
+    from course_utils.policy import fp32_trainer
+
     stages = r.stages
-    learner = transport.fp32_trainer(r.net, r.device, cfg["lr"])
+    learner = fp32_trainer(r.net, r.device, cfg["lr"])
     with stages.stage("handshake"):
         hello, _ = transport.recv_object(_GENERATOR, r.device)
         transport.check_same_model(hello, r.info, "генератора")

@@ -254,51 +254,6 @@ def check_same_model(hello: dict, info, who: str) -> None:
         raise RuntimeError(f"тренер: у {who} другая модель: {theirs}, у тренера {mine}")
 
 
-@dataclass
-class Learner:
-    """fp32-копия политики для обучения (``fp32_trainer``); движку веса уходят в типе wire."""
-
-    net: Any
-    wire: Any  # тип весов движка, torch.dtype
-    amp: Any  # тип autocast (None — без него)
-    scaler: Any  # GradScaler для float16 на CUDA, иначе None
-    opt: Any  # AdamW
-
-    def logprobs(self, records) -> list:
-        """log π_θ токенов политики каждой записи, нат (``recompute_logprobs``)."""
-        from course_utils.policy import recompute_logprobs
-
-        return recompute_logprobs(self.net, records, autocast_dtype=self.amp)
-
-    def update(self, records, old=None) -> dict:
-        """Шаг ``grpo_step`` (old — log π_old, None — behavior_logprobs) → его статистика."""
-        from course_utils.policy import grpo_step
-
-        opts = {"autocast_dtype": self.amp, "scaler": self.scaler}
-        return grpo_step(self.net, self.opt, records, old, **opts)
-
-    def wire_copy(self) -> dict:
-        """Копия весов в типе движка — её получают генераторы, пока тренер учит дальше."""
-        return {n: p.detach().to(self.wire).clone() for n, p in self.net.named_parameters()}
-
-    def checksum(self) -> str:
-        """SHA-256 весов в типе движка (``state_checksum``)."""
-        return state_checksum(self.net, dtype=self.wire)
-
-
-def fp32_trainer(net, device, lr: float) -> Learner:
-    """fp32-копия net для обучения с AdamW(lr); autocast и GradScaler — по типу весов движка."""
-    import torch
-
-    from course_utils.policy import grad_scaler_for, trainer_autocast_dtype
-
-    wire = next(net.parameters()).dtype  # веса уходят движку в его типе
-    trainer = net.float()
-    amp = trainer_autocast_dtype(device, wire)
-    scaler = grad_scaler_for(device, amp)  # float16 на T4: масштаб потерь GradScaler
-    return Learner(trainer, wire, amp, scaler, torch.optim.AdamW(trainer.parameters(), lr=lr))
-
-
 def sample_rollouts(engine, tok, cfg: dict, n_prompts: int, version: int, seed: int, run_id: str):
     """n_prompts · group_size роллаутов версией весов version (``generate_rollouts``)."""
     from course_utils.arith_task import make_tasks
