@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from course_utils.args import choice, integer, real, text
-from course_utils.weight_sync import EVENT_TYPES, EventLog, _labels, _short
+from course_utils.weight_sync import EVENT_TYPES, EventLog, short_checksum, sync_labels
 
 _REPLICA_EVENTS = ("stage_start", "stage_done", "verify_ok", "verify_fail", "ready", "commit")
 
-AUDIT_RULES = _labels("rule")  # код правила → текст (data/weight_sync_labels.csv)
+AUDIT_RULES = sync_labels("rule")  # код правила → текст (data/weight_sync_labels.csv)
 
 
 def _normalise(events: Any) -> list[dict]:
@@ -110,8 +110,8 @@ def audit_log(events: Any) -> list[str]:
             if kind == "verify_ok" and checksum and expected and checksum != expected:
                 report(
                     "checksum_mismatch",
-                    f"реплика {r}, версия {v}: verify_ok, но сумма {_short(checksum)} ≠ "
-                    f"ожидаемой {_short(expected)} ({where})",
+                    f"реплика {r}, версия {v}: verify_ok, но сумма {short_checksum(checksum)} ≠ "
+                    f"ожидаемой {short_checksum(expected)} ({where})",
                 )
         elif kind == "ready":
             ready[v].add(r)
@@ -161,8 +161,8 @@ def audit_log(events: Any) -> list[str]:
                 msg = f"реплика {r} обслуживает версию {v}, а другие реплики — {listed}"
                 report("replicas_diverged", f"{msg} ({where})")
             if checksum and ref and checksum != ref:
-                msg = f"реплика {r} {doing} {v} с суммой {_short(checksum)}, "
-                report("checksum_mismatch", f"{msg}эталон версии — {_short(ref)} ({where})")
+                msg = f"реплика {r} {doing} {v} с суммой {short_checksum(checksum)}, "
+                report("checksum_mismatch", f"{msg}эталон версии — {short_checksum(ref)} ({where})")
         elif kind == "torn_read":
             rid = ev.get("request_id")
             msg = f"запрос {rid} на реплике {r} помечен версией {v}, но прочитал смесь версий"

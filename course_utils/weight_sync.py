@@ -37,17 +37,20 @@ _LABELS = read_exact_csv(
 )
 
 
-def _labels(table: str) -> dict[str, str]:
+def sync_labels(table: str) -> dict[str, str]:
+    """Подписи одной таблицы ``data/weight_sync_labels.csv``: код → русский текст."""
     return {row["name"]: row["label"] for _, row in _LABELS if row["table"] == table}
 
 
-EVENT_FIELDS, EVENT_TYPES, COLUMN_NAMES = _labels("field"), _labels("event"), _labels("column")
+EVENT_FIELDS, EVENT_TYPES = sync_labels("field"), sync_labels("event")
+COLUMN_NAMES = sync_labels("column")
 _REQUEST_COLUMNS = ["request_id", "replica", "served_version", "matches_old", "matches_new"]
 _REQUEST_COLUMNS += ["read_consistent", "torn", "outcome"]
 _OPTIONAL_FIELDS = ("checksum", "expected_checksum", "request_id", "buffer", "detail")
 
 
-def _short(checksum: Any) -> str:
+def short_checksum(checksum: Any) -> str:
+    """Первые 10 знаков суммы и «…» — для сообщений."""
     long = isinstance(checksum, str) and len(checksum) > 10
     return f"{checksum[:10]}…" if long else str(checksum)
 
@@ -383,7 +386,9 @@ class InProcessEngine:
         max_diff = float((logits.float() - reference.to(logits.device).float()).abs().max())
         logits_ok = math.isfinite(max_diff) and max_diff <= atol  # max |Δ логита| ≤ atol
         checksum_ok = checksum == expected  # SHA-256 побитно
-        reasons = [f"сумма буфера {_short(checksum)} ≠ ожидаемой {_short(expected)}"]
+        reasons = [
+            f"сумма буфера {short_checksum(checksum)} ≠ ожидаемой {short_checksum(expected)}"
+        ]
         reasons = [] if checksum_ok else reasons
         if not logits_ok:
             reasons.append(f"логиты отличаются от эталона на {max_diff:.3g} > atol={atol:g}")
@@ -616,7 +621,7 @@ def _request_row(res: ServeResult, old_ref, new_ref, log: EventLog) -> dict:
         if not (matches_old or matches_new):
             detail = (
                 f"ответ помечен версией {res.version}, но прочитанные веса "
-                f"({_short(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
+                f"({short_checksum(res.read_checksum)}) не равны ни одной версии; логиты не совпали "
                 "ни со старым, ни с новым эталоном"
             )
         ids = {"checksum": res.read_checksum, "request_id": res.request_id}
