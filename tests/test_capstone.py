@@ -156,3 +156,17 @@ def test_spec_is_validated_in_russian(tmp_path):
         (tmp_path / "x").mkdir()
         (tmp_path / "x" / "f").write_text("")
         capstone.run(capstone.Spec(), tmp_path / "x")
+
+
+def test_capstone_checkpoint_speaks_the_course_vocabulary():
+    """Компоненты полной точки итогового прогона — имена из checkpoint.COMPONENTS (шаг 12.5.6), а
+    отсутствующие — ровно те, чьего состояния у прогона нет (нет планировщика, учебной программы и
+    нормировки наград)."""
+    from course_utils.checkpoint import COMPONENTS
+
+    assert set(capstone.FULL_COMPONENTS) <= set(COMPONENTS)
+    assert set(COMPONENTS) - set(capstone.FULL_COMPONENTS) == {
+        "scheduler",
+        "curriculum",
+        "normalizer",
+    }
