@@ -5,7 +5,7 @@ import random
 
 from course_utils import checkpoint, fmt, memory, pipeline
 from course_utils.exercises.answers import Bool, Choice, Fields, IdSet, md_table
-from course_utils.exercises.common import has_state, trace_table
+from course_utils.exercises.common import has_state, json_cached, trace_table
 from course_utils.exercises.step import Step, Trap
 
 _STAGES = ("generation", "reward", "ref_logprob", "training", "weight_sync")
@@ -143,8 +143,10 @@ def _diag_statement(d: dict) -> str:
     )
 
 
+@json_cached
 def _diagnosis(task: dict) -> dict:
-    """Все величины разбора: путь, память, задержка и ESS/n, недостающие компоненты."""
+    """Все величины разбора: путь, память, задержка и ESS/n, недостающие компоненты (один раз на
+    условие: их читают решатель, разбор и каждая ловушка)."""
     q, ck = task["queue"], task["checkpoint"]
     path, m = _diag_path(task["stages"]), _diag_memory(task["memory"])
     v = {"path": path, "mem": m, "fits": m["need"] <= m["cap"], "fits16": m["need16"] <= m["cap"]}
