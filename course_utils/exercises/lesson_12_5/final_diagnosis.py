@@ -145,8 +145,7 @@ def _diag_statement(d: dict) -> str:
 
 @json_cached
 def _diagnosis(task: dict) -> dict:
-    """Все величины разбора: путь, память, задержка и ESS/n, недостающие компоненты (один раз на
-    условие: их читают решатель, разбор и каждая ловушка)."""
+    """Величины разбора (путь, память, задержка и ESS/n, пробелы) — один раз на условие."""
     q, ck = task["queue"], task["checkpoint"]
     path, m = _diag_path(task["stages"]), _diag_memory(task["memory"])
     v = {"path": path, "mem": m, "fits": m["need"] <= m["cap"], "fits16": m["need16"] <= m["cap"]}
