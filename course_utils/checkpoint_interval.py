@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from course_utils.args import positive
+from course_utils.plots import LEGEND_RIGHT, finish_axes, get_axes
 
 _YOUNG_RATIO_WARN = 0.1  # young_interval предупреждает при C/M выше этого
 
@@ -85,8 +86,6 @@ def plot_overhead(write_s: float, mtbf_s: float, ax=None, current_interval_s: fl
     пунктиром — слагаемые C/I и I/(2M), оранжевым — daly_overhead и daly_interval; отмечены I*
     Янга и current_interval_s (ваш интервал, с). Возвращает matplotlib Axes."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    from course_utils.tracing_plots import LEGEND_RIGHT, finish_axes, get_axes
 
     i_star = young_interval(write_s, mtbf_s)
     scale, unit = _time_unit(i_star)

@@ -22,8 +22,8 @@ from typing import Any
 from course_utils import atomic, checkpoint as ck
 from course_utils.args import choice, integer, is_real, path, text
 from course_utils.fmt import count, listing
+from course_utils.plots import finish_axes, get_axes
 from course_utils.toy_run import ToyRLRun
-from course_utils.tracing_plots import finish_axes, get_axes
 
 TRACKER = "latest_checkpointed_iteration.txt"  # как в verl: шаг последней полной точки, текстом
 # Как аварийный запуск пишет точки (prepare_crash_run): синхронно или в фоне, с трекером или без.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from course_utils.plots import get_axes
+
 ROLES = (
     ("scheduler", "планировщик запросов"),
     ("engine", "движок генерации"),
@@ -52,8 +54,6 @@ def plot_dataflow(ax=None):
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-
-    from course_utils.tracing_plots import get_axes
 
     ax = get_axes(ax, (14, 6.2))
     lane = {key: i for i, (key, _) in enumerate(ROLES)}

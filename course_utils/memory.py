@@ -20,6 +20,7 @@ from typing import Any
 from course_utils.args import choice, integer, nonnegative, positive, real, text
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.fmt import NBSP, count, num
+from course_utils.plots import get_axes
 
 MODEL_CONFIGS_DIR = DATA_DIR / "model_configs"
 
@@ -395,8 +396,6 @@ def plot_memory_timeline(
     if budget_bytes is not None:
         positive("budget_bytes", budget_bytes)
     import matplotlib.pyplot as plt
-
-    from course_utils.tracing_plots import get_axes
 
     ax = get_axes(ax, (8.5, 4.2))
     # ненулевые статьи в порядке первого появления

@@ -24,7 +24,8 @@ from course_utils.args import choice, flag, integer, is_int, nonnegative, positi
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
 from course_utils.fmt import num
 from course_utils.offpolicy import normalized_ess
-from course_utils.tracing_plots import _to_frame, finish_axes, get_axes
+from course_utils.plots import finish_axes, get_axes
+from course_utils.tracing_plots import _to_frame
 
 # Стадии ожидания: не работа, а простой исполнителя (не входят в сумму работы и загрузку пулов).
 WAIT_STAGES = ("queue_wait", "backpressure")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from course_utils.args import choice, integer, nonnegative, positive, text
+from course_utils.plots import LEGEND_RIGHT, finish_axes, get_axes
 
 # Этапы эталонного цикла по порядку и их подписи; policy.LOOP_STAGES ссылается сюда.
 STAGE_LABELS_RU: dict[str, str] = {
@@ -163,8 +164,6 @@ def plot_stage_bar(stage_times: Any, ax=None, title: str | None = None):
     """Горизонтальная составная полоса шага: сегмент на этап, длина — время, с; на широких
     сегментах — доля этапа в T_seq, справа — T_seq. Возвращает Axes."""
     from matplotlib.colors import to_rgb
-
-    from course_utils.tracing_plots import LEGEND_RIGHT, finish_axes, get_axes
 
     times = _stage_times(stage_times)
     total = _positive_total(times)  # T_seq, с

@@ -21,7 +21,7 @@ import pandas as pd
 
 from course_utils import args, fmt
 from course_utils.csv_tables import DATA_DIR, read_exact_csv
-from course_utils.tracing_plots import get_axes
+from course_utils.plots import get_axes
 
 STACK_MAP_COLUMNS: tuple[str, ...] = tuple(
     "stack placement synchrony async_variants placement_synchrony staleness_control_key"

@@ -1,48 +1,20 @@
-"""Рисунки курса: общее оформление осей, таблица событий стадий и диаграмма Ганта (12.1, 12.3).
+"""Таблица событий стадий и диаграмма Ганта к ``tracing`` (уроки 12.1, 12.3).
 
-``get_axes`` и ``finish_axes`` — оформление, общее для всех ``plot_*`` пакета. ``_to_frame``
-приводит события (DataFrame, ``StageTimer`` или список словарей) к таблице BASE_COLUMNS и
+``_to_frame`` приводит события (DataFrame, ``StageTimer`` или список словарей) к таблице BASE_COLUMNS и
 проверяет её; ``gantt`` рисует её: строка на исполнителя, цвет на стадию, подписи по-русски
 (``stage_label``, ``worker_label``). Модуль ``tracing`` их реэкспортирует.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from course_utils.plots import LEGEND_RIGHT, finish_axes, get_axes
 from course_utils.profile import EXTRA_STAGE_LABELS_RU, STAGE_LABELS_RU, stage_colors
-
-# Легенда справа от осей, внутри фигуры: данные занимают всю ширину осей.
-LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-
-
-def get_axes(ax, figsize: tuple[float, float], **subplots_kw):
-    """ax, если он дан, иначе оси новой фигуры figsize, дюймы (subplots_kw — в plt.subplots)."""
-    if ax is None:
-        import matplotlib.pyplot as plt
-
-        _, ax = plt.subplots(figsize=figsize, **subplots_kw)
-    return ax
-
-
-def finish_axes(ax, *, grid: str | None = None, legend: Mapping | None = None, **labels):
-    """Оформление рисунка: ``ax.set(**labels)`` (title, xlabel, ylabel…), пунктирная сетка по оси
-    grid ("x", "y", "both") под данными, ``ax.legend(**legend)``, tight_layout; возвращает ax."""
-    ax.set(**labels)
-    if grid is not None:
-        ax.grid(axis=grid, linestyle=":", alpha=0.6)
-        ax.set_axisbelow(True)
-    if legend is not None:
-        ax.legend(**legend)
-    with contextlib.suppress(Exception):  # вид рисунка не должен ломать ячейку
-        ax.figure.tight_layout()
-    return ax
-
 
 BASE_COLUMNS = ("trace_id", "worker", "stage", "start_s", "end_s", "duration_s")
 _REQUIRED = ("worker", "stage", "start_s", "end_s")

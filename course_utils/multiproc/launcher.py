@@ -325,8 +325,9 @@ def _run_once(
             )
             if failed and failed_at == math.inf:
                 failed_at = now
-            if now >= failed_at + _FAILURE_GRACE_S or now >= deadline:
-                status = "failed" if now >= failed_at + _FAILURE_GRACE_S else "timeout"
+            grace_over = now >= failed_at + _FAILURE_GRACE_S
+            if grace_over or now >= deadline:
+                status = "failed" if grace_over else "timeout"
                 killed = _stop_all(procs, dump_stacks=True)
                 break
             changed.wait(timeout=0.1)  # выход любого ранга будит раньше
